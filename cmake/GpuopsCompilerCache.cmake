@@ -1,0 +1,7 @@
+# ccache in front of the C++ and CUDA compilers when it is installed: a rebuild with nothing changed
+# (or a fresh clone of the same sources) compiles nothing twice.
+find_program(GPUOPS_CCACHE ccache)
+if(GPUOPS_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
+  set(CMAKE_CXX_COMPILER_LAUNCHER ${GPUOPS_CCACHE})
+  set(CMAKE_CUDA_COMPILER_LAUNCHER ${GPUOPS_CCACHE})
+endif()

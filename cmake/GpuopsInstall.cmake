@@ -1,0 +1,26 @@
+# Install rules and the CMake package: find_package(gpuops CONFIG REQUIRED) gives gpuops::gpuops.
+# In a wheel (scikit-build-core, wheel.install-dir = "gpuops") the same layout lands in
+# site-packages/gpuops/, next to the Python package; gpuops.cmake_prefix_path points there.
+include(CMakePackageConfigHelpers)
+set(GPUOPS_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/gpuops)
+
+if(SKBUILD)
+  # site-packages/gpuops/lib/libgpuops.so finds site-packages/torch/lib without LD_LIBRARY_PATH.
+  set_target_properties(gpuops PROPERTIES INSTALL_RPATH "$ORIGIN/../../torch/lib")
+else()
+  install(TARGETS gpuops_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
+
+install(TARGETS gpuops EXPORT gpuopsTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY include/gpuops DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT gpuopsTargets NAMESPACE gpuops:: DESTINATION ${GPUOPS_CMAKE_DIR})
+
+configure_package_config_file(cmake/gpuopsConfig.cmake.in ${PROJECT_BINARY_DIR}/gpuopsConfig.cmake
+  INSTALL_DESTINATION ${GPUOPS_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/gpuopsConfigVersion.cmake COMPATIBILITY SameMajorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/gpuopsConfig.cmake ${PROJECT_BINARY_DIR}/gpuopsConfigVersion.cmake
+  DESTINATION ${GPUOPS_CMAKE_DIR})

@@ -1,0 +1,32 @@
+"""gpuops: a training runtime for LibTorch and PyTorch.
+
+Mixed precision, activation checkpointing, gradient accumulation, a sharded optimizer, an OOM-safe
+batch-size search and a VRAM estimator. ``import gpuops`` loads torch first: the extension links
+against the same LibTorch.
+"""
+
+import os as _os
+
+import torch as _torch  # noqa: F401  (loads libtorch before our extension)
+
+from . import _C
+from ._C import DeviceInfo, MemoryStats, device_info
+from .memory import memory_budget
+from .estimator import Breakdown, estimate, gpu_catalog, presets
+
+__version__ = "0.1.0"
+
+#: Folder to add to CMAKE_PREFIX_PATH so that ``find_package(gpuops CONFIG)`` finds this install.
+cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
+
+__all__ = [
+    "Breakdown",
+    "DeviceInfo",
+    "MemoryStats",
+    "cmake_prefix_path",
+    "device_info",
+    "estimate",
+    "gpu_catalog",
+    "memory_budget",
+    "presets",
+]

@@ -1,0 +1,11 @@
+#pragma once
+// One registration function per feature; module.cpp calls them all.
+#include <pybind11/pybind11.h>
+
+namespace gpuops::python {
+
+void bind_device(pybind11::module_& m);
+void bind_memory_budget(pybind11::module_& m);
+void bind_estimator(pybind11::module_& m);
+
+}  // namespace gpuops::python

@@ -1,0 +1,24 @@
+#pragma once
+// The device-specific half of MemoryBudget: one Scope per active budget.
+#include <memory>
+
+#include "gpuops/memory_budget.h"
+
+namespace gpuops {
+
+class MemoryBudget::Scope {
+ public:
+  virtual ~Scope() = default;
+  virtual MemoryStats stats() const = 0;
+  virtual void reset_peak() = 0;
+};
+
+namespace memory {
+
+/// Counts through the process-wide CPU counting allocator (cpu_counting_allocator.cpp).
+std::unique_ptr<MemoryBudget::Scope> make_cpu_scope(int64_t limit_bytes);
+/// Reads and caps the CUDA caching allocator (cuda_scope.cpp; an error in builds without CUDA).
+std::unique_ptr<MemoryBudget::Scope> make_cuda_scope(int64_t limit_bytes, c10::Device device);
+
+}  // namespace memory
+}  // namespace gpuops
