@@ -39,6 +39,7 @@ struct Record {
 };
 
 void counting_delete(void* ptr);
+void counting_raw_delete(void* ptr);
 
 class CountingAllocator final : public c10::Allocator {
  public:
@@ -71,22 +72,34 @@ class CountingAllocator final : public c10::Allocator {
     return {data, data, &counting_delete, device};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return &counting_delete; }
+  // raw_allocate() hands out bare pointers, also ones forwarded while no budget was active (callers may
+  // cache this allocator), so the raw deleter frees pointers it has no record of through the allocator
+  // that made them.
+  c10::DeleterFnPtr raw_deleter() const override { return &counting_raw_delete; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
 
-  void release(void* ptr) {
+  // Frees a pointer this allocator recorded; returns false (and does nothing) for any other pointer.
+  bool release(void* ptr) {
     c10::DataPtr inner;  // destroyed after the lock is dropped: the real free happens outside it
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = records_.find(ptr);
-      TORCH_INTERNAL_ASSERT(it != records_.end(), "gpuops counting allocator: unknown pointer freed");
+      if (it == records_.end()) return false;
       for (const auto& scope : *it->second.scopes) scope->current -= it->second.bytes;
       inner = std::move(it->second.inner);
       records_.erase(it);
     }
+    return true;
+  }
+
+  void raw_release(void* ptr) {
+    if (release(ptr)) return;
+    c10::DeleterFnPtr underlying_delete = underlying_->raw_deleter();
+    TORCH_INTERNAL_ASSERT(underlying_delete, "gpuops counting allocator: no raw deleter to free an unknown pointer");
+    underlying_delete(ptr);
   }
 
   std::shared_ptr<ScopeCounters> push(int64_t limit) {
@@ -143,7 +156,12 @@ CountingAllocator& counting_allocator() {
   return *allocator;
 }
 
-void counting_delete(void* ptr) { counting_allocator().release(ptr); }
+void counting_delete(void* ptr) {
+  const bool known = counting_allocator().release(ptr);
+  TORCH_INTERNAL_ASSERT(known, "gpuops counting allocator: a pointer it did not record was freed");
+}
+
+void counting_raw_delete(void* ptr) { counting_allocator().raw_release(ptr); }
 
 class CpuScope final : public MemoryBudget::Scope {
  public:

@@ -64,6 +64,25 @@ TEST(MemoryBudget, NothingIsCountedOrRefusedAfterTheScopeEnds) {
   EXPECT_EQ(kept.numel(), 1 << 18);
 }
 
+TEST(MemoryBudget, RawAllocationsThroughACachedAllocatorPointerWorkBeforeDuringAndAfter) {
+  c10::Allocator* cached = nullptr;
+  void* made_inside = nullptr;
+  {
+    MemoryBudget budget;
+    cached = c10::GetAllocator(c10::kCPU);  // code that caches the allocator while a budget is active
+    made_inside = cached->raw_allocate(256);
+    EXPECT_EQ(budget.current_bytes(), 256);
+  }
+  void* made_after = cached->raw_allocate(512);  // forwarded: no budget is active
+  cached->raw_deallocate(made_after);
+  cached->raw_deallocate(made_inside);
+  MemoryBudget budget;
+  void* made_in_new_budget = cached->raw_allocate(128);
+  EXPECT_EQ(budget.current_bytes(), 128);
+  cached->raw_deallocate(made_in_new_budget);
+  EXPECT_EQ(budget.current_bytes(), 0);
+}
+
 TEST(MemoryBudget, RestoresTheAllocatorWhenAnExceptionUnwinds) {
   c10::Allocator* before = c10::GetAllocator(c10::kCPU);
   try {

@@ -1,0 +1,18 @@
+#pragma once
+// Reads a Hugging Face config.json into a ModelSpec (nlohmann-json).
+
+#include <string>
+#include <string_view>
+
+#include "gpuops/estimator/model_spec.h"
+
+namespace gpuops::estimator {
+
+/// Builds a spec from config.json text. model_type: gpt2; llama, mistral, qwen2 (and other Llama-like
+/// decoders); bert. `name` labels the spec and the error messages (usually the file path).
+ModelSpec model_from_hf_config(std::string_view json_text, std::string name);
+
+/// Reads and parses a config.json file; ArgumentError naming the file (and key) if it cannot.
+ModelSpec model_from_hf_config_file(const std::string& path);
+
+}  // namespace gpuops::estimator

@@ -1,0 +1,67 @@
+#pragma once
+// How a model is trained: precision, optimizer, ZeRO, checkpointing, attention kernel, LoRA, sizes.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpuops/estimator/model_spec.h"
+
+namespace gpuops::estimator {
+
+/// fp32: everything fp32. fp16-mixed / bf16-mixed: 16-bit weights and gradients plus an fp32 master copy
+/// (the ZeRO/Megatron layout, design §4). bf16: pure bf16 weights, gradients and optimizer states.
+enum class Precision { Fp32, Fp16Mixed, Bf16Mixed, Bf16Pure };
+enum class OptimizerKind { AdamW, Adam, Sgd, SgdMomentum, AdamW8bit };
+/// None: keep every activation. Full: checkpoint every layer. EveryK: checkpoint every k-th layer.
+enum class CheckpointKind { None, Full, EveryK };
+/// Eager keeps the s x s attention matrices; Flash (FlashAttention / memory-efficient SDPA) does not.
+enum class AttentionKind { Eager, Flash };
+/// Storage of the frozen base weights of a LoRA fine-tune (int8: LLM.int8, nf4: QLoRA).
+enum class BaseWeightDtype { Fp16, Bf16, Int8, Nf4 };
+
+/// LoRA adapters; rank 0 means a full fine-tune.
+struct LoraSetup {
+  int64_t rank = 0;                                 ///< 0 = LoRA off
+  std::vector<std::string> targets = {"q", "v"};    ///< projections of each block: q,k,v,o,gate,up,down
+  BaseWeightDtype base = BaseWeightDtype::Bf16;     ///< frozen base weights
+};
+
+/// One training configuration, per GPU where it matters (micro_batch is per GPU).
+struct TrainingSetup {
+  Precision precision = Precision::Bf16Mixed;
+  OptimizerKind optimizer = OptimizerKind::AdamW;
+  int zero_stage = 0;          ///< 0-3; states are divided by num_gpus from stage 1 (see estimate.h)
+  int64_t num_gpus = 1;        ///< data-parallel world size
+  CheckpointKind checkpoint = CheckpointKind::None;
+  int64_t checkpoint_every_k = 1;  ///< EveryK only
+  AttentionKind attention = AttentionKind::Flash;
+  LoraSetup lora;
+  int64_t micro_batch = 1;     ///< sequences per GPU per forward/backward
+  int64_t seq_len = 512;       ///< tokens per sequence
+  int64_t grad_accum = 1;      ///< micro-batches per optimizer step (does not change peak memory)
+};
+
+/// Throws ArgumentError naming the first setting that is out of range or inconsistent with `model`.
+void validate(const TrainingSetup& setup, const ModelSpec& model);
+
+/// Parsers accept the names below (case-insensitive) and throw ArgumentError listing them otherwise.
+Precision parse_precision(std::string_view text);              ///< fp32, fp16-mixed, bf16-mixed, bf16
+OptimizerKind parse_optimizer(std::string_view text);          ///< adamw, adam, sgd, sgd-momentum, adamw-8bit
+AttentionKind parse_attention(std::string_view text);          ///< eager, flash
+BaseWeightDtype parse_base_dtype(std::string_view text);       ///< fp16, bf16, int8, nf4
+/// none, full, every:K (K >= 1); sets setup.checkpoint and setup.checkpoint_every_k.
+void parse_checkpointing(std::string_view text, TrainingSetup& setup);
+
+std::string_view to_string(Precision p);
+std::string_view to_string(OptimizerKind o);
+std::string_view to_string(AttentionKind a);
+std::string_view to_string(BaseWeightDtype b);
+/// none, full or every:K.
+std::string checkpointing_to_string(const TrainingSetup& setup);
+
+/// Bytes of one element of the 16-bit-or-fp32 compute dtype (activations, logits): 4 for fp32, else 2.
+int64_t compute_dtype_bytes(Precision p);
+
+}  // namespace gpuops::estimator

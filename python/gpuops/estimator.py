@@ -1,0 +1,87 @@
+"""The VRAM estimator: peak memory of a training step, before launching it (the `gpuops estimate` engine)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Mapping, Optional, Sequence, Union
+
+from . import _C
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Bytes per category at the peak of one training step on one device."""
+
+    weights: int
+    gradients: int
+    master_weights: int
+    optimizer_states: int
+    activations: int
+    logits: int
+    temporaries: int
+    cuda_context: int
+    allocator_slack: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(asdict(self).values())
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "total": self.total_bytes}
+
+
+def _model_spec(model, config, params) -> _C.ModelSpec:
+    given = [x is not None for x in (model, config, params)]
+    if sum(given) != 1:
+        raise ValueError("estimate: give exactly one of model (a preset name), config (a config.json path or dict) "
+                         f"or params (a parameter count); got {sum(given)}")
+    if model is not None:
+        return _C.model_from_preset(model)
+    if params is not None:
+        return _C.model_from_params(str(params))
+    if isinstance(config, Mapping):
+        return _C.model_from_config_json(json.dumps(dict(config)), "config")
+    return _C.model_from_config_file(os.fspath(config))
+
+
+def estimate(
+    model: Optional[str] = None,
+    *,
+    config: Union[str, os.PathLike, Mapping, None] = None,
+    params: Union[int, str, None] = None,
+    precision: str = "bf16-mixed",
+    optimizer: str = "adamw",
+    zero_stage: int = 0,
+    num_gpus: int = 1,
+    checkpointing: str = "none",
+    attention: str = "flash",
+    lora_rank: int = 0,
+    lora_targets: Sequence[str] = ("q", "v"),
+    base_dtype: str = "bf16",
+    micro_batch: int = 1,
+    seq_len: int = 512,
+    grad_accum: int = 1,
+    device: str = "cuda",
+) -> Breakdown:
+    """Peak memory of one training step, per GPU (``device="cuda"``) or on the CPU (``device="cpu"``).
+
+    The architecture is a preset name (``gpuops.presets()``), a Hugging Face ``config.json`` (path or
+    dict) or a bare parameter count (``7_000_000_000`` or ``"7B"``). The options are those of
+    ``gpuops estimate``; bad values raise ``ValueError`` naming the argument.
+    """
+    spec = _model_spec(model, config, params)
+    items = _C.estimate_memory(spec, device, precision, optimizer, zero_stage, num_gpus, checkpointing, attention,
+                               lora_rank, list(lora_targets), base_dtype, micro_batch, seq_len, grad_accum)
+    return Breakdown(**dict(items))
+
+
+def presets() -> list:
+    """Names of the built-in architectures."""
+    return _C.preset_names()
+
+
+def gpu_catalog() -> list:
+    """The GPU models the estimator knows: memory, bandwidth, bf16 rate and a typical spot price."""
+    return _C.gpu_catalog()

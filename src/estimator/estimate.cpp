@@ -1,0 +1,116 @@
+// Persistent state of a training step: weights, gradients, master weights, optimizer states, with ZeRO
+// partitioning and LoRA/QLoRA. The transient side is in activations.cpp.
+#include "gpuops/estimator/estimate.h"
+
+#include <cmath>
+
+namespace gpuops::estimator {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool is_mixed(Precision p) { return p == Precision::Fp16Mixed || p == Precision::Bf16Mixed; }
+
+// Bytes per element of trainable weights and of gradients.
+int64_t trainable_weight_bytes(Precision p) { return p == Precision::Fp32 ? 4 : 2; }
+
+// Optimizer-state bytes for `n` trainable parameters (a local shard).
+int64_t optimizer_bytes(int64_t n, const TrainingSetup& s) {
+  const int64_t state = s.precision == Precision::Bf16Pure ? 2 : 4;  // pure bf16: states like the params
+  switch (s.optimizer) {
+    case OptimizerKind::Adam:
+    case OptimizerKind::AdamW: return 2 * state * n;  // exp_avg, exp_avg_sq
+    case OptimizerKind::Sgd: return 0;
+    case OptimizerKind::SgdMomentum: return state * n;  // momentum buffer
+    case OptimizerKind::AdamW8bit:
+      // bitsandbytes block-wise 8-bit: two 1-byte states plus one fp32 absmax per 2048-value block each.
+      return 2 * n + 2 * 4 * ceil_div(n, 2048);
+  }
+  return 0;
+}
+
+// Quantised storage of one frozen linear weight (bias stays 16-bit).
+int64_t quantised_linear_bytes(const LinearShape& l, BaseWeightDtype dtype) {
+  const int64_t n = l.in_features * l.out_features;
+  const int64_t bias = l.bias ? 2 * l.out_features : 0;
+  if (dtype == BaseWeightDtype::Int8) return n + 4 * l.out_features + bias;  // LLM.int8: fp32 scale per row
+  // NF4 with double quantisation (QLoRA): 4 bits per value, one 8-bit absmax per 64 values and one fp32
+  // constant per 256 absmax values.
+  return ceil_div(n, 2) + ceil_div(n, 64) + 4 * ceil_div(n, 64 * 256) + bias;
+}
+
+}  // namespace
+
+DeviceProfile cuda_device() {
+  DeviceProfile d;
+  d.kind = DeviceProfile::Cuda;
+  // CUDA 12 with lazy module loading: the context, torch's kernels and the cuBLAS/cuDNN handles take
+  // roughly 400-600 MiB outside the caching allocator on A100/H100 (nvidia-smi minus memory_reserved).
+  d.cuda_context_bytes = int64_t{512} << 20;
+  // The caching allocator's reserved/allocated ratio in transformer training is typically 1.05-1.15, and
+  // the excess comes from transient tensors (activations, logits, workspaces) that split blocks every
+  // step; persistent states are allocated once in large blocks. So 10% of the transient bytes.
+  d.allocator_slack_fraction = 0.10;
+  return d;
+}
+
+DeviceProfile cpu_device() { return DeviceProfile{}; }
+
+int64_t lora_parameter_count(const ModelSpec& m, const LoraSetup& lora) {
+  if (lora.rank == 0 || m.family == ModelFamily::ParamsOnly) return 0;
+  int64_t per_layer = 0;
+  for (const auto& t : lora.targets) {
+    const LinearShape l = projection_shape(m, t);
+    per_layer += lora.rank * (l.in_features + l.out_features);  // A: in x r, B: r x out, no bias
+  }
+  return m.num_layers * per_layer;
+}
+
+int64_t trainable_parameter_count(const ModelSpec& m, const TrainingSetup& s) {
+  return s.lora.rank > 0 ? lora_parameter_count(m, s.lora) : parameter_count(m);
+}
+
+int64_t frozen_weight_bytes(const ModelSpec& m, const TrainingSetup& s) {
+  if (s.lora.rank == 0) return 0;
+  const BaseWeightDtype base = s.lora.base;
+  const int64_t total = parameter_count(m);
+  if (base == BaseWeightDtype::Fp16 || base == BaseWeightDtype::Bf16) return 2 * total;
+  // bitsandbytes quantises the linears inside the blocks; embeddings, norms and the LM head stay 16-bit.
+  int64_t linear_params = 0, linear_bytes = 0;
+  for (const auto& p : projection_names(m)) {
+    const LinearShape l = projection_shape(m, p);
+    linear_params += l.parameters();
+    linear_bytes += quantised_linear_bytes(l, base);
+  }
+  return m.num_layers * linear_bytes + 2 * (total - m.num_layers * linear_params);
+}
+
+int64_t zero_shard(int64_t count, const TrainingSetup& s, int from_stage) {
+  return s.zero_stage >= from_stage ? ceil_div(count, s.num_gpus) : count;
+}
+
+MemoryBreakdown estimate_memory(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
+  validate(m);
+  validate(s, m);
+  const int64_t trainable = trainable_parameter_count(m, s);
+  const int64_t wbytes = trainable_weight_bytes(s.precision);
+
+  MemoryBreakdown b;
+  b.weights = zero_shard(trainable, s, 3) * wbytes + zero_shard(frozen_weight_bytes(m, s), s, 3);
+  b.gradients = zero_shard(trainable, s, 2) * wbytes;
+  b.master_weights = is_mixed(s.precision) ? zero_shard(trainable, s, 1) * 4 : 0;
+  b.optimizer_states = optimizer_bytes(zero_shard(trainable, s, 1), s);
+
+  const ActivationBytes t = activation_bytes(m, s);
+  b.activations = t.activations;
+  b.logits = t.logits;
+  b.temporaries = t.temporaries;
+  if (device.kind == DeviceProfile::Cuda) {
+    b.cuda_context = device.cuda_context_bytes;
+    const double transient = static_cast<double>(t.activations + t.logits + t.temporaries);
+    b.allocator_slack = static_cast<int64_t>(std::llround(device.allocator_slack_fraction * transient));
+  }
+  return b;
+}
+
+}  // namespace gpuops::estimator

@@ -1,0 +1,476 @@
+// The analytic VRAM estimator: parameter counts against Hugging Face, config parsing, ZeRO and LoRA
+// arithmetic, activation model properties, GPU catalog fitting. Torch-free.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "gpuops/errors.h"
+#include "gpuops/estimator.h"
+
+namespace est = gpuops::estimator;
+using gpuops::ArgumentError;
+
+namespace {
+
+// Runs `f`, expects ArgumentError, returns its message.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const ArgumentError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no ArgumentError thrown";
+  return {};
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+est::TrainingSetup full_bf16_mixed() {
+  est::TrainingSetup s;
+  s.precision = est::Precision::Bf16Mixed;
+  s.optimizer = est::OptimizerKind::AdamW;
+  s.micro_batch = 1;
+  s.seq_len = 1024;
+  return s;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- parameter counts
+
+TEST(Presets, ParameterCountsMatchHuggingFace) {
+  // sum(p.numel() for p in model.parameters()) of the HF classes (tied weights counted once).
+  EXPECT_EQ(est::parameter_count(est::preset("gpt2")), 124439808);
+  EXPECT_EQ(est::parameter_count(est::preset("gpt2-medium")), 354823168);
+  EXPECT_EQ(est::parameter_count(est::preset("gpt2-large")), 774030080);
+  EXPECT_EQ(est::parameter_count(est::preset("gpt2-xl")), 1557611200);
+  EXPECT_EQ(est::parameter_count(est::preset("llama-2-7b")), 6738415616);
+  EXPECT_EQ(est::parameter_count(est::preset("llama-2-13b")), 13015864320);
+  EXPECT_EQ(est::parameter_count(est::preset("llama-2-70b")), 68976648192);
+  EXPECT_EQ(est::parameter_count(est::preset("llama-3-8b")), 8030261248);
+  EXPECT_EQ(est::parameter_count(est::preset("mistral-7b")), 7241732096);
+  EXPECT_EQ(est::parameter_count(est::preset("bert-base")), 109482240);   // BertModel
+  EXPECT_EQ(est::parameter_count(est::preset("bert-large")), 335141888);  // BertModel
+}
+
+TEST(Presets, MaskedLmHeadCountsBertForMaskedLM) {
+  est::ModelSpec bert = est::preset("bert-base");
+  bert.masked_lm_head = true;
+  EXPECT_EQ(est::parameter_count(bert), 109514298);
+}
+
+TEST(Presets, GroupsSumToTotalAndEveryPresetValidates) {
+  for (const auto& name : est::preset_names()) {
+    const est::ModelSpec m = est::preset(name);
+    EXPECT_NO_THROW(est::validate(m)) << name;
+    EXPECT_EQ(est::parameter_groups(m).total(), est::parameter_count(m)) << name;
+  }
+  EXPECT_EQ(est::preset_names().size(), 11u);
+}
+
+TEST(Presets, LookupIgnoresCaseAndRejectsUnknownNames) {
+  EXPECT_EQ(est::preset("GPT2").name, "gpt2");
+  const std::string msg = error_of([] { est::preset("gpt5"); });
+  EXPECT_NE(msg.find("'gpt5'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("llama-2-7b"), std::string::npos) << msg;
+}
+
+TEST(ModelSpec, ProjectionShapesFollowGqa) {
+  const est::ModelSpec m = est::preset("llama-3-8b");
+  EXPECT_EQ(est::projection_shape(m, "q").out_features, 4096);
+  EXPECT_EQ(est::projection_shape(m, "k").out_features, 1024);  // 8 kv heads x 128
+  EXPECT_EQ(est::projection_shape(m, "down").in_features, 14336);
+  EXPECT_THROW(est::projection_shape(est::preset("gpt2"), "gate"), ArgumentError);
+}
+
+TEST(ModelSpec, ValidateNamesTheBadField) {
+  est::ModelSpec m = est::preset("gpt2");
+  m.num_kv_heads = 5;  // does not divide 12
+  EXPECT_NE(error_of([&] { est::validate(m); }).find("num_kv_heads"), std::string::npos);
+  m = est::preset("gpt2");
+  m.hidden_size = 0;
+  EXPECT_NE(error_of([&] { est::validate(m); }).find("hidden_size"), std::string::npos);
+}
+
+TEST(ModelSpec, ParamCountSuffixes) {
+  EXPECT_EQ(est::parse_param_count("7B"), 7000000000);
+  EXPECT_EQ(est::parse_param_count("1.5b"), 1500000000);
+  EXPECT_EQ(est::parse_param_count("125M"), 125000000);
+  EXPECT_EQ(est::parse_param_count("350k"), 350000);
+  EXPECT_EQ(est::parse_param_count("6738415616"), 6738415616);
+  for (const char* bad : {"7X", "0", "-5", "", "B", "7BB", "0.0001"}) {
+    const std::string msg = error_of([&] { est::parse_param_count(bad); });
+    EXPECT_NE(msg.find("params"), std::string::npos) << bad << ": " << msg;
+  }
+}
+
+// ---------------------------------------------------------------- config.json
+
+TEST(HfConfig, Gpt2ConfigMatchesPreset) {
+  const std::string path = write_temp("gpt2_config.json", R"({
+    "model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12,
+    "n_inner": null, "n_positions": 1024, "resid_pdrop": 0.1, "architectures": ["GPT2LMHeadModel"]})");
+  const est::ModelSpec m = est::model_from_hf_config_file(path);
+  EXPECT_EQ(est::parameter_count(m), 124439808);
+  EXPECT_TRUE(m.tied_embeddings);
+  EXPECT_EQ(m.name, path);
+}
+
+TEST(HfConfig, LlamaMistralAndQwen2) {
+  const est::ModelSpec llama = est::model_from_hf_config(R"({"model_type": "llama", "vocab_size": 32000,
+    "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 11008,
+    "max_position_embeddings": 4096})", "llama");
+  EXPECT_EQ(est::parameter_count(llama), 6738415616);  // num_key_value_heads defaults to the heads
+  EXPECT_FALSE(llama.tied_embeddings);
+  const est::ModelSpec mistral = est::model_from_hf_config(R"({"model_type": "mistral", "vocab_size": 32000,
+    "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "tie_word_embeddings": false})", "mistral");
+  EXPECT_EQ(est::parameter_count(mistral), 7241732096);
+  // Qwen2-0.5B: q/k/v biases and tied embeddings; HF reports 494,032,768 parameters.
+  const est::ModelSpec qwen = est::model_from_hf_config(R"({"model_type": "qwen2", "vocab_size": 151936,
+    "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+    "intermediate_size": 4864, "max_position_embeddings": 32768, "tie_word_embeddings": true})", "qwen");
+  EXPECT_EQ(est::parameter_count(qwen), 494032768);
+}
+
+TEST(HfConfig, BertHeadFollowsArchitectures) {
+  const std::string base = R"("model_type": "bert", "vocab_size": 30522, "hidden_size": 768,
+    "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
+    "max_position_embeddings": 512, "type_vocab_size": 2)";
+  EXPECT_EQ(est::parameter_count(est::model_from_hf_config("{" + base + "}", "b")), 109482240);
+  EXPECT_EQ(est::parameter_count(
+                est::model_from_hf_config("{" + base + R"(, "architectures": ["BertForMaskedLM"]})", "b")),
+            109514298);
+}
+
+TEST(HfConfig, ErrorsNameTheFileAndTheKey) {
+  const std::string missing_file = ::testing::TempDir() + "no_such_config.json";
+  std::string msg = error_of([&] { est::model_from_hf_config_file(missing_file); });
+  EXPECT_NE(msg.find(missing_file), std::string::npos) << msg;
+
+  const std::string bad_json = write_temp("bad.json", "{\"model_type\": \"gpt2\", ");
+  msg = error_of([&] { est::model_from_hf_config_file(bad_json); });
+  EXPECT_NE(msg.find(bad_json), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not valid JSON"), std::string::npos) << msg;
+
+  const std::string no_key = write_temp("nokey.json", R"({"model_type": "gpt2", "vocab_size": 50257,
+    "n_layer": 12, "n_head": 12, "n_positions": 1024})");
+  msg = error_of([&] { est::model_from_hf_config_file(no_key); });
+  EXPECT_NE(msg.find(no_key), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'n_embd'"), std::string::npos) << msg;
+
+  msg = error_of([] { est::model_from_hf_config(R"({"model_type": "t5", "d_model": 512})", "t5cfg"); });
+  EXPECT_NE(msg.find("'t5'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("llama"), std::string::npos) << msg;
+
+  msg = error_of([] { est::model_from_hf_config(R"({"model_type": "llama", "vocab_size": 32000,
+    "hidden_size": "big", "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 8})", "c"); });
+  EXPECT_NE(msg.find("'hidden_size'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"big\""), std::string::npos) << msg;
+
+  msg = error_of([] { est::model_from_hf_config(R"([1, 2])", "arr"); });
+  EXPECT_NE(msg.find("arr"), std::string::npos) << msg;
+  msg = error_of([] { est::model_from_hf_config(R"({"vocab_size": 3})", "nomt"); });
+  EXPECT_NE(msg.find("model_type"), std::string::npos) << msg;
+}
+
+// ---------------------------------------------------------------- training setup
+
+TEST(TrainingSetup, ParseAndPrintRoundTrip) {
+  for (const char* p : {"fp32", "fp16-mixed", "bf16-mixed", "bf16"})
+    EXPECT_EQ(est::to_string(est::parse_precision(p)), p);
+  for (const char* o : {"adamw", "adam", "sgd", "sgd-momentum", "adamw-8bit"})
+    EXPECT_EQ(est::to_string(est::parse_optimizer(o)), o);
+  est::TrainingSetup s;
+  est::parse_checkpointing("every:4", s);
+  EXPECT_EQ(s.checkpoint, est::CheckpointKind::EveryK);
+  EXPECT_EQ(s.checkpoint_every_k, 4);
+  EXPECT_EQ(est::checkpointing_to_string(s), "every:4");
+  for (const char* bad : {"every:0", "every:", "every:x", "sometimes"})
+    EXPECT_NE(error_of([&] { est::parse_checkpointing(bad, s); }).find("checkpointing"), std::string::npos);
+  EXPECT_NE(error_of([] { est::parse_precision("fp8"); }).find("bf16-mixed"), std::string::npos);
+}
+
+TEST(TrainingSetup, ValidateRejectsBadSettings) {
+  const est::ModelSpec gpt2 = est::preset("gpt2");
+  auto message = [&](auto change) {
+    est::TrainingSetup s = full_bf16_mixed();
+    change(s);
+    return error_of([&] { est::validate(s, gpt2); });
+  };
+  EXPECT_NE(message([](auto& s) { s.micro_batch = 0; }).find("batch"), std::string::npos);
+  EXPECT_NE(message([](auto& s) { s.seq_len = -1; }).find("seq"), std::string::npos);
+  EXPECT_NE(message([](auto& s) { s.seq_len = 2048; }).find("1024"), std::string::npos);  // learned positions
+  EXPECT_NE(message([](auto& s) { s.grad_accum = 0; }).find("grad-accum"), std::string::npos);
+  EXPECT_NE(message([](auto& s) { s.num_gpus = 0; }).find("gpus"), std::string::npos);
+  EXPECT_NE(message([](auto& s) { s.zero_stage = 4; }).find("zero"), std::string::npos);
+  EXPECT_NE(message([](auto& s) { s.lora.rank = 769; }).find("768"), std::string::npos);
+  EXPECT_NE(message([](auto& s) { s.lora.rank = 8, s.lora.targets = {"gate"}; }).find("gate"), std::string::npos);
+  EXPECT_NE(message([](auto& s) { s.lora.rank = 8, s.lora.targets = {"q", "q"}; }).find("twice"), std::string::npos);
+  EXPECT_NE(message([](auto& s) { s.lora.base = est::BaseWeightDtype::Nf4; }).find("base-dtype"), std::string::npos);
+  EXPECT_NE(message([](auto& s) { s.checkpoint = est::CheckpointKind::EveryK, s.checkpoint_every_k = 13; })
+                .find("every:13"), std::string::npos);
+  // ZeRO with one GPU is allowed (it saves nothing); a long sequence is fine for RoPE models.
+  est::TrainingSetup ok = full_bf16_mixed();
+  ok.zero_stage = 3;
+  ok.seq_len = 100000;
+  EXPECT_NO_THROW(est::validate(ok, est::preset("llama-2-7b")));
+  est::TrainingSetup lora = full_bf16_mixed();
+  lora.lora.rank = 8;
+  EXPECT_THROW(est::validate(lora, est::params_only_model(7000000000)), ArgumentError);
+}
+
+// ---------------------------------------------------------------- persistent state
+
+TEST(Estimate, FullFineTuneBytesPerParameter) {
+  const est::ModelSpec m = est::preset("llama-2-7b");
+  const int64_t P = 6738415616;
+  est::TrainingSetup s = full_bf16_mixed();
+  est::MemoryBreakdown b = est::estimate_memory(m, s, est::cpu_device());
+  EXPECT_EQ(b.weights, 2 * P);
+  EXPECT_EQ(b.gradients, 2 * P);
+  EXPECT_EQ(b.master_weights, 4 * P);
+  EXPECT_EQ(b.optimizer_states, 8 * P);
+  EXPECT_EQ(b.cuda_context, 0);
+  EXPECT_EQ(b.allocator_slack, 0);
+
+  s.precision = est::Precision::Fp32;
+  b = est::estimate_memory(m, s, est::cpu_device());
+  EXPECT_EQ(b.weights, 4 * P);
+  EXPECT_EQ(b.gradients, 4 * P);
+  EXPECT_EQ(b.master_weights, 0);
+  s.precision = est::Precision::Bf16Pure;
+  s.optimizer = est::OptimizerKind::SgdMomentum;
+  b = est::estimate_memory(m, s, est::cpu_device());
+  EXPECT_EQ(b.master_weights, 0);
+  EXPECT_EQ(b.optimizer_states, 2 * P);  // bf16 momentum buffer
+  s.optimizer = est::OptimizerKind::Sgd;
+  EXPECT_EQ(est::estimate_memory(m, s, est::cpu_device()).optimizer_states, 0);
+  s.precision = est::Precision::Bf16Mixed;
+  s.optimizer = est::OptimizerKind::AdamW8bit;
+  b = est::estimate_memory(m, s, est::cpu_device());
+  EXPECT_GT(b.optimizer_states, 2 * P);
+  EXPECT_LT(b.optimizer_states, 2 * P + P / 100);  // block scales are under 1%
+}
+
+TEST(Estimate, ZeroStagesPartitionByNumGpus) {
+  const est::ModelSpec m = est::preset("llama-2-7b");
+  const int64_t P = 6738415616, shard = (P + 3) / 4;
+  est::TrainingSetup s = full_bf16_mixed();
+  s.num_gpus = 4;
+  auto at = [&](int stage) {
+    s.zero_stage = stage;
+    return est::estimate_memory(m, s, est::cpu_device());
+  };
+  const est::MemoryBreakdown z0 = at(0), z1 = at(1), z2 = at(2), z3 = at(3);
+  EXPECT_EQ(z0.optimizer_states, 8 * P);
+  EXPECT_EQ(z1.optimizer_states, 8 * shard);
+  EXPECT_EQ(z1.master_weights, 4 * shard);
+  EXPECT_EQ(z1.gradients, 2 * P);
+  EXPECT_EQ(z2.gradients, 2 * shard);
+  EXPECT_EQ(z2.weights, 2 * P);
+  EXPECT_EQ(z3.weights, 2 * shard);
+  EXPECT_LT(z3.total(), z2.total());
+  EXPECT_LT(z2.total(), z1.total());
+  EXPECT_LT(z1.total(), z0.total());
+  // One GPU: every stage is the same as stage 0.
+  s.num_gpus = 1;
+  s.zero_stage = 3;
+  const int64_t one_gpu_z3 = est::estimate_memory(m, s, est::cpu_device()).total();
+  s.zero_stage = 0;
+  EXPECT_EQ(one_gpu_z3, est::estimate_memory(m, s, est::cpu_device()).total());
+}
+
+TEST(Estimate, LoraTrainsOnlyTheAdapters) {
+  const est::ModelSpec m = est::preset("llama-2-7b");
+  est::LoraSetup lora;
+  lora.rank = 8;
+  lora.targets = {"q", "v"};
+  EXPECT_EQ(est::lora_parameter_count(m, lora), 4194304);  // PEFT's "trainable params: 4,194,304"
+  lora.rank = 16;
+  lora.targets = {"q", "k", "v", "o"};
+  EXPECT_EQ(est::lora_parameter_count(m, lora), 16777216);
+
+  est::TrainingSetup full = full_bf16_mixed();
+  est::TrainingSetup s = full;
+  s.lora = lora;
+  const est::MemoryBreakdown f = est::estimate_memory(m, full, est::cpu_device());
+  const est::MemoryBreakdown l = est::estimate_memory(m, s, est::cpu_device());
+  EXPECT_EQ(l.gradients, 2 * 16777216);
+  EXPECT_EQ(l.optimizer_states, 8 * 16777216);
+  EXPECT_LT(l.gradients * 100, f.gradients);
+  EXPECT_LT(l.optimizer_states * 100, f.optimizer_states);
+  EXPECT_EQ(l.weights, 2 * 6738415616 + 2 * 16777216);  // bf16 base + bf16 adapters
+  EXPECT_GE(l.activations, f.activations);               // activations still flow through every layer
+
+  // QLoRA: NF4 base weights are a little over a quarter of bf16 (embeddings and head stay 16-bit).
+  s.lora.base = est::BaseWeightDtype::Nf4;
+  const int64_t nf4 = est::estimate_memory(m, s, est::cpu_device()).weights;
+  s.lora.base = est::BaseWeightDtype::Int8;
+  const int64_t int8 = est::estimate_memory(m, s, est::cpu_device()).weights;
+  EXPECT_LT(nf4, int8);
+  EXPECT_LT(int8, l.weights);
+  EXPECT_GT(nf4, l.weights / 4);
+  EXPECT_LT(nf4, l.weights * 3 / 10);
+}
+
+// ---------------------------------------------------------------- activations
+
+TEST(Activations, Gpt2EagerFp16MatchesKorthikanti) {
+  // 34·s·b·h + 5·a·s²·b per layer, plus outside the blocks: embedding dropout mask (1·sbh), final-norm
+  // and LM-head inputs (2·2·sbh).
+  const est::ModelSpec m = est::preset("gpt2");
+  est::TrainingSetup s = full_bf16_mixed();
+  s.precision = est::Precision::Fp16Mixed;
+  s.attention = est::AttentionKind::Eager;
+  s.micro_batch = 3;
+  s.seq_len = 512;
+  const int64_t sbh = 512 * 3 * 768, as2b = 12 * 512 * 512 * 3;
+  const est::ActivationBytes a = est::activation_bytes(m, s);
+  EXPECT_EQ(a.activations, 12 * (34 * sbh + 5 * as2b) + 5 * sbh);
+  EXPECT_EQ(a.logits, int64_t{3} * 512 * 50257 * (2 + 4 + 4));
+}
+
+TEST(Activations, CheckpointingReducesActivations) {
+  const est::ModelSpec m = est::preset("llama-2-7b");
+  est::TrainingSetup s = full_bf16_mixed();
+  s.micro_batch = 4;
+  auto act = [&](const char* policy) {
+    est::parse_checkpointing(policy, s);
+    return est::estimate_memory(m, s, est::cpu_device()).activations;
+  };
+  const int64_t none = act("none"), every4 = act("every:4"), every2 = act("every:2"), full = act("full");
+  EXPECT_LT(full, every2);
+  EXPECT_LT(every2, every4);
+  EXPECT_LT(every4, none);
+  EXPECT_EQ(act("every:1"), full);
+  EXPECT_LT(full * 5, none);  // layer inputs only: far smaller
+}
+
+TEST(Activations, FlashKeepsNoScoreMatrix) {
+  const est::ModelSpec m = est::preset("mistral-7b");
+  est::TrainingSetup s = full_bf16_mixed();
+  s.seq_len = 4096;
+  s.attention = est::AttentionKind::Eager;
+  const est::MemoryBreakdown eager = est::estimate_memory(m, s, est::cuda_device());
+  s.attention = est::AttentionKind::Flash;
+  const est::MemoryBreakdown flash = est::estimate_memory(m, s, est::cuda_device());
+  EXPECT_LT(flash.activations, eager.activations);
+  EXPECT_LT(flash.total(), eager.total());
+  // The eager difference grows with s²: at least the 2-byte softmax output per head and layer.
+  EXPECT_GT(eager.activations - flash.activations, int64_t{32} * 32 * 4096 * 4096 * 2 / 2);
+}
+
+TEST(Activations, MonotoneInBatchAndSequence) {
+  for (const char* name : {"gpt2", "llama-3-8b", "bert-base"}) {
+    const est::ModelSpec m = est::preset(name);
+    est::TrainingSetup s = full_bf16_mixed();
+    s.seq_len = 512;
+    // Activations grow strictly; the total never falls, but stays flat while the optimizer step's
+    // temporaries (which do not depend on the batch) are the larger transient peak.
+    est::MemoryBreakdown previous;
+    for (int64_t b = 1; b <= 64; b *= 2) {
+      s.micro_batch = b;
+      const est::MemoryBreakdown now = est::estimate_memory(m, s, est::cuda_device());
+      if (b > 1) {
+        EXPECT_GT(now.activations, previous.activations) << name << " b=" << b;
+        EXPECT_GE(now.total(), previous.total()) << name << " b=" << b;
+      }
+      previous = now;
+    }
+    s.micro_batch = 1;
+    const int64_t at_1 = est::estimate_memory(m, s, est::cuda_device()).total();
+    EXPECT_GT(previous.total(), at_1) << name;
+    s.seq_len = 256;
+    EXPECT_LT(est::estimate_memory(m, s, est::cuda_device()).activations,
+              est::estimate_memory(m, [&] { auto t = s; t.seq_len = 512; return t; }(), est::cuda_device()).activations);
+  }
+}
+
+TEST(Activations, ParamsOnlyHasNoActivationModel) {
+  const est::ModelSpec m = est::params_only_model(est::parse_param_count("7B"));
+  est::TrainingSetup s = full_bf16_mixed();
+  const est::MemoryBreakdown b = est::estimate_memory(m, s, est::cpu_device());
+  EXPECT_EQ(b.activations, 0);
+  EXPECT_EQ(b.logits, 0);
+  EXPECT_EQ(b.weights + b.gradients + b.master_weights + b.optimizer_states, int64_t{16} * 7000000000);
+}
+
+TEST(Estimate, CudaProfileAddsContextAndSlack) {
+  const est::ModelSpec m = est::preset("gpt2");
+  const est::TrainingSetup s = full_bf16_mixed();
+  const est::MemoryBreakdown cpu = est::estimate_memory(m, s, est::cpu_device());
+  const est::MemoryBreakdown cuda = est::estimate_memory(m, s, est::cuda_device());
+  EXPECT_EQ(cuda.cuda_context, int64_t{512} << 20);
+  EXPECT_GT(cuda.allocator_slack, 0);
+  EXPECT_EQ(cuda.total(), cpu.total() + cuda.cuda_context + cuda.allocator_slack);
+  int64_t sum = 0;
+  for (const auto& item : cuda.items()) sum += item.second;
+  EXPECT_EQ(sum, cuda.total());
+  EXPECT_EQ(cuda.items().size(), 9u);
+}
+
+// ---------------------------------------------------------------- GPU catalog
+
+TEST(GpuCatalog, FindIgnoresCaseAndPunctuation) {
+  EXPECT_EQ(est::find_gpu("h100-80gb").name, "H100-80GB");
+  EXPECT_EQ(est::find_gpu("A100 80GB").name, "A100-80GB");
+  EXPECT_EQ(est::find_gpu("rtx_4090").name, "RTX-4090");
+  const std::string msg = error_of([] { est::find_gpu("Z100"); });
+  EXPECT_NE(msg.find("'Z100'"), std::string::npos);
+  EXPECT_NE(msg.find("H200"), std::string::npos);
+  EXPECT_GE(est::gpu_catalog().size(), 9u);
+}
+
+TEST(GpuCatalog, MaxMicroBatchFitsAndOneMoreDoesNot) {
+  const est::ModelSpec m = est::preset("gpt2-medium");
+  est::TrainingSetup s = full_bf16_mixed();
+  for (const auto& f : est::fit_catalog(m, s)) {
+    const int64_t b = f.max_micro_batch;
+    ASSERT_GT(b, 0) << f.gpu->name;
+    ASSERT_LT(b, est::kMaxMicroBatch) << f.gpu->name;
+    est::TrainingSetup at = s;
+    at.micro_batch = b;
+    EXPECT_LE(est::estimate_memory(m, at, est::cuda_device()).total(), f.gpu->memory_bytes) << f.gpu->name;
+    at.micro_batch = b + 1;
+    EXPECT_GT(est::estimate_memory(m, at, est::cuda_device()).total(), f.gpu->memory_bytes) << f.gpu->name;
+    EXPECT_EQ(f.fits, f.at_requested.total() <= f.gpu->memory_bytes);
+  }
+}
+
+TEST(GpuCatalog, TooBigForEveryGpuGivesZero) {
+  est::TrainingSetup s = full_bf16_mixed();
+  for (const auto& f : est::fit_catalog(est::preset("llama-2-70b"), s)) {
+    EXPECT_FALSE(f.fits) << f.gpu->name;
+    EXPECT_EQ(f.max_micro_batch, 0) << f.gpu->name;
+  }
+  EXPECT_TRUE(est::recommend(est::preset("llama-2-70b"), s).empty());
+}
+
+TEST(GpuCatalog, RecommendCheapestFirstAmongThoseThatFit) {
+  est::TrainingSetup s = full_bf16_mixed();
+  s.lora.rank = 16;
+  s.lora.targets = {"q", "k", "v", "o"};
+  s.lora.base = est::BaseWeightDtype::Nf4;
+  s.checkpoint = est::CheckpointKind::Full;
+  const auto all = est::fit_catalog(est::preset("llama-2-7b"), s);
+  const auto rec = est::recommend(est::preset("llama-2-7b"), s);
+  size_t fitting = 0;
+  for (const auto& f : all) fitting += f.fits;
+  ASSERT_EQ(rec.size(), fitting);
+  ASSERT_GE(rec.size(), 5u);  // QLoRA of a 7B model at seq 1024 fits the 16 and 24 GB cards
+  for (size_t i = 0; i < rec.size(); ++i) {
+    EXPECT_TRUE(rec[i].fits);
+    if (i > 0) {
+      EXPECT_LE(rec[i - 1].gpu->spot_price_usd_per_hour, rec[i].gpu->spot_price_usd_per_hour);
+    }
+  }
+  EXPECT_EQ(rec.front().gpu->name, "T4");
+}

@@ -1,0 +1,31 @@
+"""find_package(gpuops) works from another CMake project against the pip-installed package."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpuops
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+def test_examples_build_against_the_installed_package(tmp_path):
+    build = ROOT / "build" / "examples"  # kept between runs: a rerun rebuilds nothing
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    configure = subprocess.run(
+        ["cmake", "-S", str(ROOT / "examples" / "cpp"), "-B", str(build), "-G", "Ninja",
+         "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_PREFIX_PATH={gpuops.cmake_prefix_path}",
+         f"-DPython3_EXECUTABLE={sys.executable}"],
+        capture_output=True, text=True, env=env)
+    assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
+    assert str(Path(gpuops.cmake_prefix_path).resolve()) in (build / "CMakeCache.txt").read_text()
+    built = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True, env=env)
+    assert built.returncode == 0, built.stdout[-5000:] + built.stderr[-3000:]
+    ran = subprocess.run([str(build / "fit_check")], capture_output=True, text=True, env=env, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "measured peak" in ran.stdout and "estimated" in ran.stdout
