@@ -207,8 +207,30 @@ def predict_peak(config_dict, batch, seq, precision="fp32", optimizer="adamw", c
     cand["backward@loss (step 2)"] = W + S + A + comp["loss_backward_transient"]
     # optimizer step: params + grads + state + temporaries
     cand["optimizer.step"] = W + G + S + T
-    # end of backward: all grads + tied-embedding accumulation temporary
-    cand["backward end"] = W + S + G + (V * h * pb if tied else 0) + N * h * r
+    # end of backward: all grads; a tied embedding/lm_head weight gets its second grad (embedding
+    # backward, V x h dense) accumulated out of place: old grad + new grad + sum alive together
+    # (under autocast only one extra V x h fp32: the lm_head grad arrives through the bf16->fp32 copy)
+    mixed = precision in ("bf16-mixed", "fp16-mixed")
+    comp["embedding_backward_transient"] = (1 if mixed else 2) * V * h * pb if tied else 0
+    cand["backward end"] = W + S + G + comp["embedding_backward_transient"]
+    # attention backward of the last layer (first layer processed in backward); with checkpointing this
+    # layer's activations were just recomputed.  Approximation (see FINDINGS.md): the head's saved tensors
+    # are gone, the lm_head grad (V x h) and the hidden-state grad (N x h) exist, the MLP half of the
+    # layer is freed, and the attention backward holds its transients.
+    head_saved = act["head.logsoftmax_fp32"] + act["head.final_norm"] + act["head.labels_int64"]
+    attn_part = activations_end_of_forward(cfg, batch, seq, precision, False, attn)["layers.attn"] // L
+    Nh, bas2 = N * h, batch * a * seq * seq
+    if attn == "eager" or p > 0:
+        k = 8 if precision == "fp32" or (kind == "gpt2" and precision == "bf16") else 6
+        T_attn = k * bas2 + 3 * Nh * e
+    else:
+        T_attn = 3 * Nh * e + 3 * Nh * e  # grad q/k/v (+ grads before repeat_kv folding) for flash-cpu backward
+    comp["attention_backward_transient"] = T_attn
+    if checkpointing:
+        live = A - head_saved + attn_part
+    else:
+        live = A - head_saved - sum(v for k_, v in act.items() if k_ == "layers.mlp") // L
+    cand["backward@last-layer attention"] = W + S + live + V * h * pb + Nh * r + T_attn
     where = max(cand, key=cand.get)
     return {"peak": cand[where], "where": where, "candidates": cand, "components": comp}
 
