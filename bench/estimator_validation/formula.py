@@ -222,6 +222,8 @@ def predict_peak(config_dict, batch, seq, precision="fp32", optimizer="adamw", c
     Nh, bas2 = N * h, batch * a * seq * seq
     if attn == "eager" or p > 0:
         k = 8 if precision == "fp32" or (kind == "gpt2" and precision == "bf16") else 6
+        if p > 0 and precision == "fp32":
+            k = 16  # fitted: softmax + dropout mask + dropped probs and their grads (2 cases measured)
         T_attn = k * bas2 + 3 * Nh * e
     else:
         T_attn = 3 * Nh * e + 3 * Nh * e  # grad q/k/v (+ grads before repeat_kv folding) for flash-cpu backward
@@ -242,5 +244,3 @@ if __name__ == "__main__":
     print(json.dumps(predict_peak(dict(kind="llama", h=128, L=2, a=8, kv=2, i=344, V=4000), 4, 128), indent=1))
 
 
-def autocast_weight_elems(kind, cfg):  # used by fit_activations.py
-    return param_groups(dict(cfg, kind=kind))[2]

@@ -14,10 +14,8 @@ The meter is replaceable: a meter is any object with
 Two meters are provided:
     ProfilerMeter   -- torch.profiler(profile_memory=True); walks the [memory] events in time order
                        (cumulative sum of signed allocation sizes), phases from record_function ranges.
-    CountingMeter   -- a counting allocator installed in front of c10's CPU allocator (built with
-                       load_inline, see _counting_alloc.py); a stand-in for gpuops.memory_budget,
-                       which counts the same thing (bytes requested from c10's CPU allocator).
-To use gpuops.memory_budget later, write a meter whose phase() reads mb.peak_bytes / current bytes.
+    GpuopsMeter     -- gpuops.memory_budget: a counting allocator in front of c10's CPU allocator
+                       (the bytes requested from it, exactly).
 """
 
 from __future__ import annotations
@@ -94,37 +92,34 @@ class ProfilerMeter:
         return {"phases": phases, "total_allocs": sum(1 for _, nb in mem if nb > 0)}
 
 
-class CountingMeter:
-    """Peak from a counting allocator in front of c10's CPU allocator (exact bytes requested)."""
+class GpuopsMeter:
+    """Peak from gpuops.memory_budget: a counting allocator in front of c10's CPU allocator (exact bytes)."""
 
     def __init__(self):
-        import _counting_alloc
+        import gpuops
 
-        self._m = _counting_alloc.get()
-        self._base = 0
+        self._budget = gpuops.memory_budget()
         self._phases = {}
-        self._n0 = 0
 
     def start(self):
         gc.collect()
-        self._m.install()
-        self._base = self._m.current()
-        self._n0 = self._m.nalloc()
+        self._budget.__enter__()
 
     @contextlib.contextmanager
     def phase(self, name):
-        self._m.reset_peak()
+        self._budget.reset_peak()
         try:
             yield
         finally:
-            self._phases[name] = {"peak": self._m.peak() - self._base, "end": self._m.current() - self._base}
+            self._phases[name] = {"peak": self._budget.peak_bytes, "end": self._budget.current_bytes}
 
     def finish(self):
-        self._m.uninstall()
-        return {"phases": self._phases, "total_allocs": self._m.nalloc() - self._n0}
+        allocations = self._budget.stats().allocations
+        self._budget.__exit__(None, None, None)
+        return {"phases": self._phases, "total_allocs": allocations}
 
 
-METERS = {"profiler": ProfilerMeter, "counting": CountingMeter}
+METERS = {"profiler": ProfilerMeter, "gpuops": GpuopsMeter}
 
 
 # ------------------------------------------------------------------------------------ model helpers
@@ -190,7 +185,7 @@ def optimizer_factory_for(name: str, lr: float = 1e-3) -> Callable:
 
 # ------------------------------------------------------------------------------------------ measure
 def measure_peak(model_factory, optimizer_factory, batch, seq, precision="fp32", checkpointing=False,
-                 steps=2, meter: Optional[str | object] = "profiler", vocab: Optional[int] = None,
+                 steps=2, meter: Optional[str | object] = "gpuops", vocab: Optional[int] = None,
                  seed: int = 0, hold_outputs: bool = False) -> dict:
     """Run `steps` training steps; return peak bytes above the pre-build baseline and where it landed.
 
@@ -263,5 +258,5 @@ if __name__ == "__main__":
 
     r = measure_peak(model_factory_for("llama", dict(h=128, L=2, a=8, kv=2, i=344, V=4000)),
                      optimizer_factory_for("adamw"), 4, 128, "fp32", False,
-                     meter=sys.argv[1] if len(sys.argv) > 1 else "profiler")
+                     meter=sys.argv[1] if len(sys.argv) > 1 else "gpuops")
     print(json.dumps(r, indent=1))

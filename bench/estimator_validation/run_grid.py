@@ -1,4 +1,4 @@
-"""Run the validation grid: measure (counting meter; profiler cross-check on every k-th case) vs formula."""
+"""Run the validation grid: measure (gpuops.memory_budget meter; profiler cross-check on every k-th case) vs formula."""
 import sys, json, itertools, time, os
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from measure import measure_peak, model_factory_for, optimizer_factory_for
@@ -46,7 +46,7 @@ def run(cases, out_path, xcheck_every=7):
                 cfg["dropout"] = drop
             t = time.time()
             try:
-                m = measure_peak(model_factory_for(kind, cfg, attn), optimizer_factory_for(opt), b, s, prec, ck, meter="counting")
+                m = measure_peak(model_factory_for(kind, cfg, attn), optimizer_factory_for(opt), b, s, prec, ck, meter="gpuops")
             except Exception as ex:  # report and go on
                 f.write(json.dumps(dict(case=[cn, b, s, prec, opt, ck, attn, drop], error=repr(ex))) + "\n"); f.flush()
                 continue
@@ -68,7 +68,7 @@ if __name__ == "__main__":
     cases = grid(which)
     if len(sys.argv) > 3:
         cases = cases[int(sys.argv[2]):int(sys.argv[3])]
-    out = f"/work/main/bench/estimator_validation/results_{which}.jsonl"
+    out = f"/work/main/bench/estimator_validation/results_{which}" + (f"_{sys.argv[2]}_{sys.argv[3]}" if len(sys.argv) > 3 else "") + ".jsonl"
     rows = run(cases, out)
     errs = [abs(r["rel_err"]) for r in rows]
     print(f"{len(rows)} cases, max |err| {max(errs):.4f}, mean {sum(errs)/len(errs):.4f}, >5%: {sum(e > 0.05 for e in errs)}")

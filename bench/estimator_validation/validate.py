@@ -1,0 +1,131 @@
+"""The estimator against measured memory: real CPU training steps of Hugging Face models under
+gpuops.memory_budget, compared with gpuops.estimate(..., device="cpu").
+
+    .venv/bin/python bench/estimator_validation/validate.py          # run the grid, write docs/estimator.md's table
+
+tests/python/test_estimator_validation.py runs the same grid and asserts the error bounds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import os
+import platform
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import gpuops  # noqa: E402
+from measure import make_config, measure_peak, model_factory_for, optimizer_factory_for  # noqa: E402
+
+# Small configs of both families: GQA and SwiGLU (Llama), tied and untied embeddings, GPT-2 with its default dropout.
+MODELS = {
+    "llama-gqa-untied": ("llama", dict(h=128, L=3, a=8, kv=2, i=344, V=4000, tied=False)),
+    "llama-tied": ("llama", dict(h=192, L=2, a=6, kv=6, i=512, V=6000, tied=True)),
+    "gpt2-tied": ("gpt2", dict(h=128, L=4, a=8, V=4000, tied=True)),
+    "gpt2-dropout": ("gpt2", dict(h=96, L=3, a=4, V=3000, tied=True, dropout=0.1)),
+}
+SHAPES = [(2, 64), (4, 128)]
+PRECISIONS = ["fp32", "bf16-mixed", "bf16"]
+OPTIMIZERS = ["adamw", "sgd-momentum"]
+CHECKPOINTING = [False, True]
+ATTENTION = ["sdpa", "eager"]
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    batch: int
+    seq: int
+    precision: str
+    optimizer: str
+    checkpointing: bool
+    attention: str
+
+    def label(self) -> str:
+        return (f"{self.model} b{self.batch} s{self.seq} {self.precision} {self.optimizer} "
+                f"{'ckpt' if self.checkpointing else 'no-ckpt'} {self.attention}")
+
+
+def grid() -> list[Case]:
+    """Every model, precision and checkpointing choice; shapes, optimizers and attention alternate."""
+    cases = []
+    for k, (model, precision, checkpointing) in enumerate(itertools.product(MODELS, PRECISIONS, CHECKPOINTING)):
+        for j, (batch, seq) in enumerate(SHAPES):
+            cases.append(Case(model, batch, seq, precision, OPTIMIZERS[(k + j) % len(OPTIMIZERS)], checkpointing,
+                              ATTENTION[(k // 2 + j) % len(ATTENTION)]))
+    return cases
+
+
+def measure(case: Case) -> int:
+    kind, cfg = MODELS[case.model]
+    result = measure_peak(model_factory_for(kind, cfg, case.attention), optimizer_factory_for(case.optimizer),
+                          case.batch, case.seq, case.precision, case.checkpointing, meter="gpuops")
+    return result["peak"]
+
+
+def estimate(case: Case) -> gpuops.Breakdown:
+    kind, cfg = MODELS[case.model]
+    config = make_config(kind, cfg, case.attention).to_dict()
+    return gpuops.estimate(config=config, precision=case.precision, optimizer=case.optimizer,
+                           checkpointing="full" if case.checkpointing else "none", attention=case.attention,
+                           micro_batch=case.batch, seq_len=case.seq, device="cpu")
+
+
+def run(cases: list[Case]) -> list[dict]:
+    rows = []
+    for case in cases:
+        measured = measure(case)
+        estimated = estimate(case).total_bytes
+        rows.append({"case": case, "measured": measured, "estimated": estimated,
+                     "error": (estimated - measured) / measured})
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    errors = [abs(r["error"]) for r in rows]
+    return {"cases": len(rows), "max": max(errors), "median": statistics.median(errors),
+            "mean": statistics.fmean(errors)}
+
+
+def markdown(rows: list[dict]) -> str:
+    stats = summary(rows)
+    lines = [
+        f"Measured on {platform.machine()} CPU ({os.cpu_count()} cores), {datetime.date.today()}, torch "
+        f"{__import__('torch').__version__}, transformers {__import__('transformers').__version__}: "
+        f"{stats['cases']} cases, |error| max {100 * stats['max']:.2f}%, median {100 * stats['median']:.3f}%, "
+        f"mean {100 * stats['mean']:.3f}%.",
+        "",
+        "| case | measured MiB | estimated MiB | error |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['case'].label()} | {r['measured'] / 2**20:.3f} | {r['estimated'] / 2**20:.3f} | "
+                     f"{100 * r['error']:+.2f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(rows: list[dict], path: str = os.path.join(HERE, "..", "..", "docs", "estimator.md")) -> None:
+    """Replaces the text between the validation markers of docs/estimator.md."""
+    begin, end = "<!-- validation-table:begin -->", "<!-- validation-table:end -->"
+    text = open(path).read()
+    block = f"{begin}\n{markdown(rows)}{end}"
+    if begin in text:
+        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    else:
+        text += f"\n## Validation against measured memory (CPU)\n\n{block}\n"
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    rows = run(grid())
+    print(markdown(rows))
+    write_docs(rows)
