@@ -12,6 +12,7 @@ import torch as _torch  # noqa: F401  (loads libtorch before our extension)
 from . import _C
 from ._C import DeviceInfo, MemoryStats, device_info
 from .memory import memory_budget
+from .amp import GradScaler
 from .estimator import Breakdown, estimate, gpu_catalog, presets
 
 __version__ = "0.1.0"
@@ -21,6 +22,7 @@ cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
 
 __all__ = [
     "Breakdown",
+    "GradScaler",
     "DeviceInfo",
     "MemoryStats",
     "cmake_prefix_path",

@@ -1,0 +1,263 @@
+"""Mixed precision: a dynamic loss scaler that drops in for ``torch.amp.GradScaler``.
+
+Same constructor, methods and ``state_dict`` keys as torch's, so checkpoints move both ways, plus:
+
+* ``hysteresis`` (DeepSpeed's meaning: overflowing steps tolerated in a row before backing off; 1 is
+  torch's behaviour), ``min_scale`` and ``max_scale``;
+* unscaling accepts float32, float16 and bfloat16 gradients (torch's refuses 16-bit ones);
+* ``skipped_steps`` counts the steps that an overflow skipped, on the device (no sync until read), so a
+  learning-rate scheduler can stay in step with the optimizer; ``step_applied`` is the last step's flag
+  as a device tensor.
+
+The unscale + non-finite check is one multi-tensor launch per device and dtype, and the scale update
+runs on the device: ``torch.ops.gpuops.unscale_and_check_`` and ``torch.ops.gpuops.update_scale_``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from typing import Any, Dict, Iterable, Optional, Union
+
+import torch
+
+from . import _C  # noqa: F401  (loads libgpuops, which registers torch.ops.gpuops)
+
+
+class _Stage(enum.Enum):
+    READY = 0
+    UNSCALED = 1
+    STEPPED = 2
+
+
+def _apply_to_tensors(value, fn):
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_apply_to_tensors(v, fn) for v in value)
+    raise TypeError(f"GradScaler.scale: outputs must be a tensor or a (nested) list/tuple of tensors, got {type(value)}")
+
+
+class GradScaler:
+    """Dynamic loss scaling for fp16 training (and a no-op pass-through when ``enabled=False``)."""
+
+    def __init__(self, device: str = "cuda", init_scale: float = 2.0**16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True, *,
+                 hysteresis: int = 1, min_scale: float = 0.0, max_scale: Optional[float] = None) -> None:
+        if init_scale <= 0:
+            raise ValueError(f"GradScaler: init_scale must be > 0, got {init_scale}")
+        if growth_factor <= 1.0:
+            raise ValueError(f"GradScaler: growth_factor must be > 1, got {growth_factor}")
+        if not 0.0 < backoff_factor < 1.0:
+            raise ValueError(f"GradScaler: backoff_factor must be in (0, 1), got {backoff_factor}")
+        if not isinstance(growth_interval, int) or growth_interval < 1:
+            raise ValueError(f"GradScaler: growth_interval must be an int >= 1, got {growth_interval!r}")
+        if not isinstance(hysteresis, int) or hysteresis < 1:
+            raise ValueError(f"GradScaler: hysteresis must be an int >= 1, got {hysteresis!r}")
+        if min_scale < 0 or (max_scale is not None and max_scale < max(min_scale, 0)):
+            raise ValueError(f"GradScaler: need 0 <= min_scale <= max_scale, got min_scale={min_scale}, "
+                             f"max_scale={max_scale}")
+        self._device = torch.device(device).type
+        self._enabled = enabled
+        self._init_scale = float(init_scale)
+        self._growth_factor = float(growth_factor)
+        self._backoff_factor = float(backoff_factor)
+        self._growth_interval = growth_interval
+        self._hysteresis = hysteresis
+        self._min_scale = float(min_scale)
+        self._max_scale = float(max_scale) if max_scale is not None else 0.0
+        self._init_growth_tracker = 0
+        self._init_hysteresis_left = hysteresis
+        self._init_skipped = 0
+        self._scale: Optional[torch.Tensor] = None
+        self._growth_tracker: Optional[torch.Tensor] = None
+        self._hysteresis_left: Optional[torch.Tensor] = None
+        self._skipped: Optional[torch.Tensor] = None
+        self._step_applied: Optional[torch.Tensor] = None
+        self._per_optimizer: Dict[int, dict] = defaultdict(self._fresh_optimizer_state)
+
+    @staticmethod
+    def _fresh_optimizer_state() -> dict:
+        return {"stage": _Stage.READY, "found_inf_per_device": {}}
+
+    def _lazy_init(self, device: torch.device) -> None:
+        if self._scale is None:
+            self._scale = torch.full((1,), self._init_scale, dtype=torch.float32, device=device)
+            self._growth_tracker = torch.full((1,), self._init_growth_tracker, dtype=torch.int32, device=device)
+            self._hysteresis_left = torch.full((1,), self._init_hysteresis_left, dtype=torch.int32, device=device)
+            self._skipped = torch.full((1,), self._init_skipped, dtype=torch.int64, device=device)
+
+    # ------------------------------------------------------------------------------------ the loop
+    def scale(self, outputs):
+        """Multiplies the outputs (usually the loss) by the scale factor."""
+        if not self._enabled:
+            return outputs
+
+        def multiply(t: torch.Tensor) -> torch.Tensor:
+            self._lazy_init(t.device)
+            return t * self._scale.to(device=t.device, non_blocking=True)
+
+        return _apply_to_tensors(outputs, multiply)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divides the optimizer's gradients by the scale in place and records whether any was inf/nan."""
+        if not self._enabled:
+            return
+        state = self._per_optimizer[id(optimizer)]
+        if state["stage"] is _Stage.UNSCALED:
+            raise RuntimeError("GradScaler.unscale_() was already called for this optimizer since the last "
+                               "update(); call it once per step, after backward() and before step()")
+        if state["stage"] is _Stage.STEPPED:
+            raise RuntimeError("GradScaler.unscale_() was called after step(); call it before step(), "
+                               "then update() ends the step")
+        if self._scale is None:
+            raise RuntimeError("GradScaler.unscale_() before any scale(): scale the loss with scaler.scale(loss) "
+                               "and call backward() first")
+        inv_scale = self._scale.double().reciprocal().float()
+        grads_by_device: Dict[torch.device, list] = defaultdict(list)
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    grads_by_device[param.grad.device].append(param.grad)
+        for device, grads in grads_by_device.items():
+            found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+            torch.ops.gpuops.unscale_and_check_(grads, found_inf, inv_scale.to(device, non_blocking=True))
+            state["found_inf_per_device"][device] = found_inf
+        state["stage"] = _Stage.UNSCALED
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[Any]:
+        """Unscales if needed, then runs ``optimizer.step()`` unless a gradient was inf/nan.
+
+        Returns what ``optimizer.step`` returns, or None when the step was skipped (as torch's does).
+        """
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("GradScaler.step() does not support a closure: compute the loss and backward() "
+                               "before calling step()")
+        state = self._per_optimizer[id(optimizer)]
+        if state["stage"] is _Stage.STEPPED:
+            raise RuntimeError("GradScaler.step() was already called for this optimizer since the last update(); "
+                               "call update() to end the step")
+        if state["stage"] is _Stage.READY:
+            self.unscale_(optimizer)
+        if not state["found_inf_per_device"]:
+            raise RuntimeError("GradScaler.step(): the optimizer has no gradients; call scaler.scale(loss)."
+                               "backward() before step()")
+        found = self._combined_found_inf(state)
+        self._step_applied = found == 0
+        result = None
+        if not found.item():  # torch optimizers cannot skip on a device flag: one read, as in torch
+            result = optimizer.step(*args, **kwargs)
+        state["stage"] = _Stage.STEPPED
+        return result
+
+    def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
+        """Ends the step: backs the scale off after an overflow, grows it after growth_interval clean steps."""
+        if not self._enabled:
+            return
+        if self._scale is None:
+            raise RuntimeError("GradScaler.update() before any scale(): nothing to update")
+        if new_scale is not None:
+            if isinstance(new_scale, torch.Tensor):
+                if new_scale.numel() != 1 or new_scale.dtype != torch.float32:
+                    raise ValueError("GradScaler.update: new_scale must be a float or a one-element float32 tensor")
+                self._scale.copy_(new_scale)
+            else:
+                self._scale.fill_(float(new_scale))
+        else:
+            found_infs = [f for s in self._per_optimizer.values() for f in s["found_inf_per_device"].values()]
+            if not found_infs:
+                raise RuntimeError("GradScaler.update(): no unscale_() or step() was recorded since the last update; "
+                                   "call scaler.step(optimizer) before update()")
+            found = torch.stack([f.to(self._scale.device, non_blocking=True) for f in found_infs]).sum(0)
+            torch.ops.gpuops.update_scale_(self._scale, self._growth_tracker, self._hysteresis_left, found,
+                                           self._growth_factor, self._backoff_factor, self._growth_interval,
+                                           self._hysteresis, self._min_scale, self._max_scale)
+            self._skipped += (found > 0).to(torch.int64)
+        self._per_optimizer = defaultdict(self._fresh_optimizer_state)
+
+    @staticmethod
+    def _combined_found_inf(state: dict) -> torch.Tensor:
+        flags = list(state["found_inf_per_device"].values())
+        return torch.stack([f.to(flags[0].device, non_blocking=True) for f in flags]).sum(0)
+
+    # -------------------------------------------------------------------------------- accessors
+    def get_scale(self) -> float:
+        if not self._enabled:
+            return 1.0
+        return self._init_scale if self._scale is None else float(self._scale.item())
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped because of inf/nan gradients (reads the device counter)."""
+        return self._init_skipped if self._skipped is None else int(self._skipped.item())
+
+    @property
+    def step_applied(self) -> Optional[torch.Tensor]:
+        """The last step()'s outcome as a device bool tensor (no sync), or None before any step."""
+        return self._step_applied
+
+    def get_growth_factor(self) -> float:
+        return self._growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._growth_factor = float(new_factor)
+
+    def get_backoff_factor(self) -> float:
+        return self._backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._backoff_factor = float(new_factor)
+
+    def get_growth_interval(self) -> int:
+        return self._growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        self._growth_interval = int(new_interval)
+
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    # -------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict:
+        """torch's keys (so torch's GradScaler loads it) plus hysteresis and skipped-step state."""
+        if not self._enabled:
+            return {}
+        tracker = self._init_growth_tracker if self._growth_tracker is None else int(self._growth_tracker.item())
+        left = self._init_hysteresis_left if self._hysteresis_left is None else int(self._hysteresis_left.item())
+        return {"scale": self.get_scale(), "growth_factor": self._growth_factor,
+                "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
+                "_growth_tracker": tracker, "hysteresis": self._hysteresis, "_hysteresis_left": left,
+                "min_scale": self._min_scale, "max_scale": self._max_scale, "_skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Loads ours or torch's state_dict; nothing changes if a key is missing or invalid."""
+        if not self._enabled:
+            return
+        if len(state_dict) == 0:
+            raise RuntimeError("GradScaler.load_state_dict: the state_dict is empty (it came from a disabled scaler)")
+        missing = [k for k in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+                   if k not in state_dict]
+        if missing:
+            raise ValueError(f"GradScaler.load_state_dict: missing keys {missing}")
+        checked = GradScaler(self._device, state_dict["scale"], state_dict["growth_factor"],
+                             state_dict["backoff_factor"], int(state_dict["growth_interval"]),
+                             hysteresis=int(state_dict.get("hysteresis", self._hysteresis)),
+                             min_scale=state_dict.get("min_scale", self._min_scale),
+                             max_scale=state_dict.get("max_scale", self._max_scale) or None)
+        self._init_scale = checked._init_scale
+        self._growth_factor = checked._growth_factor
+        self._backoff_factor = checked._backoff_factor
+        self._growth_interval = checked._growth_interval
+        self._hysteresis = checked._hysteresis
+        self._min_scale = checked._min_scale
+        self._max_scale = checked._max_scale
+        self._init_growth_tracker = int(state_dict["_growth_tracker"])
+        self._init_hysteresis_left = int(state_dict.get("_hysteresis_left", self._hysteresis))
+        self._init_skipped = int(state_dict.get("_skipped_steps", 0))
+        if self._scale is not None:
+            self._scale.fill_(self._init_scale)
+            self._growth_tracker.fill_(self._init_growth_tracker)
+            self._hysteresis_left.fill_(self._init_hysteresis_left)
+            self._skipped.fill_(self._init_skipped)

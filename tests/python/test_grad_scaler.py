@@ -1,0 +1,147 @@
+"""gpuops.GradScaler against torch.amp.GradScaler on the same scripted gradients, with inf/nan injected."""
+
+import copy
+import random
+
+import pytest
+import torch
+
+import gpuops
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def make_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(17, 33), torch.nn.Tanh(), torch.nn.Linear(33, 5))
+
+
+def scripted_run(scaler, model, optimizer, steps, overflow_steps, seed):
+    """Backward of a scaled loss, with inf or nan planted in one gradient on the overflow steps."""
+    generator = torch.Generator().manual_seed(seed)
+    history = []
+    for step in range(steps):
+        x = torch.randn(8, 17, generator=generator).to(next(model.parameters()).device)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(model(x).square().mean()).backward()
+        if step in overflow_steps:
+            grad = list(model.parameters())[step % 4].grad
+            grad.view(-1)[step % grad.numel()] = float("inf") if step % 2 else float("nan")
+        before = [p.detach().clone() for p in model.parameters()]
+        state_before = copy.deepcopy(optimizer.state_dict())
+        scaler.step(optimizer)
+        scaler.update()
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        history.append((scaler.get_scale(), unchanged, state_before if step in overflow_steps else None))
+    return history
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_same_scale_and_skipped_steps_as_torch(device):
+    seed = random.randint(0, 2**31)
+    rng = random.Random(seed)
+    steps = 60
+    overflow_steps = set(rng.sample(range(steps), 15))
+    kwargs = dict(init_scale=2.0**10, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+
+    ours_model, torch_model = make_model(seed).to(device), make_model(seed).to(device)
+    ours_opt = torch.optim.AdamW(ours_model.parameters(), lr=1e-3)
+    torch_opt = torch.optim.AdamW(torch_model.parameters(), lr=1e-3)
+    ours = gpuops.GradScaler(device, **kwargs)
+    reference = torch.amp.GradScaler(device, **kwargs)
+
+    ours_history = scripted_run(ours, ours_model, ours_opt, steps, overflow_steps, seed)
+    torch_history = scripted_run(reference, torch_model, torch_opt, steps, overflow_steps, seed)
+
+    assert [h[0] for h in ours_history] == [h[0] for h in torch_history]
+    for step, (scale, unchanged, _) in enumerate(ours_history):
+        assert unchanged == (step in overflow_steps), step
+    for a, b in zip(ours_model.parameters(), torch_model.parameters()):
+        assert torch.equal(a, b)
+    assert ours.skipped_steps == len(overflow_steps)
+
+
+def test_overflow_step_leaves_parameters_and_optimizer_state_bit_identical():
+    model = make_model(1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = gpuops.GradScaler("cpu", init_scale=256.0)
+    scripted_run(scaler, model, optimizer, 3, set(), 1)  # creates optimizer state
+    params = [p.detach().clone() for p in model.parameters()]
+    state = copy.deepcopy(optimizer.state_dict())
+    scripted_run(scaler, model, optimizer, 1, {0}, 2)
+    assert all(torch.equal(a, b) for a, b in zip(params, model.parameters()))
+    after = optimizer.state_dict()
+    for key, value in state["state"].items():
+        for name, tensor in value.items():
+            assert torch.equal(tensor, after["state"][key][name])
+    assert bool(scaler.step_applied) is False
+
+
+def test_state_dict_moves_between_torch_and_gpuops_both_ways():
+    ours = gpuops.GradScaler("cpu", init_scale=1024.0, growth_interval=7, hysteresis=3)
+    model = make_model(3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scripted_run(ours, model, optimizer, 5, {2}, 3)
+    reference = torch.amp.GradScaler("cpu")
+    reference.load_state_dict(ours.state_dict())
+    assert reference.get_scale() == ours.get_scale()
+    assert reference.state_dict()["_growth_tracker"] == ours.state_dict()["_growth_tracker"]
+
+    back = gpuops.GradScaler("cpu")
+    back.load_state_dict(reference.state_dict())
+    assert back.get_scale() == reference.get_scale()
+    assert back.state_dict()["_growth_tracker"] == reference.state_dict()["_growth_tracker"]
+    assert back.get_growth_interval() == 7
+
+
+def test_unscale_accepts_16_bit_gradients_and_matches_float64():
+    model = torch.nn.Linear(64, 31).to(torch.bfloat16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = gpuops.GradScaler("cpu", init_scale=512.0)
+    x = torch.randn(16, 64, dtype=torch.bfloat16)
+    scaler.scale(model(x).float().sum()).backward()
+    scaled = [p.grad.double().clone() for p in model.parameters()]
+    scaler.unscale_(optimizer)
+    for raw, p in zip(scaled, model.parameters()):
+        torch.testing.assert_close(p.grad.double(), (raw / 512.0).to(torch.bfloat16).double(), rtol=0, atol=0)
+
+
+def test_misuse_raises_errors_that_say_what_to_do():
+    model = make_model(4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = gpuops.GradScaler("cpu")
+    scaler.scale(model(torch.randn(2, 17)).sum()).backward()
+    scaler.unscale_(optimizer)
+    with pytest.raises(RuntimeError, match="once per step"):
+        scaler.unscale_(optimizer)
+    empty = torch.optim.SGD([torch.nn.Parameter(torch.randn(3))], lr=0.1)
+    with pytest.raises(RuntimeError, match="backward"):
+        scaler.step(empty)
+    for kwargs, name in [({"growth_factor": 0.9}, "growth_factor"), ({"backoff_factor": 1.0}, "backoff_factor"),
+                         ({"growth_interval": 0}, "growth_interval"), ({"hysteresis": 0}, "hysteresis"),
+                         ({"init_scale": -1.0}, "init_scale")]:
+        with pytest.raises(ValueError, match=name):
+            gpuops.GradScaler("cpu", **kwargs)
+
+
+def test_sparse_gradients_are_a_clear_error():
+    embedding = torch.nn.Embedding(10, 4, sparse=True)
+    optimizer = torch.optim.SGD(embedding.parameters(), lr=0.1)
+    scaler = gpuops.GradScaler("cpu")
+    scaler.scale(embedding(torch.tensor([1, 2])).sum()).backward()
+    with pytest.raises(ValueError, match="sparse"):
+        scaler.unscale_(optimizer)
+
+
+def test_disabled_scaler_is_a_pass_through():
+    model = make_model(5)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = gpuops.GradScaler("cpu", enabled=False)
+    loss = model(torch.randn(2, 17)).sum()
+    assert scaler.scale(loss) is loss
+    loss.backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler.step(optimizer)
+    scaler.update()
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert scaler.get_scale() == 1.0 and scaler.state_dict() == {}
