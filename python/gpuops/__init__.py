@@ -10,6 +10,7 @@ import os as _os
 import torch as _torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C
+from . import optim
 from ._C import DeviceInfo, MemoryStats, device_info
 from .memory import memory_budget
 from .amp import GradScaler

@@ -113,17 +113,24 @@ class GradScaler:
         if self._scale is None:
             raise RuntimeError("GradScaler.unscale_() before any scale(): scale the loss with scaler.scale(loss) "
                                "and call backward() first")
-        inv_scale = self._scale.double().reciprocal().float()
+        self._record_found_inf(optimizer, state, self._scale.double().reciprocal().float())
+        state["stage"] = _Stage.UNSCALED
+
+    @staticmethod
+    def _record_found_inf(optimizer, state: dict, inv_scale: torch.Tensor) -> None:
+        """Multiplies the gradients by inv_scale (1: only checks) and records the inf/nan flag per device."""
         grads_by_device: Dict[torch.device, list] = defaultdict(list)
         for group in optimizer.param_groups:
             for param in group["params"]:
                 if param.grad is not None:
                     grads_by_device[param.grad.device].append(param.grad)
+        if not grads_by_device:
+            raise RuntimeError("GradScaler: the optimizer has no gradients; call scaler.scale(loss).backward() "
+                               "before unscale_() or step()")
         for device, grads in grads_by_device.items():
             found_inf = torch.zeros(1, dtype=torch.float32, device=device)
             torch.ops.gpuops.unscale_and_check_(grads, found_inf, inv_scale.to(device, non_blocking=True))
             state["found_inf_per_device"][device] = found_inf
-        state["stage"] = _Stage.UNSCALED
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[Any]:
         """Unscales if needed, then runs ``optimizer.step()`` unless a gradient was inf/nan.
@@ -139,16 +146,33 @@ class GradScaler:
         if state["stage"] is _Stage.STEPPED:
             raise RuntimeError("GradScaler.step() was already called for this optimizer since the last update(); "
                                "call update() to end the step")
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            return self._step_on_device(optimizer, state, args, kwargs)
         if state["stage"] is _Stage.READY:
             self.unscale_(optimizer)
-        if not state["found_inf_per_device"]:
-            raise RuntimeError("GradScaler.step(): the optimizer has no gradients; call scaler.scale(loss)."
-                               "backward() before step()")
         found = self._combined_found_inf(state)
         self._step_applied = found == 0
         result = None
         if not found.item():  # torch optimizers cannot skip on a device flag: one read, as in torch
             result = optimizer.step(*args, **kwargs)
+        state["stage"] = _Stage.STEPPED
+        return result
+
+    def _step_on_device(self, optimizer, state: dict, args, kwargs):
+        """The sync-free path: the optimizer divides by the scale as it reads the gradients and skips
+        itself when the flag is set (gpuops.optim and torch's fused optimizers)."""
+        if state["stage"] is _Stage.READY:
+            self._record_found_inf(optimizer, state, torch.ones_like(self._scale))
+            optimizer.grad_scale = self._scale
+        else:  # unscale_() already divided the gradients
+            optimizer.grad_scale = None
+        found = self._combined_found_inf(state)
+        optimizer.found_inf = found
+        try:
+            result = optimizer.step(*args, **kwargs)
+        finally:
+            del optimizer.grad_scale, optimizer.found_inf
+        self._step_applied = found == 0
         state["stage"] = _Stage.STEPPED
         return result
 

@@ -1,0 +1,31 @@
+#pragma once
+// The fused Adam/AdamW step over lists of tensors (torch.ops.gpuops.adam_step_); the optimizer
+// classes call it once per parameter group and device.
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+namespace gpuops::optim {
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool decoupled = true;  ///< AdamW; false: Adam with L2 weight decay
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+/// One step for every (param, grad, exp_avg, exp_avg_sq[, max_exp_avg_sq], step) tuple: float32, dense,
+/// contiguous, one device. grad_scale (float32[1]): divide the gradients by it as they are read (a
+/// GradScaler's scale). found_inf (float32[1]): when non-zero nothing changes, not even the steps.
+/// max_exp_avg_sqs may be empty unless amsgrad. Bad arguments raise c10::ValueError before anything
+/// is written.
+void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
+                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
+
+}  // namespace gpuops::optim

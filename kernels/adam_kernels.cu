@@ -1,0 +1,59 @@
+// Fused Adam/AdamW: one read of each gradient, one read-modify-write of the parameter and states.
+#include "adam_kernels.h"
+
+#include "gpuops/cuda_check.h"
+#include "multi_tensor.cuh"
+
+namespace gpuops::kernels {
+namespace {
+
+enum : int { kParam, kGrad, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kStep };
+
+__global__ void adam_kernel(TensorTable<6> table, math::AdamHyper hyper, const float* grad_scale,
+                            const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.0f) return;
+  int64_t begin = 0, end = 0;
+  const int tensor = chunk_range(table, begin, end);
+  const float step = *static_cast<const float*>(table.data[kStep][tensor]) + 1.0f;
+  const float factor = grad_scale != nullptr ? 1.0f / *grad_scale : 1.0f;
+  const math::AdamStep s = math::make_adam_step(hyper, step, factor);
+  float* param = static_cast<float*>(table.data[kParam][tensor]);
+  const float* grad = static_cast<const float*>(table.data[kGrad][tensor]);
+  float* exp_avg = static_cast<float*>(table.data[kExpAvg][tensor]);
+  float* exp_avg_sq = static_cast<float*>(table.data[kExpAvgSq][tensor]);
+  float* max_exp_avg_sq = static_cast<float*>(table.data[kMaxExpAvgSq][tensor]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
+    float vmax = s.amsgrad ? max_exp_avg_sq[i] : 0.0f;
+    math::adam_update(p, grad[i], m, v, vmax, s);
+    param[i] = p;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    if (s.amsgrad) max_exp_avg_sq[i] = vmax;
+  }
+}
+
+// After the update: every counter of the table advances by one, unless the step was skipped.
+__global__ void advance_steps_kernel(TensorTable<1> table, const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.0f) return;
+  if (threadIdx.x == 0) *static_cast<float*>(table.data[0][table.tensor_of_block[blockIdx.x]]) += 1.0f;
+}
+
+}  // namespace
+
+void launch_adam_step(const std::vector<void*> (&lists)[6], const std::vector<int64_t>& numel,
+                      const math::AdamHyper& hyper, const float* grad_scale, const float* found_inf,
+                      cudaStream_t stream) {
+  for_each_table<6>(lists, numel, [&](const TensorTable<6>& table, int blocks) {
+    adam_kernel<<<blocks, kThreads, 0, stream>>>(table, hyper, grad_scale, found_inf);
+    GPUOPS_CUDA_CHECK(cudaGetLastError());
+  });
+  const std::vector<void*> steps[1] = {lists[kStep]};
+  const std::vector<int64_t> ones(numel.size(), 1);  // one block per counter
+  for_each_table<1>(steps, ones, [&](const TensorTable<1>& table, int blocks) {
+    advance_steps_kernel<<<blocks, 32, 0, stream>>>(table, found_inf);
+    GPUOPS_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+}  // namespace gpuops::kernels

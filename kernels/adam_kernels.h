@@ -1,0 +1,20 @@
+#pragma once
+// Torch-free launcher of the fused Adam/AdamW step (float32 parameters).
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "math/adam_math.h"
+
+namespace gpuops::kernels {
+
+/// One fused step over many tensors. lists: params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs (the
+/// exp_avg_sqs again without amsgrad), steps (float32 step counters, one per tensor). The gradient is
+/// divided by *grad_scale when grad_scale is not null; nothing is written when *found_inf != 0, and
+/// each step counter advances only on an applied step. No host sync; CUDA-graph capturable.
+void launch_adam_step(const std::vector<void*> (&lists)[6], const std::vector<int64_t>& numel,
+                      const math::AdamHyper& hyper, const float* grad_scale, const float* found_inf,
+                      cudaStream_t stream);
+
+}  // namespace gpuops::kernels

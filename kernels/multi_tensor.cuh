@@ -1,0 +1,72 @@
+#pragma once
+// Multi-tensor launches (design §3, after apex's multi_tensor_apply): one kernel launch covers many
+// tensors. The host packs up to kMaxTensors tensors (each a tuple of Depth pointers: grad, param,
+// states...) and up to kMaxBlocks chunks into a table passed by value; each block handles one chunk.
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "gpuops/cuda_check.h"
+
+namespace gpuops::kernels {
+
+inline constexpr int64_t kChunk = 1 << 16;
+inline constexpr int kThreads = 256;
+
+template <int Depth>
+struct TensorTable {
+  static constexpr int kMaxTensors = Depth <= 2 ? 48 : 24;  // keeps the table well under 4 KiB
+  static constexpr int kMaxBlocks = 320;
+  void* data[Depth][kMaxTensors];
+  int64_t numel[kMaxTensors];
+  int32_t extra[kMaxTensors];  ///< per-tensor index the op may use (e.g. into a list of step counters)
+  unsigned char tensor_of_block[kMaxBlocks];
+  int32_t chunk_of_block[kMaxBlocks];
+};
+
+/// Element range [begin, end) of this block's chunk, and its tensor index in the table.
+template <int Depth>
+__device__ __forceinline__ int chunk_range(const TensorTable<Depth>& table, int64_t& begin, int64_t& end) {
+  const int tensor = table.tensor_of_block[blockIdx.x];
+  begin = static_cast<int64_t>(table.chunk_of_block[blockIdx.x]) * kChunk;
+  end = min(begin + kChunk, table.numel[tensor]);
+  return tensor;
+}
+
+/// Packs `lists` (Depth lists of equally long pointer vectors) and calls launch(table, blocks) per full table.
+template <int Depth, typename Launch>
+void for_each_table(const std::vector<void*> (&lists)[Depth], const std::vector<int64_t>& numel, Launch&& launch) {
+  using Table = TensorTable<Depth>;
+  Table table{};
+  int tensors = 0, blocks = 0;
+  auto put = [&](size_t t, int slot) {
+    for (int d = 0; d < Depth; ++d) table.data[d][slot] = lists[d][t];
+    table.numel[slot] = numel[t];
+    table.extra[slot] = static_cast<int32_t>(t);
+  };
+  auto flush = [&] {
+    if (blocks > 0) launch(table, blocks);
+    tensors = 0;
+    blocks = 0;
+  };
+  for (size_t t = 0; t < numel.size(); ++t) {
+    if (numel[t] == 0) continue;
+    if (tensors == Table::kMaxTensors) flush();
+    put(t, tensors);
+    const int64_t chunks = (numel[t] + kChunk - 1) / kChunk;
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (blocks == Table::kMaxBlocks) {  // the tensor goes on in the next launch, as its entry 0
+        flush();
+        put(t, 0);
+      }
+      table.tensor_of_block[blocks] = static_cast<unsigned char>(tensors);
+      table.chunk_of_block[blocks] = static_cast<int32_t>(c);
+      ++blocks;
+    }
+    ++tensors;
+  }
+  flush();
+}
+
+}  // namespace gpuops::kernels

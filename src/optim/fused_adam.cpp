@@ -1,0 +1,138 @@
+// adam_step_: argument checks, then the CPU loop or the CUDA multi-tensor launcher (same element math).
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include "gpuops/fused_adam.h"
+#include "math/adam_math.h"
+
+#ifdef GPUOPS_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "adam_kernels.h"
+#endif
+
+namespace gpuops::optim {
+namespace {
+
+void check_hyper(const AdamOptions& o) {
+  TORCH_CHECK_VALUE(o.lr >= 0.0, "adam_step_: lr must be >= 0, got ", o.lr);
+  TORCH_CHECK_VALUE(o.beta1 >= 0.0 && o.beta1 < 1.0, "adam_step_: betas[0] must be in [0, 1), got ", o.beta1);
+  TORCH_CHECK_VALUE(o.beta2 >= 0.0 && o.beta2 < 1.0, "adam_step_: betas[1] must be in [0, 1), got ", o.beta2);
+  TORCH_CHECK_VALUE(o.eps >= 0.0, "adam_step_: eps must be >= 0, got ", o.eps);
+  TORCH_CHECK_VALUE(o.weight_decay >= 0.0, "adam_step_: weight_decay must be >= 0, got ", o.weight_decay);
+}
+
+void check_like(const at::Tensor& t, const at::Tensor& param, const at::Device& device, const char* list, size_t i) {
+  TORCH_CHECK_VALUE(t.defined() && t.layout() == at::kStrided, "adam_step_: ", list, "[", i,
+                    "] must be a dense tensor", list == std::string("grads") ? " (sparse gradients are not supported)" : "");
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat, "adam_step_: ", list, "[", i, "] has dtype ", t.scalar_type(),
+                    "; accepted: float32");
+  TORCH_CHECK_VALUE(t.device() == device, "adam_step_: ", list, "[", i, "] is on ", t.device(),
+                    " but params[0] is on ", param.device(), "; one call takes one device");
+  TORCH_CHECK_VALUE(t.sizes() == param.sizes() && t.is_contiguous(), "adam_step_: ", list, "[", i,
+                    "] must be contiguous with the shape of params[", i, "] ", param.sizes(), ", got ", t.sizes());
+}
+
+void check_scalar(const std::optional<at::Tensor>& t, const char* name, const at::Device& device) {
+  if (!t) return;
+  TORCH_CHECK_VALUE(t->numel() == 1 && t->scalar_type() == at::kFloat && t->device() == device, "adam_step_: ",
+                    name, " must be a one-element float32 tensor on ", device, ", got ", t->toString(), " on ",
+                    t->device());
+}
+
+void check_all(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+               at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
+               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  check_hyper(options);
+  const size_t n = params.size();
+  TORCH_CHECK_VALUE(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n && steps.size() == n &&
+                        (max_exp_avg_sqs.size() == n || (!options.amsgrad && max_exp_avg_sqs.empty())),
+                    "adam_step_: params, grads, exp_avgs, exp_avg_sqs, steps (and max_exp_avg_sqs with amsgrad) ",
+                    "must have the same length; got ", n, ", ", grads.size(), ", ", exp_avgs.size(), ", ",
+                    exp_avg_sqs.size(), ", ", steps.size(), ", ", max_exp_avg_sqs.size());
+  if (n == 0) return;
+  const at::Tensor& first = params[0];
+  for (size_t i = 0; i < n; ++i) {
+    const at::Device device = first.device();
+    check_like(params[i], params[i], device, "params", i);
+    check_like(grads[i], params[i], device, "grads", i);
+    check_like(exp_avgs[i], params[i], device, "exp_avgs", i);
+    check_like(exp_avg_sqs[i], params[i], device, "exp_avg_sqs", i);
+    if (options.amsgrad) check_like(max_exp_avg_sqs[i], params[i], device, "max_exp_avg_sqs", i);
+    TORCH_CHECK_VALUE(steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat &&
+                          steps[i].device() == first.device(),
+                      "adam_step_: steps[", i, "] must be a one-element float32 tensor on ", first.device());
+  }
+  check_scalar(grad_scale, "grad_scale", first.device());
+  check_scalar(found_inf, "found_inf", first.device());
+}
+
+math::AdamHyper to_hyper(const AdamOptions& o) {
+  return {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.decoupled, o.amsgrad, o.maximize};
+}
+
+void adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+              at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
+              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  // CPU tensors: these reads are plain loads, not device-to-host copies.
+  if (found_inf && *found_inf->data_ptr<float>() != 0.0f) return;
+  const float factor = grad_scale ? 1.0f / *grad_scale->data_ptr<float>() : 1.0f;
+  const math::AdamHyper hyper = to_hyper(options);
+  for (size_t t = 0; t < params.size(); ++t) {
+    float* step = steps[t].data_ptr<float>();
+    const math::AdamStep s = math::make_adam_step(hyper, *step + 1.0f, factor);
+    float* param = params[t].data_ptr<float>();
+    const float* grad = grads[t].data_ptr<float>();
+    float* m = exp_avgs[t].data_ptr<float>();
+    float* v = exp_avg_sqs[t].data_ptr<float>();
+    float* vmax = options.amsgrad ? max_exp_avg_sqs[t].data_ptr<float>() : nullptr;
+    at::parallel_for(0, params[t].numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+      float unused = 0.0f;
+      for (int64_t i = begin; i < end; ++i) math::adam_update(param[i], grad[i], m[i], v[i], vmax ? vmax[i] : unused, s);
+    });
+    *step += 1.0f;
+  }
+}
+
+#ifdef GPUOPS_WITH_CUDA
+void adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+               at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
+               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  c10::cuda::CUDAGuard guard(params[0].device());
+  std::vector<void*> lists[6];
+  std::vector<int64_t> numel;
+  for (size_t t = 0; t < params.size(); ++t) {
+    lists[0].push_back(params[t].data_ptr());
+    lists[1].push_back(grads[t].data_ptr());
+    lists[2].push_back(exp_avgs[t].data_ptr());
+    lists[3].push_back(exp_avg_sqs[t].data_ptr());
+    lists[4].push_back(options.amsgrad ? max_exp_avg_sqs[t].data_ptr() : exp_avg_sqs[t].data_ptr());
+    lists[5].push_back(steps[t].data_ptr());
+    numel.push_back(params[t].numel());
+  }
+  kernels::launch_adam_step(lists, numel, to_hyper(options), grad_scale ? grad_scale->data_ptr<float>() : nullptr,
+                            found_inf ? found_inf->data_ptr<float>() : nullptr, c10::cuda::getCurrentCUDAStream());
+}
+#endif
+
+}  // namespace
+
+void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
+                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  check_all(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, options, grad_scale, found_inf);
+  if (params.empty()) return;
+  const at::Device device = params[0].device();
+  if (device.is_cpu()) {
+    return adam_cpu(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, options, grad_scale, found_inf);
+  }
+#ifdef GPUOPS_WITH_CUDA
+  if (device.is_cuda()) {
+    return adam_cuda(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, options, grad_scale, found_inf);
+  }
+#endif
+  TORCH_CHECK_VALUE(false, "adam_step_: device ", device, " is not supported");
+}
+
+}  // namespace gpuops::optim

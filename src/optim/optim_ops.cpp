@@ -1,0 +1,24 @@
+// The fused optimizer steps as torch operators (torch.ops.gpuops.*), for the Python optimizers.
+#include <torch/library.h>
+
+#include "gpuops/fused_adam.h"
+
+namespace {
+
+void adam_step_op(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                  at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
+                  double eps, double weight_decay, bool decoupled, bool amsgrad, bool maximize,
+                  const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  gpuops::optim::adam_step_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+                            {lr, beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize}, grad_scale, found_inf);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(gpuops, m) {
+  m.def(
+      "adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+      "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
+      "float weight_decay, bool decoupled, bool amsgrad, bool maximize, Tensor? grad_scale, Tensor? found_inf) -> ()",
+      TORCH_FN(adam_step_op));
+}

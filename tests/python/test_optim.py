@@ -1,0 +1,139 @@
+"""gpuops.optim.Adam/AdamW against torch.optim in float64, the state_dict round trip, schedulers,
+the sync-free AMP step and bad input."""
+
+import copy
+import random
+
+import pytest
+import torch
+
+import gpuops
+
+SHAPES = [(7,), (33, 17), (1000,), (3, 5, 7), (65537,)]
+
+
+def groups(params):
+    return [{"params": params[:2]}, {"params": params[2:], "lr": 3e-3, "weight_decay": 0.05}]
+
+
+def run_pair(ours_cls, torch_cls, steps=100, **kwargs):
+    """Same gradients into ours (float32), torch in float64 (the reference) and torch in float32."""
+    seed = random.randint(0, 2**31)
+    generator = torch.Generator().manual_seed(seed)
+    start = [torch.randn(s, dtype=torch.float64, generator=generator) for s in SHAPES]
+    ours = [torch.nn.Parameter(p.float()) for p in start]
+    ref64 = [torch.nn.Parameter(p.clone()) for p in start]
+    ref32 = [torch.nn.Parameter(p.float()) for p in start]
+    optimizers = [ours_cls(groups(ours), lr=1e-3, **kwargs), torch_cls(groups(ref64), lr=1e-3, foreach=False, **kwargs),
+                  torch_cls(groups(ref32), lr=1e-3, foreach=False, **kwargs)]
+    for _ in range(steps):
+        for a, b, c in zip(ours, ref64, ref32):
+            g = torch.randn(a.shape, dtype=torch.float64, generator=generator)
+            a.grad, b.grad, c.grad = g.float(), g, g.float()
+        for opt in optimizers:
+            opt.step()
+    return ours, ref64, ref32, optimizers
+
+
+def norm_rel(xs, ref):
+    return max(((x.double() - r).norm() / r.norm()).item() for x, r in zip(xs, ref))
+
+
+@pytest.mark.parametrize("name", ["AdamW", "Adam"])
+@pytest.mark.parametrize("amsgrad", [False, True])
+@pytest.mark.parametrize("maximize", [False, True])
+def test_matches_torch_float64_over_100_steps(name, amsgrad, maximize):
+    ours, ref64, ref32, _ = run_pair(getattr(gpuops.optim, name), getattr(torch.optim, name), amsgrad=amsgrad,
+                                     maximize=maximize)
+    ours_error, torch32_error = norm_rel(ours, ref64), norm_rel(ref32, ref64)
+    # float32 cannot do better than torch's own float32 step (decoupled decay rounds 1 - lr*wd every
+    # step): within 1e-6, or within 2% of torch float32's own error where that floor is above 1e-6.
+    assert ours_error <= max(1e-6, 1.02 * torch32_error), (ours_error, torch32_error)
+    for x, r in zip(ours, ref32):  # and element by element, a few float32 roundings from torch's float32
+        torch.testing.assert_close(x, r, rtol=2e-6, atol=1e-6)
+
+
+def test_state_dict_round_trips_with_torch_adamw():
+    ours, _, ref32, (ours_opt, _, torch_opt) = run_pair(gpuops.optim.AdamW, torch.optim.AdamW, steps=5)
+    loaded = torch.optim.AdamW(groups([torch.nn.Parameter(p.detach().clone()) for p in ours]), lr=1e-3)
+    loaded.load_state_dict(ours_opt.state_dict())
+    for key, value in ours_opt.state_dict()["state"].items():
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(loaded.state_dict()["state"][key][name].float(), value[name].float())
+    back = gpuops.optim.AdamW(groups([torch.nn.Parameter(p.detach().clone()) for p in ref32]), lr=1e-3)
+    back.load_state_dict(torch_opt.state_dict())
+    assert back.param_groups[1]["lr"] == 3e-3 and back.param_groups[1]["weight_decay"] == 0.05
+    assert float(back.state_dict()["state"][0]["step"]) == 5.0
+
+
+def test_lr_scheduler_drives_the_fused_step():
+    param = torch.nn.Parameter(torch.randn(10))
+    optimizer = gpuops.optim.AdamW([param], lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    for _ in range(3):
+        param.grad = torch.randn(10)
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0125)
+
+
+def test_amp_step_with_our_scaler_is_sync_free_and_skips_on_overflow(monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    reference = copy.deepcopy(model)
+    optimizer = gpuops.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, foreach=False)
+    scaler = gpuops.GradScaler("cpu", init_scale=1024.0)
+    reads, watching = [], [False]
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name):
+            if watching[0]:
+                reads.append(_name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    for step in range(6):
+        x = torch.randn(8, 16)
+        optimizer.zero_grad(set_to_none=True)
+        ref_optimizer.zero_grad(set_to_none=True)
+        reference(x).square().mean().backward()
+        if step != 3:
+            ref_optimizer.step()  # torch's CPU AdamW reads its step counter: outside the watched window
+        watching[0] = True
+        scaler.scale(model(x).square().mean()).backward()
+        if step == 3:
+            next(model.parameters()).grad[0, 0] = float("inf")
+        scaler.step(optimizer)
+        scaler.update()
+        watching[0] = False
+    assert reads == []  # nothing of the AMP step came back to the host
+    monkeypatch.undo()
+    assert scaler.skipped_steps == 1 and scaler.get_scale() == 512.0
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"lr": -1.0}, "lr"), ({"betas": (1.0, 0.999)}, "betas"),
+                                           ({"betas": (0.9, -0.1)}, "betas"), ({"eps": -1e-8}, "eps"),
+                                           ({"weight_decay": -0.1}, "weight_decay")])
+def test_bad_hyperparameters_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        gpuops.optim.AdamW([torch.nn.Parameter(torch.randn(3))], **kwargs)
+
+
+def test_bad_gradients_are_clear_errors_and_change_nothing():
+    dense = torch.nn.Parameter(torch.randn(5))
+    half = torch.nn.Parameter(torch.randn(4).double())
+    optimizer = gpuops.optim.AdamW([dense, half], lr=0.1)
+    dense.grad, half.grad = torch.randn(5), torch.randn(4).double()
+    before = dense.detach().clone()
+    with pytest.raises(ValueError, match="float32"):
+        optimizer.step()
+    assert torch.equal(dense, before)
+    embedding = torch.nn.Embedding(10, 3, sparse=True)
+    sparse_optimizer = gpuops.optim.AdamW(embedding.parameters())
+    embedding(torch.tensor([1])).sum().backward()
+    with pytest.raises(ValueError, match="sparse"):
+        sparse_optimizer.step()
