@@ -3,6 +3,7 @@
 
 #include "gpuops/cuda_check.h"
 #include "multi_tensor.cuh"
+#include "step_counters.cuh"
 
 namespace gpuops::kernels {
 namespace {
@@ -33,12 +34,6 @@ __global__ void adam_kernel(TensorTable<6> table, math::AdamHyper hyper, const f
   }
 }
 
-// After the update: every counter of the table advances by one, unless the step was skipped.
-__global__ void advance_steps_kernel(TensorTable<1> table, const float* found_inf) {
-  if (found_inf != nullptr && *found_inf != 0.0f) return;
-  if (threadIdx.x == 0) *static_cast<float*>(table.data[0][table.tensor_of_block[blockIdx.x]]) += 1.0f;
-}
-
 }  // namespace
 
 void launch_adam_step(const std::vector<void*> (&lists)[6], const std::vector<int64_t>& numel,
@@ -48,12 +43,7 @@ void launch_adam_step(const std::vector<void*> (&lists)[6], const std::vector<in
     adam_kernel<<<blocks, kThreads, 0, stream>>>(table, hyper, grad_scale, found_inf);
     GPUOPS_CUDA_CHECK(cudaGetLastError());
   });
-  const std::vector<void*> steps[1] = {lists[kStep]};
-  const std::vector<int64_t> ones(numel.size(), 1);  // one block per counter
-  for_each_table<1>(steps, ones, [&](const TensorTable<1>& table, int blocks) {
-    advance_steps_kernel<<<blocks, 32, 0, stream>>>(table, found_inf);
-    GPUOPS_CUDA_CHECK(cudaGetLastError());
-  });
+  advance_step_counters(lists[kStep], found_inf, stream);
 }
 
 }  // namespace gpuops::kernels

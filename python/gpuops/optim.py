@@ -1,6 +1,6 @@
 """Fused optimizers: torch.optim-compatible classes over gpuops's fused kernels.
 
-``gpuops.optim.AdamW`` (and ``Adam``) have torch's constructor, ``param_groups`` with per-group
+``gpuops.optim.AdamW``, ``Adam`` and ``SGD`` have torch's constructors, ``param_groups`` with per-group
 options, ``zero_grad``, ``state_dict`` keys (``step``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``)
 and work with torch's LR schedulers. One fused launch per parameter group and device. They declare
 ``_step_supports_amp_scaling``: a GradScaler (torch's or ours) hands them its scale and overflow flag,
@@ -10,43 +10,51 @@ host sync.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Iterable, Optional, Tuple
+from typing import Dict, Iterable, Tuple
 
 import torch
 
 from . import _C  # noqa: F401  (loads libgpuops, which registers torch.ops.gpuops)
 
 
-class Adam(torch.optim.Optimizer):
-    """Adam with L2 weight decay (``weight_decay * param`` added to the gradient), fused."""
+class _FusedOptimizer(torch.optim.Optimizer):
+    """What the fused optimizers share: the AMP hand-off and the per-device tensor lists of a group."""
 
-    _decoupled = False
-
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False):
-        if isinstance(lr, torch.Tensor) or not lr >= 0.0:
-            raise ValueError(f"{type(self).__name__}: lr must be a float >= 0, got {lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"{type(self).__name__}: betas must be in [0, 1), got {betas}")
-        if not eps >= 0.0:
-            raise ValueError(f"{type(self).__name__}: eps must be >= 0, got {eps}")
-        if not weight_decay >= 0.0:
-            raise ValueError(f"{type(self).__name__}: weight_decay must be >= 0, got {weight_decay}")
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
-                        foreach=None, capturable=True, differentiable=False, fused=True)
+    def __init__(self, params: Iterable, defaults: dict):
+        defaults = dict(defaults, foreach=None, capturable=True, differentiable=False, fused=True)
         super().__init__(params, defaults)
         self._step_supports_amp_scaling = True
 
-    def _init_state(self, param: torch.Tensor, amsgrad: bool) -> dict:
+    def _amp_inputs(self, device: torch.device):
+        """A GradScaler's scale and overflow flag (set on the optimizer during its step), on `device`."""
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        return (None if grad_scale is None else grad_scale.to(device, non_blocking=True),
+                None if found_inf is None else found_inf.to(device, non_blocking=True))
+
+    def _lists_by_device(self, index: int, group: dict, state_tensors) -> dict:
+        """{device: [params, grads, *state lists]} for the parameters of a group that have a gradient."""
+        lists: Dict[torch.device, list] = {}
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            if param.grad.is_sparse:
+                raise ValueError(f"{type(self).__name__}: param_groups[{index}] has a sparse gradient; "
+                                 "use a dense one (e.g. nn.Embedding(sparse=False))")
+            values = [param, param.grad, *state_tensors(param, group)]
+            entry = lists.setdefault(param.device, [[] for _ in values])
+            for target, value in zip(entry, values):
+                target.append(value)
+        if len(lists) > 1:
+            raise ValueError(f"{type(self).__name__}: param_groups[{index}] has parameters on several devices "
+                             f"({sorted(str(d) for d in lists)}); give each device's parameters their own optimizer")
+        return lists
+
+    def _step_state(self, param: torch.Tensor, start: float = 0.0) -> dict:
         state = self.state[param]
-        if not state:
-            # torch's layout: the step is a float32 scalar; on the parameter's device (capturable).
-            state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
-            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-        if amsgrad and "max_exp_avg_sq" not in state:
-            state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        if "step" not in state:
+            # torch's layout: a float32 scalar; on the parameter's device, like torch's capturable/fused steps.
+            state["step"] = torch.full((), start, dtype=torch.float32, device=param.device)
         return state
 
     @torch.no_grad()
@@ -55,36 +63,48 @@ class Adam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grad_scale: Optional[torch.Tensor] = getattr(self, "grad_scale", None)
-        found_inf: Optional[torch.Tensor] = getattr(self, "found_inf", None)
         for index, group in enumerate(self.param_groups):
-            lists = defaultdict(lambda: ([], [], [], [], [], []))
-            devices = set()
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                if param.grad.is_sparse:
-                    raise ValueError(f"{type(self).__name__}: param_groups[{index}] has a sparse gradient; "
-                                     "use a dense one (e.g. nn.Embedding(sparse=False))")
-                devices.add(param.device)
-                state = self._init_state(param, group["amsgrad"])
-                entry = lists[param.device]
-                for target, value in zip(entry, (param, param.grad, state["exp_avg"], state["exp_avg_sq"],
-                                                 state.get("max_exp_avg_sq"), state["step"])):
-                    if value is not None:
-                        target.append(value)
-            if len(devices) > 1:
-                raise ValueError(f"{type(self).__name__}: param_groups[{index}] has parameters on several devices "
-                                 f"({sorted(str(d) for d in devices)}); put each device's parameters in its own "
-                                 "optimizer")
-            beta1, beta2 = group["betas"]
-            for device, (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps) in lists.items():
-                torch.ops.gpuops.adam_step_(
-                    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, float(group["lr"]), beta1, beta2,
-                    group["eps"], group["weight_decay"], self._decoupled, group["amsgrad"], group["maximize"],
-                    None if grad_scale is None else grad_scale.to(device, non_blocking=True),
-                    None if found_inf is None else found_inf.to(device, non_blocking=True))
+            for device, lists in self._lists_by_device(index, group, self._state_tensors).items():
+                self._fused_step(group, lists, *self._amp_inputs(device))
         return loss
+
+
+class Adam(_FusedOptimizer):
+    """Adam with L2 weight decay (``weight_decay * param`` added to the gradient), fused."""
+
+    _decoupled = False
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False):
+        name = type(self).__name__
+        if isinstance(lr, torch.Tensor) or not lr >= 0.0:
+            raise ValueError(f"{name}: lr must be a float >= 0, got {lr}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"{name}: betas must be in [0, 1), got {betas}")
+        if not eps >= 0.0:
+            raise ValueError(f"{name}: eps must be >= 0, got {eps}")
+        if not weight_decay >= 0.0:
+            raise ValueError(f"{name}: weight_decay must be >= 0, got {weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                                      maximize=maximize))
+
+    def _state_tensors(self, param: torch.Tensor, group: dict) -> list:
+        state = self._step_state(param)
+        if "exp_avg" not in state:
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        if group["amsgrad"] and "max_exp_avg_sq" not in state:
+            state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        return [state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq", state["exp_avg_sq"]),
+                state["step"]]
+
+    def _fused_step(self, group, lists, grad_scale, found_inf):
+        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = lists
+        beta1, beta2 = group["betas"]
+        torch.ops.gpuops.adam_step_(params, grads, exp_avgs, exp_avg_sqs,
+                                    max_exp_avg_sqs if group["amsgrad"] else [], steps, float(group["lr"]), beta1,
+                                    beta2, group["eps"], group["weight_decay"], self._decoupled, group["amsgrad"],
+                                    group["maximize"], grad_scale, found_inf)
 
 
 class AdamW(Adam):
@@ -95,3 +115,37 @@ class AdamW(Adam):
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
+
+
+class SGD(_FusedOptimizer):
+    """SGD with momentum, dampening, Nesterov and weight decay, fused. State: torch's ``momentum_buffer``
+    plus a ``step`` counter (the buffer starts from the first applied step's gradient)."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False):
+        name = type(self).__name__
+        if isinstance(lr, torch.Tensor) or not lr >= 0.0:
+            raise ValueError(f"{name}: lr must be a float >= 0, got {lr}")
+        if not momentum >= 0.0:
+            raise ValueError(f"{name}: momentum must be >= 0, got {momentum}")
+        if not weight_decay >= 0.0:
+            raise ValueError(f"{name}: weight_decay must be >= 0, got {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError(f"{name}: nesterov needs momentum > 0 and dampening = 0, got momentum={momentum}, "
+                             f"dampening={dampening}")
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                                      nesterov=nesterov, maximize=maximize))
+
+    def _state_tensors(self, param: torch.Tensor, group: dict) -> list:
+        # A momentum buffer loaded from torch's SGD (which keeps no step) is continued, not restarted.
+        state = self._step_state(param, start=1.0 if self.state[param].get("momentum_buffer") is not None else 0.0)
+        if group["momentum"] != 0 and state.get("momentum_buffer") is None:
+            state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["step"].zero_()  # a new buffer starts from the next gradient, as in torch
+        return [state.get("momentum_buffer", param), state["step"]]
+
+    def _fused_step(self, group, lists, grad_scale, found_inf):
+        params, grads, buffers, steps = lists
+        torch.ops.gpuops.sgd_step_(params, grads, buffers if group["momentum"] != 0 else [], steps,
+                                   float(group["lr"]), group["momentum"], group["dampening"], group["weight_decay"],
+                                   group["nesterov"], group["maximize"], grad_scale, found_inf)

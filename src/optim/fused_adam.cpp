@@ -4,6 +4,7 @@
 
 #include "gpuops/fused_adam.h"
 #include "math/adam_math.h"
+#include "optim_checks.h"
 
 #ifdef GPUOPS_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -23,49 +24,20 @@ void check_hyper(const AdamOptions& o) {
   TORCH_CHECK_VALUE(o.weight_decay >= 0.0, "adam_step_: weight_decay must be >= 0, got ", o.weight_decay);
 }
 
-void check_like(const at::Tensor& t, const at::Tensor& param, const at::Device& device, const char* list, size_t i) {
-  TORCH_CHECK_VALUE(t.defined() && t.layout() == at::kStrided, "adam_step_: ", list, "[", i,
-                    "] must be a dense tensor", list == std::string("grads") ? " (sparse gradients are not supported)" : "");
-  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat, "adam_step_: ", list, "[", i, "] has dtype ", t.scalar_type(),
-                    "; accepted: float32");
-  TORCH_CHECK_VALUE(t.device() == device, "adam_step_: ", list, "[", i, "] is on ", t.device(),
-                    " but params[0] is on ", param.device(), "; one call takes one device");
-  TORCH_CHECK_VALUE(t.sizes() == param.sizes() && t.is_contiguous(), "adam_step_: ", list, "[", i,
-                    "] must be contiguous with the shape of params[", i, "] ", param.sizes(), ", got ", t.sizes());
-}
-
-void check_scalar(const std::optional<at::Tensor>& t, const char* name, const at::Device& device) {
-  if (!t) return;
-  TORCH_CHECK_VALUE(t->numel() == 1 && t->scalar_type() == at::kFloat && t->device() == device, "adam_step_: ",
-                    name, " must be a one-element float32 tensor on ", device, ", got ", t->toString(), " on ",
-                    t->device());
-}
-
 void check_all(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   check_hyper(options);
-  const size_t n = params.size();
-  TORCH_CHECK_VALUE(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n && steps.size() == n &&
-                        (max_exp_avg_sqs.size() == n || (!options.amsgrad && max_exp_avg_sqs.empty())),
-                    "adam_step_: params, grads, exp_avgs, exp_avg_sqs, steps (and max_exp_avg_sqs with amsgrad) ",
-                    "must have the same length; got ", n, ", ", grads.size(), ", ", exp_avgs.size(), ", ",
-                    exp_avg_sqs.size(), ", ", steps.size(), ", ", max_exp_avg_sqs.size());
-  if (n == 0) return;
-  const at::Tensor& first = params[0];
-  for (size_t i = 0; i < n; ++i) {
-    const at::Device device = first.device();
-    check_like(params[i], params[i], device, "params", i);
-    check_like(grads[i], params[i], device, "grads", i);
-    check_like(exp_avgs[i], params[i], device, "exp_avgs", i);
-    check_like(exp_avg_sqs[i], params[i], device, "exp_avg_sqs", i);
-    if (options.amsgrad) check_like(max_exp_avg_sqs[i], params[i], device, "max_exp_avg_sqs", i);
-    TORCH_CHECK_VALUE(steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat &&
-                          steps[i].device() == first.device(),
-                      "adam_step_: steps[", i, "] must be a one-element float32 tensor on ", first.device());
+  if (options.amsgrad) {
+    detail::check_step_lists("adam_step_", params,
+                             {{"grads", grads}, {"exp_avgs", exp_avgs}, {"exp_avg_sqs", exp_avg_sqs},
+                              {"max_exp_avg_sqs", max_exp_avg_sqs}},
+                             steps, grad_scale, found_inf);
+  } else {
+    detail::check_step_lists("adam_step_", params,
+                             {{"grads", grads}, {"exp_avgs", exp_avgs}, {"exp_avg_sqs", exp_avg_sqs}}, steps,
+                             grad_scale, found_inf);
   }
-  check_scalar(grad_scale, "grad_scale", first.device());
-  check_scalar(found_inf, "found_inf", first.device());
 }
 
 math::AdamHyper to_hyper(const AdamOptions& o) {

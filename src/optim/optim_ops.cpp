@@ -2,6 +2,7 @@
 #include <torch/library.h>
 
 #include "gpuops/fused_adam.h"
+#include "gpuops/fused_sgd.h"
 
 namespace {
 
@@ -13,6 +14,13 @@ void adam_step_op(at::TensorList params, at::TensorList grads, at::TensorList ex
                             {lr, beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize}, grad_scale, found_inf);
 }
 
+void sgd_step_op(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, at::TensorList steps,
+                 double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
+                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  gpuops::optim::sgd_step_(params, grads, momentum_buffers, steps,
+                           {lr, momentum, dampening, weight_decay, nesterov, maximize}, grad_scale, found_inf);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(gpuops, m) {
@@ -21,4 +29,9 @@ TORCH_LIBRARY_FRAGMENT(gpuops, m) {
       "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
       "float weight_decay, bool decoupled, bool amsgrad, bool maximize, Tensor? grad_scale, Tensor? found_inf) -> ()",
       TORCH_FN(adam_step_op));
+  m.def(
+      "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, float lr, "
+      "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, Tensor? grad_scale, "
+      "Tensor? found_inf) -> ()",
+      TORCH_FN(sgd_step_op));
 }

@@ -53,6 +53,34 @@ def test_matches_torch_float64_over_100_steps(name, amsgrad, maximize):
         torch.testing.assert_close(x, r, rtol=2e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("kwargs", [dict(momentum=0.0), dict(momentum=0.9), dict(momentum=0.9, nesterov=True),
+                                    dict(momentum=0.8, dampening=0.3, maximize=True)])
+def test_sgd_matches_torch_float64_over_100_steps(kwargs):
+    ours, ref64, ref32, _ = run_pair(gpuops.optim.SGD, torch.optim.SGD, **kwargs)
+    assert norm_rel(ours, ref64) <= max(1e-6, 1.02 * norm_rel(ref32, ref64))
+    for x, r in zip(ours, ref32):
+        torch.testing.assert_close(x, r, rtol=2e-6, atol=1e-6)
+
+
+def test_sgd_momentum_buffer_loads_from_torch():
+    params = [torch.nn.Parameter(torch.randn(9)) for _ in range(2)]
+    theirs = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn(9)
+        theirs.step()
+    ours_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    ours = gpuops.optim.SGD(ours_params, lr=0.1, momentum=0.9)
+    ours.load_state_dict(copy.deepcopy(theirs.state_dict()))  # state_dict() shares the buffers themselves
+    grads = [torch.randn(9) for _ in params]
+    for p, q, g in zip(params, ours_params, grads):
+        p.grad, q.grad = g, g.clone()
+    theirs.step()
+    ours.step()  # continues from torch's buffer: not a fresh start
+    for p, q in zip(params, ours_params):
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7)
+
+
 def test_state_dict_round_trips_with_torch_adamw():
     ours, _, ref32, (ours_opt, _, torch_opt) = run_pair(gpuops.optim.AdamW, torch.optim.AdamW, steps=5)
     loaded = torch.optim.AdamW(groups([torch.nn.Parameter(p.detach().clone()) for p in ours]), lr=1e-3)

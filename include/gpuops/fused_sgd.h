@@ -1,0 +1,26 @@
+#pragma once
+// The fused SGD step over lists of tensors (torch.ops.gpuops.sgd_step_).
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+namespace gpuops::optim {
+
+struct SgdOptions {
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+  bool maximize = false;
+};
+
+/// One step for every (param, grad, momentum_buffer, step) tuple (float32, dense, contiguous, one
+/// device). momentum_buffers may be empty when momentum is 0. A step counter at 0 makes the buffer start
+/// from this step's gradient, as torch does. grad_scale and found_inf as in adam_step_.
+void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, at::TensorList steps,
+               const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
+               const std::optional<at::Tensor>& found_inf);
+
+}  // namespace gpuops::optim

@@ -1,0 +1,42 @@
+// Fused SGD: one read of each gradient, one read-modify-write of the parameter and its momentum buffer.
+#include "sgd_kernels.h"
+
+#include "gpuops/cuda_check.h"
+#include "multi_tensor.cuh"
+#include "step_counters.cuh"
+
+namespace gpuops::kernels {
+namespace {
+
+__global__ void sgd_kernel(TensorTable<4> table, math::SgdHyper hyper, const float* grad_scale,
+                           const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.0f) return;
+  int64_t begin = 0, end = 0;
+  const int tensor = chunk_range(table, begin, end);
+  const bool first = *static_cast<const float*>(table.data[3][tensor]) == 0.0f;
+  const float factor = grad_scale != nullptr ? 1.0f / *grad_scale : 1.0f;
+  const math::SgdStep s = math::make_sgd_step(hyper, first, factor);
+  float* param = static_cast<float*>(table.data[0][tensor]);
+  const float* grad = static_cast<const float*>(table.data[1][tensor]);
+  float* buf = static_cast<float*>(table.data[2][tensor]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float p = param[i], b = s.momentum != 0.0f ? buf[i] : 0.0f;
+    math::sgd_update(p, grad[i], b, s);
+    param[i] = p;
+    if (s.momentum != 0.0f) buf[i] = b;
+  }
+}
+
+}  // namespace
+
+void launch_sgd_step(const std::vector<void*> (&lists)[4], const std::vector<int64_t>& numel,
+                     const math::SgdHyper& hyper, const float* grad_scale, const float* found_inf,
+                     cudaStream_t stream) {
+  for_each_table<4>(lists, numel, [&](const TensorTable<4>& table, int blocks) {
+    sgd_kernel<<<blocks, kThreads, 0, stream>>>(table, hyper, grad_scale, found_inf);
+    GPUOPS_CUDA_CHECK(cudaGetLastError());
+  });
+  advance_step_counters(lists[3], found_inf, stream);
+}
+
+}  // namespace gpuops::kernels

@@ -1,0 +1,18 @@
+#pragma once
+// Torch-free launcher of the fused SGD step (float32 parameters).
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "math/sgd_math.h"
+
+namespace gpuops::kernels {
+
+/// lists: params, grads, momentum buffers (the params again without momentum), steps (float32 counters:
+/// 0 means the buffer starts from this step's gradient). grad_scale / found_inf as for Adam.
+void launch_sgd_step(const std::vector<void*> (&lists)[4], const std::vector<int64_t>& numel,
+                     const math::SgdHyper& hyper, const float* grad_scale, const float* found_inf,
+                     cudaStream_t stream);
+
+}  // namespace gpuops::kernels

@@ -1,0 +1,52 @@
+#pragma once
+// Argument checks shared by the fused optimizer steps: every list matches params element by element.
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/Exception.h>
+
+namespace gpuops::optim::detail {
+
+using NamedList = std::pair<const char*, at::TensorList>;
+
+/// params: dense contiguous float32 on one device; each named list: same length, dtype, device and shape;
+/// steps: one-element float32 counters; grad_scale, found_inf: optional one-element float32 tensors.
+inline void check_step_lists(const char* op, at::TensorList params, std::initializer_list<NamedList> like_params,
+                             at::TensorList steps, const std::optional<at::Tensor>& grad_scale,
+                             const std::optional<at::Tensor>& found_inf) {
+  const size_t n = params.size();
+  for (const auto& [name, list] : like_params) {
+    TORCH_CHECK_VALUE(list.size() == n, op, ": ", name, " has ", list.size(), " tensors but params has ", n);
+  }
+  TORCH_CHECK_VALUE(steps.size() == n, op, ": steps has ", steps.size(), " tensors but params has ", n);
+  if (n == 0) return;
+  const at::Device device = params[0].device();
+  auto check = [&](const at::Tensor& t, const at::Tensor& param, const std::string& name, size_t i) {
+    TORCH_CHECK_VALUE(t.defined() && t.layout() == at::kStrided, op, ": ", name, "[", i, "] must be a dense tensor",
+                      name == "grads" ? " (sparse gradients are not supported)" : "");
+    TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat, op, ": ", name, "[", i, "] has dtype ", t.scalar_type(),
+                      "; accepted: float32");
+    TORCH_CHECK_VALUE(t.device() == device, op, ": ", name, "[", i, "] is on ", t.device(), " but params[0] is on ",
+                      device, "; one call takes one device");
+    TORCH_CHECK_VALUE(t.sizes() == param.sizes() && t.is_contiguous(), op, ": ", name, "[", i,
+                      "] must be contiguous with the shape of params[", i, "] ", param.sizes(), ", got ", t.sizes());
+  };
+  for (size_t i = 0; i < n; ++i) {
+    check(params[i], params[i], "params", i);
+    for (const auto& [name, list] : like_params) check(list[i], params[i], name, i);
+    TORCH_CHECK_VALUE(steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat && steps[i].device() == device,
+                      op, ": steps[", i, "] must be a one-element float32 tensor on ", device);
+  }
+  for (const auto& [name, t] : {std::make_pair("grad_scale", grad_scale), std::make_pair("found_inf", found_inf)}) {
+    if (!t) continue;
+    TORCH_CHECK_VALUE(t->numel() == 1 && t->scalar_type() == at::kFloat && t->device() == device, op, ": ", name,
+                      " must be a one-element float32 tensor on ", device, ", got ", t->toString(), " on ",
+                      t->device());
+  }
+}
+
+}  // namespace gpuops::optim::detail
