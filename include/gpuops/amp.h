@@ -22,6 +22,12 @@ struct ScaleUpdateOptions {
 /// CUDA (multi-tensor), a parallel loop on the CPU; the element math is shared (kernels/math/amp_math.h).
 void unscale_and_check_(at::TensorList grads, const at::Tensor& found_inf, const at::Tensor& inv_scale);
 
+/// Pass 1 of the AMP step: reads every gradient once, sets found_inf to 1 if any element is inf or nan
+/// and returns the L2 norm of the gradients multiplied by inv_scale (a float32[1] tensor on their device,
+/// no host sync). Deterministic: per-chunk partial sums added in a fixed order. Same arguments as
+/// unscale_and_check_, which is the pass it replaces when the optimizer applies the factor itself.
+at::Tensor unscaled_grad_norm_(at::TensorList grads, const at::Tensor& inv_scale, const at::Tensor& found_inf);
+
 /// Updates scale (float32[1]), growth_tracker (int32[1]) and hysteresis_left (int32[1]) in place from
 /// found_inf (float32[1]), on their device, without reading anything back to the host.
 void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& hysteresis_left,

@@ -13,7 +13,7 @@ from . import _C
 from . import optim
 from ._C import DeviceInfo, MemoryStats, device_info
 from .memory import memory_budget
-from .amp import GradScaler
+from .amp import GradScaler, clip_grad_norm_
 from .estimator import Breakdown, estimate, gpu_catalog, presets
 
 __version__ = "0.1.0"
@@ -26,6 +26,7 @@ __all__ = [
     "GradScaler",
     "DeviceInfo",
     "MemoryStats",
+    "clip_grad_norm_",
     "cmake_prefix_path",
     "device_info",
     "estimate",

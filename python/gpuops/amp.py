@@ -27,7 +27,8 @@ from . import _C  # noqa: F401  (loads libgpuops, which registers torch.ops.gpuo
 class _Stage(enum.Enum):
     READY = 0
     UNSCALED = 1
-    STEPPED = 2
+    CLIPPED = 2  # clip_grad_norm_ ran pass 1; a fused optimizer applies 1/scale and the clip factor itself
+    STEPPED = 3
 
 
 def _apply_to_tensors(value, fn):
@@ -36,6 +37,41 @@ def _apply_to_tensors(value, fn):
     if isinstance(value, (list, tuple)):
         return type(value)(_apply_to_tensors(v, fn) for v in value)
     raise TypeError(f"GradScaler.scale: outputs must be a tensor or a (nested) list/tuple of tensors, got {type(value)}")
+
+
+def _grads_by_device(optimizer) -> Dict[torch.device, list]:
+    grads: Dict[torch.device, list] = defaultdict(list)
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.grad is not None:
+                grads[param.grad.device].append(param.grad)
+    return grads
+
+
+def clip_grad_norm_(parameters, max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` (L2 norm): one deterministic read for the norm, one in-place scaling
+    always on the device, without a host sync (the factor is 1 when the norm is within max_norm). Returns the
+    total norm."""
+    if not max_norm > 0:
+        raise ValueError(f"clip_grad_norm_: max_norm must be > 0, got {max_norm}")
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    grads: Dict[torch.device, list] = defaultdict(list)
+    for p in parameters:
+        if p.grad is not None:
+            grads[p.grad.device].append(p.grad)
+    if not grads:
+        return torch.zeros(())
+    norms = []
+    for device, device_grads in grads.items():
+        ones = torch.ones(1, device=device)
+        norms.append(torch.ops.gpuops.unscaled_grad_norm_(device_grads, ones, torch.zeros(1, device=device)))
+    first = next(iter(grads))
+    total_norm = torch.stack([n.to(first) for n in norms]).square().sum().sqrt()
+    clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0).float().reshape(1)
+    for device, device_grads in grads.items():
+        torch.ops.gpuops.unscale_and_check_(device_grads, torch.zeros(1, device=device), clip_coef.to(device))
+    return total_norm
 
 
 class GradScaler:
@@ -110,6 +146,9 @@ class GradScaler:
         if state["stage"] is _Stage.STEPPED:
             raise RuntimeError("GradScaler.unscale_() was called after step(); call it before step(), "
                                "then update() ends the step")
+        if state["stage"] is _Stage.CLIPPED:
+            raise RuntimeError("GradScaler.unscale_() after clip_grad_norm_(): clip_grad_norm_ already accounts for "
+                               "the scale; call step() next")
         if self._scale is None:
             raise RuntimeError("GradScaler.unscale_() before any scale(): scale the loss with scaler.scale(loss) "
                                "and call backward() first")
@@ -119,11 +158,7 @@ class GradScaler:
     @staticmethod
     def _record_found_inf(optimizer, state: dict, inv_scale: torch.Tensor) -> None:
         """Multiplies the gradients by inv_scale (1: only checks) and records the inf/nan flag per device."""
-        grads_by_device: Dict[torch.device, list] = defaultdict(list)
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                if param.grad is not None:
-                    grads_by_device[param.grad.device].append(param.grad)
+        grads_by_device = _grads_by_device(optimizer)
         if not grads_by_device:
             raise RuntimeError("GradScaler: the optimizer has no gradients; call scaler.scale(loss).backward() "
                                "before unscale_() or step()")
@@ -164,6 +199,8 @@ class GradScaler:
         if state["stage"] is _Stage.READY:
             self._record_found_inf(optimizer, state, torch.ones_like(self._scale))
             optimizer.grad_scale = self._scale
+        elif state["stage"] is _Stage.CLIPPED:
+            optimizer.grad_scale = state["grad_scale"]  # scale / clip coefficient, from pass 1
         else:  # unscale_() already divided the gradients
             optimizer.grad_scale = None
         found = self._combined_found_inf(state)
@@ -175,6 +212,43 @@ class GradScaler:
         self._step_applied = found == 0
         state["stage"] = _Stage.STEPPED
         return result
+
+    def clip_grad_norm_(self, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+        """``unscale_`` + ``torch.nn.utils.clip_grad_norm_`` (L2) in one read of the gradients.
+
+        Returns the total norm of the unscaled gradients (a device tensor, as torch's). With a fused
+        optimizer (gpuops.optim) the gradients are not written: the optimizer's step divides them by
+        ``scale / clip_coef`` as it reads them, so the whole AMP step is two passes over the gradients.
+        """
+        if not max_norm > 0:
+            raise ValueError(f"GradScaler.clip_grad_norm_: max_norm must be > 0, got {max_norm}")
+        if not self._enabled:
+            return clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], max_norm)
+        state = self._per_optimizer[id(optimizer)]
+        if state["stage"] is not _Stage.READY:
+            raise RuntimeError("GradScaler.clip_grad_norm_() must come right after backward(), before unscale_() "
+                               "and step(), once per step")
+        if self._scale is None:
+            raise RuntimeError("GradScaler.clip_grad_norm_() before any scale(): scale the loss first")
+        inv_scale = self._scale.double().reciprocal().float()
+        grads = _grads_by_device(optimizer)
+        norms = []
+        for device, device_grads in grads.items():
+            found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+            norms.append(torch.ops.gpuops.unscaled_grad_norm_(device_grads, inv_scale.to(device), found_inf)
+                         .to(self._scale.device, non_blocking=True))
+            state["found_inf_per_device"][device] = found_inf
+        total_norm = torch.stack(norms).square().sum().sqrt() if len(norms) > 1 else norms[0].reshape(())
+        clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0).float()
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            state["grad_scale"] = (self._scale / clip_coef).reshape(1)
+            state["stage"] = _Stage.CLIPPED
+        else:  # a torch optimizer reads the gradients as they are: write them unscaled and clipped, one pass
+            factor = (inv_scale * clip_coef).reshape(1)
+            for device, device_grads in grads.items():
+                torch.ops.gpuops.unscale_and_check_(device_grads, torch.zeros(1, device=device), factor.to(device))
+            state["stage"] = _Stage.UNSCALED
+        return total_norm
 
     def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
         """Ends the step: backs the scale off after an overflow, grows it after growth_interval clean steps."""

@@ -13,4 +13,19 @@ inline void check_scalar_state(const at::Tensor& t, const char* name, at::Scalar
   TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
 }
 
+/// Gradients an AMP op can read: defined, dense, contiguous float32/float16/bfloat16, all on `device`.
+inline void check_grads(const char* op, at::TensorList grads, const at::Device& device) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const auto& g = grads[i];
+    TORCH_CHECK_VALUE(g.defined(), op, ": grads[", i, "] is undefined");
+    TORCH_CHECK_VALUE(g.layout() == at::kStrided, op, ": grads[", i,
+                      "] is sparse; only dense gradients are supported (use a dense embedding gradient)");
+    TORCH_CHECK_VALUE(g.scalar_type() == at::kFloat || g.scalar_type() == at::kHalf || g.scalar_type() == at::kBFloat16,
+                      op, ": grads[", i, "] has dtype ", g.scalar_type(), "; accepted: float32, float16, bfloat16");
+    TORCH_CHECK_VALUE(g.device() == device, op, ": grads[", i, "] is on ", g.device(), " but found_inf is on ",
+                      device, "; all gradients must share one device");
+    TORCH_CHECK_VALUE(g.is_contiguous(), op, ": grads[", i, "] must be contiguous");
+  }
+}
+
 }  // namespace gpuops::amp::detail

@@ -17,9 +17,15 @@ void update_scale_op(const at::Tensor& scale, const at::Tensor& growth_tracker, 
                              {growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale});
 }
 
+at::Tensor unscaled_grad_norm_op(at::TensorList grads, const at::Tensor& inv_scale, const at::Tensor& found_inf) {
+  return gpuops::amp::unscaled_grad_norm_(grads, inv_scale, found_inf);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(gpuops, m) {
+  m.def("unscaled_grad_norm_(Tensor[] grads, Tensor inv_scale, Tensor(a!) found_inf) -> Tensor",
+        TORCH_FN(unscaled_grad_norm_op));
   m.def("unscale_and_check_(Tensor(a!)[] grads, Tensor(b!) found_inf, Tensor inv_scale) -> ()",
         TORCH_FN(unscale_and_check_op));
   m.def(

@@ -1,0 +1,91 @@
+// unscaled_grad_norm_: pass 1 of the AMP step (non-finite flag + L2 norm of the unscaled gradients).
+#include <cmath>
+#include <vector>
+
+#include <ATen/Dispatch.h>
+#include <ATen/Functions.h>
+#include <ATen/Parallel.h>
+
+#include "amp_checks.h"
+#include "gpuops/amp.h"
+#include "math/amp_math.h"
+
+#ifdef GPUOPS_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "grad_groups.h"
+#include "norm_kernels.h"
+#endif
+
+namespace gpuops::amp {
+namespace {
+
+constexpr int64_t kCpuChunk = 1 << 15;
+
+// Per-chunk partial sums in a fixed layout, added in order: the same norm whatever the thread count.
+at::Tensor grad_norm_cpu(at::TensorList grads, const at::Tensor& inv_scale, const at::Tensor& found_inf) {
+  const float inv = *inv_scale.data_ptr<float>();
+  double total = 0.0;
+  bool any_inf = false;
+  for (const auto& g : grads) {
+    const int64_t chunks = (g.numel() + kCpuChunk - 1) / kCpuChunk;
+    std::vector<double> partial(chunks, 0.0);
+    std::vector<char> nonfinite(chunks, 0);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "unscaled_grad_norm_", [&] {
+      const scalar_t* data = g.data_ptr<scalar_t>();
+      at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+        for (int64_t c = first; c < last; ++c) {
+          double sum = 0.0;
+          bool inf = false;
+          for (int64_t i = c * kCpuChunk, end = std::min(g.numel(), (c + 1) * kCpuChunk); i < end; ++i) {
+            const float u = math::unscale_element(static_cast<float>(data[i]), inv, inf);
+            sum += static_cast<double>(u) * u;
+          }
+          partial[c] = sum;
+          nonfinite[c] = inf;
+        }
+      });
+    });
+    for (int64_t c = 0; c < chunks; ++c) {
+      total += partial[c];
+      any_inf = any_inf || nonfinite[c];
+    }
+  }
+  if (any_inf) found_inf.fill_(1.0f);
+  return at::full({1}, static_cast<float>(std::sqrt(total)), found_inf.options());
+}
+
+#ifdef GPUOPS_WITH_CUDA
+at::Tensor grad_norm_cuda(at::TensorList grads, const at::Tensor& inv_scale, const at::Tensor& found_inf) {
+  c10::cuda::CUDAGuard guard(found_inf.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const auto groups = detail::group_by_dtype(grads);
+  at::Tensor sumsq = at::zeros({static_cast<int64_t>(groups.size()) + 1}, found_inf.options());
+  int64_t slot = 0;
+  for (const auto& [dtype, group] : groups) {
+    at::Tensor partials = at::empty({kernels::grad_sumsq_partials(group.numel)}, found_inf.options());
+    kernels::launch_grad_sumsq(group.data, group.numel, detail::grad_dtype(dtype), inv_scale.data_ptr<float>(),
+                               partials.data_ptr<float>(), sumsq.data_ptr<float>() + slot++,
+                               found_inf.data_ptr<float>(), stream);
+  }
+  return sumsq.sum().sqrt().reshape({1});
+}
+#endif
+
+}  // namespace
+
+at::Tensor unscaled_grad_norm_(at::TensorList grads, const at::Tensor& inv_scale, const at::Tensor& found_inf) {
+  TORCH_CHECK_VALUE(found_inf.defined(), "unscaled_grad_norm_: found_inf is undefined");
+  const at::Device device = found_inf.device();
+  detail::check_scalar_state(found_inf, "found_inf", at::kFloat, device);
+  detail::check_scalar_state(inv_scale, "inv_scale", at::kFloat, device);
+  detail::check_grads("unscaled_grad_norm_", grads, device);
+  if (device.is_cpu()) return grad_norm_cpu(grads, inv_scale, found_inf);
+#ifdef GPUOPS_WITH_CUDA
+  if (device.is_cuda()) return grad_norm_cuda(grads, inv_scale, found_inf);
+#endif
+  TORCH_CHECK_VALUE(false, "unscaled_grad_norm_: device ", device, " is not supported");
+}
+
+}  // namespace gpuops::amp
