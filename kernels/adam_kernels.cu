@@ -25,12 +25,16 @@ __global__ void adam_kernel(TensorTable<6> table, math::AdamHyper hyper, const f
   float* max_exp_avg_sq = static_cast<float*>(table.data[kMaxExpAvgSq][tensor]);
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
-    float vmax = s.amsgrad ? max_exp_avg_sq[i] : 0.0f;
-    math::adam_update(p, grad[i], m, v, vmax, s);
+    if (hyper.amsgrad) {
+      float vmax = max_exp_avg_sq[i];
+      math::adam_update_amsgrad(p, grad[i], m, v, vmax, s);
+      max_exp_avg_sq[i] = vmax;
+    } else {
+      math::adam_update(p, grad[i], m, v, s);
+    }
     param[i] = p;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    if (s.amsgrad) max_exp_avg_sq[i] = vmax;
   }
 }
 

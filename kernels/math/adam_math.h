@@ -19,62 +19,61 @@ struct AdamHyper {
   bool maximize = false;
 };
 
-/// Per-step float constants, computed once per launch from the 1-based step t.
+/// Per-step float constants, computed once per launch from the 1-based step t. The options are folded into
+/// multipliers (1 or 0 where an option is off) so that the element update has no branch and vectorizes;
+/// multiplying by 1 and adding 0 are exact, so the result is the one the branching form gives.
 struct AdamStep {
-  float decay_factor;           ///< 1 - lr * weight_decay (AdamW)
-  float l2;                     ///< weight_decay (Adam)
+  float grad_multiplier;        ///< grad_factor (1 / loss scale, clipping), negated with maximize
+  float decay_factor;           ///< 1 - lr * weight_decay for AdamW, else 1
+  float l2;                     ///< weight_decay for Adam (added to the gradient), else 0
   float one_minus_beta1;
   float beta2;
   float one_minus_beta2;
   float eps;
   float step_size;              ///< lr / (1 - beta1^t)
   float bias_correction2_sqrt;  ///< sqrt(1 - beta2^t)
-  float grad_factor;            ///< multiplies the gradient as it is read (1 / loss scale, clipping)
-  bool decoupled;
-  bool amsgrad;
-  bool maximize;
-  bool has_weight_decay;
 };
 
 GPUOPS_HD AdamStep make_adam_step(const AdamHyper& h, double t, float grad_factor) {
   AdamStep s;
-  s.decay_factor = static_cast<float>(1.0 - h.lr * h.weight_decay);
-  s.l2 = static_cast<float>(h.weight_decay);
+  s.grad_multiplier = h.maximize ? -grad_factor : grad_factor;
+  s.decay_factor = h.decoupled ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f;
+  s.l2 = h.decoupled ? 0.0f : static_cast<float>(h.weight_decay);
   s.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
   s.beta2 = static_cast<float>(h.beta2);
   s.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
   s.eps = static_cast<float>(h.eps);
   s.step_size = static_cast<float>(h.lr / (1.0 - pow(h.beta1, t)));
   s.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(h.beta2, t)));
-  s.grad_factor = grad_factor;
-  s.decoupled = h.decoupled;
-  s.amsgrad = h.amsgrad;
-  s.maximize = h.maximize;
-  s.has_weight_decay = h.weight_decay != 0.0;
   return s;
 }
 
-/// One parameter element. max_exp_avg_sq is read and written only with amsgrad.
-GPUOPS_HD void adam_update(float& param, float grad, float& exp_avg, float& exp_avg_sq, float& max_exp_avg_sq,
-                           const AdamStep& s) {
-  if (s.grad_factor != 1.0f) grad *= s.grad_factor;
-  if (s.maximize) grad = -grad;
-  if (s.has_weight_decay) {
-    if (s.decoupled) {
-      param *= s.decay_factor;
-    } else {
-      grad += s.l2 * param;
-    }
-  }
+/// The first and second moments of one element; returns the updated parameter's decayed value and
+/// leaves the denominator's input (exp_avg_sq, or its running maximum with amsgrad) to the caller.
+GPUOPS_HD float adam_moments(float param, float grad, float& exp_avg, float& exp_avg_sq, const AdamStep& s) {
+  grad = grad * s.grad_multiplier + s.l2 * param;
   exp_avg += s.one_minus_beta1 * (grad - exp_avg);  // torch's lerp_(grad, 1 - beta1)
   exp_avg_sq = exp_avg_sq * s.beta2 + s.one_minus_beta2 * grad * grad;
-  float second = exp_avg_sq;
-  if (s.amsgrad) {
-    max_exp_avg_sq = fmaxf(max_exp_avg_sq, exp_avg_sq);
-    second = max_exp_avg_sq;
-  }
-  const float denom = sqrtf(second) / s.bias_correction2_sqrt + s.eps;
-  param += -s.step_size * (exp_avg / denom);
+  return param * s.decay_factor;
+}
+
+GPUOPS_HD float adam_apply(float decayed_param, float exp_avg, float second_moment, const AdamStep& s) {
+  const float denom = sqrtf(second_moment) / s.bias_correction2_sqrt + s.eps;
+  return decayed_param + -s.step_size * (exp_avg / denom);
+}
+
+/// One parameter element without amsgrad.
+GPUOPS_HD void adam_update(float& param, float grad, float& exp_avg, float& exp_avg_sq, const AdamStep& s) {
+  const float decayed = adam_moments(param, grad, exp_avg, exp_avg_sq, s);
+  param = adam_apply(decayed, exp_avg, exp_avg_sq, s);
+}
+
+/// One parameter element with amsgrad: the denominator uses the running maximum of exp_avg_sq.
+GPUOPS_HD void adam_update_amsgrad(float& param, float grad, float& exp_avg, float& exp_avg_sq, float& max_exp_avg_sq,
+                                   const AdamStep& s) {
+  const float decayed = adam_moments(param, grad, exp_avg, exp_avg_sq, s);
+  max_exp_avg_sq = fmaxf(max_exp_avg_sq, exp_avg_sq);
+  param = adam_apply(decayed, exp_avg, max_exp_avg_sq, s);
 }
 
 }  // namespace gpuops::math

@@ -40,6 +40,21 @@ void check_all(at::TensorList params, at::TensorList grads, at::TensorList exp_a
   }
 }
 
+// The CPU element loops, compiled for AVX-512, AVX2 and the baseline; the loader picks one at startup.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void adam_range(
+    float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v, int64_t n,
+    const math::AdamStep& step) {
+  const math::AdamStep s = step;  // a local copy: stores to the arrays cannot change it, so the loop vectorizes
+  for (int64_t i = 0; i < n; ++i) math::adam_update(param[i], grad[i], m[i], v[i], s);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void adam_amsgrad_range(
+    float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v,
+    float* __restrict vmax, int64_t n, const math::AdamStep& step) {
+  const math::AdamStep s = step;
+  for (int64_t i = 0; i < n; ++i) math::adam_update_amsgrad(param[i], grad[i], m[i], v[i], vmax[i], s);
+}
+
 math::AdamHyper to_hyper(const AdamOptions& o) {
   return {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.decoupled, o.amsgrad, o.maximize};
 }
@@ -60,8 +75,11 @@ void adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
     float* v = exp_avg_sqs[t].data_ptr<float>();
     float* vmax = options.amsgrad ? max_exp_avg_sqs[t].data_ptr<float>() : nullptr;
     at::parallel_for(0, params[t].numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-      float unused = 0.0f;
-      for (int64_t i = begin; i < end; ++i) math::adam_update(param[i], grad[i], m[i], v[i], vmax ? vmax[i] : unused, s);
+      if (vmax != nullptr) {
+        adam_amsgrad_range(param + begin, grad + begin, m + begin, v + begin, vmax + begin, end - begin, s);
+      } else {
+        adam_range(param + begin, grad + begin, m + begin, v + begin, end - begin, s);
+      }
     });
     *step += 1.0f;
   }

@@ -1,0 +1,120 @@
+"""The AMP step, torch's pipeline against ours, in the same process (design §4, issue: mixed precision).
+
+(a) the AdamW step: torch.optim.AdamW(fused=True) vs gpuops.optim.AdamW;
+(b) the whole AMP step: torch's scaler.unscale_ + clip_grad_norm_ + fused AdamW + update vs
+    gpuops.GradScaler.clip_grad_norm_ + gpuops.optim.AdamW + update.
+
+    .venv/bin/python bench/amp_step.py --device cpu --params 1e6 1e7 1e8
+
+Prints, per size: median seconds, bytes moved per parameter (counted from the kernels), achieved GB/s
+and the ratio torch / ours. Gradients are restored from a saved copy before every repeat, outside the timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import time
+
+import torch
+
+import gpuops
+
+# Bytes per fp32 parameter, counted from what each kernel reads and writes.
+BYTES = {
+    "torch_adamw": 4 + 3 * 8,  # grad read, param/exp_avg/exp_avg_sq read+write
+    "gpuops_adamw": 4 + 3 * 8,
+    "torch_amp_step": 8 + 4 + 8 + 28,  # unscale r/w, norm read, clip r/w, fused AdamW
+    "gpuops_amp_step": 4 + 28,  # pass 1 reads the grads; pass 2 is the fused AdamW
+}
+
+
+def make_params(n: int, device: str, chunks: int = 8):
+    sizes = [n // chunks + (1 if i < n % chunks else 0) for i in range(chunks)]
+    params = [torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in sizes]
+    saved = [torch.randn(s, device=device) * 1024.0 for s in sizes]  # gradients of a loss scaled by 1024
+    return params, saved
+
+
+def timed(fn, restore, repeats: int, device: str) -> float:
+    samples = []
+    for _ in range(repeats):
+        restore()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def bench_size(n: int, device: str, repeats: int) -> dict:
+    results = {}
+    for name in ("torch", "gpuops"):
+        params, saved = make_params(n, device)
+
+        def restore():
+            for p, g in zip(params, saved):
+                if p.grad is None:
+                    p.grad = g.clone()
+                else:
+                    p.grad.copy_(g)
+
+        if name == "torch":
+            optimizer = torch.optim.AdamW(params, lr=1e-3, fused=True)
+            scaler = torch.amp.GradScaler(device, init_scale=1024.0, growth_interval=10**9)
+
+            def adamw():
+                optimizer.step()
+
+            def amp_step():
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(params, max_norm=1.0)
+                scaler.step(optimizer)
+                scaler.update()
+        else:
+            optimizer = gpuops.optim.AdamW(params, lr=1e-3)
+            scaler = gpuops.GradScaler(device, init_scale=1024.0, growth_interval=10**9)
+
+            def adamw():
+                optimizer.step()
+
+            def amp_step():
+                scaler.clip_grad_norm_(optimizer, max_norm=1.0)
+                scaler.step(optimizer)
+                scaler.update()
+
+        scaler.scale(torch.ones((), device=device))  # the scaler's state exists before timing
+        restore()
+        adamw()  # optimizer state allocated outside the timing
+        results[f"{name}_adamw"] = timed(adamw, restore, repeats, device)
+        results[f"{name}_amp_step"] = timed(amp_step, restore, repeats, device)
+        del params, saved, optimizer
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--params", type=float, nargs="+", default=[1e6, 1e7, 1e8])
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    machine = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or platform.machine()}"
+    print(f"# {datetime.date.today()}, {machine}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print("| params | step | torch ms | gpuops ms | torch GB/s | gpuops GB/s | bytes/param torch / ours | speed-up |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for n in (int(p) for p in args.params):
+        r = bench_size(n, args.device, args.repeats)
+        for step in ("adamw", "amp_step"):
+            t_torch, t_ours = r[f"torch_{step}"], r[f"gpuops_{step}"]
+            b_torch, b_ours = BYTES[f"torch_{step}"], BYTES[f"gpuops_{step}"]
+            print(f"| {n:.0e} | {step} | {1e3 * t_torch:.2f} | {1e3 * t_ours:.2f} | {n * b_torch / t_torch / 1e9:.1f} | "
+                  f"{n * b_ours / t_ours / 1e9:.1f} | {b_torch} / {b_ours} | {t_torch / t_ours:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
