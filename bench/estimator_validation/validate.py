@@ -23,12 +23,15 @@ sys.path.insert(0, HERE)
 import gpuops  # noqa: E402
 from measure import make_config, measure_peak, model_factory_for, optimizer_factory_for  # noqa: E402
 
-# Small configs of both families: GQA and SwiGLU (Llama), tied and untied embeddings, GPT-2 with its default dropout.
+# Small configs of both families: GQA and SwiGLU (Llama), tied and untied embeddings, GPT-2 with dropout and
+# with a custom MLP width. None of these is a config the formulas were derived on (run_grid.py's CONFIGS).
 MODELS = {
     "llama-gqa-untied": ("llama", dict(h=128, L=3, a=8, kv=2, i=344, V=4000, tied=False)),
     "llama-tied": ("llama", dict(h=192, L=2, a=6, kv=6, i=512, V=6000, tied=True)),
+    "llama-mqa-wide": ("llama", dict(h=256, L=2, a=4, kv=1, i=704, V=7000, tied=False)),
     "gpt2-tied": ("gpt2", dict(h=128, L=4, a=8, V=4000, tied=True)),
     "gpt2-dropout": ("gpt2", dict(h=96, L=3, a=4, V=3000, tied=True, dropout=0.1)),
+    "gpt2-untied-inner": ("gpt2", dict(h=160, L=2, a=5, i=480, V=5000, tied=False)),
 }
 SHAPES = [(2, 64), (4, 128)]
 PRECISIONS = ["fp32", "bf16-mixed", "bf16"]

@@ -12,7 +12,8 @@ from . import _C
 
 @dataclass(frozen=True)
 class Breakdown:
-    """Bytes per category at the peak of one training step on one device."""
+    """Bytes per category at the peak of one training step on one device, and the moment of that peak
+    (``peak_phase``: loss-backward, attention-backward, backward-end or optimizer-step)."""
 
     weights: int
     gradients: int
@@ -23,10 +24,15 @@ class Breakdown:
     temporaries: int
     cuda_context: int
     allocator_slack: int
+    peak_phase: str = "optimizer-step"
+
+    def byte_items(self) -> dict:
+        """The categories and their bytes (everything but peak_phase)."""
+        return {k: v for k, v in asdict(self).items() if k != "peak_phase"}
 
     @property
     def total_bytes(self) -> int:
-        return sum(asdict(self).values())
+        return sum(self.byte_items().values())
 
     def as_dict(self) -> dict:
         return {**asdict(self), "total": self.total_bytes}
@@ -52,11 +58,13 @@ def estimate(
     config: Union[str, os.PathLike, Mapping, None] = None,
     params: Union[int, str, None] = None,
     precision: str = "bf16-mixed",
+    amp: str = "autocast",
     optimizer: str = "adamw",
+    optimizer_impl: str = "default",
     zero_stage: int = 0,
     num_gpus: int = 1,
     checkpointing: str = "none",
-    attention: str = "flash",
+    attention: str = "sdpa",
     lora_rank: int = 0,
     lora_targets: Sequence[str] = ("q", "v"),
     base_dtype: str = "bf16",
@@ -69,12 +77,16 @@ def estimate(
 
     The architecture is a preset name (``gpuops.presets()``), a Hugging Face ``config.json`` (path or
     dict) or a bare parameter count (``7_000_000_000`` or ``"7B"``). The options are those of
-    ``gpuops estimate``; bad values raise ``ValueError`` naming the argument.
+    ``gpuops estimate``; bad values raise ``ValueError`` naming the argument. ``amp`` says where mixed
+    precision keeps its weights: ``"autocast"`` (torch.autocast: fp32 weights) or ``"master-copy"`` (16-bit
+    weights and an fp32 master copy); ``optimizer_impl`` is ``"default"`` (torch's for the device),
+    ``"for-loop"``, ``"foreach"`` or ``"fused"``.
     """
     spec = _model_spec(model, config, params)
-    items = _C.estimate_memory(spec, device, precision, optimizer, zero_stage, num_gpus, checkpointing, attention,
-                               lora_rank, list(lora_targets), base_dtype, micro_batch, seq_len, grad_accum)
-    return Breakdown(**dict(items))
+    items, phase = _C.estimate_memory(spec, device, precision, amp, optimizer, optimizer_impl, zero_stage, num_gpus,
+                                      checkpointing, attention, lora_rank, list(lora_targets), base_dtype,
+                                      micro_batch, seq_len, grad_accum)
+    return Breakdown(**dict(items), peak_phase=phase)
 
 
 def presets() -> list:

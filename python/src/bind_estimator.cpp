@@ -16,13 +16,16 @@ namespace {
 using namespace gpuops::estimator;
 
 // Builds the setup with the C++ parsers, so that names and their errors are the CLI's own.
-TrainingSetup make_setup(const std::string& precision, const std::string& optimizer, int zero_stage,
+TrainingSetup make_setup(const std::string& precision, const std::string& amp, const std::string& optimizer,
+                         const std::string& optimizer_impl, int zero_stage,
                          int64_t num_gpus, const std::string& checkpointing, const std::string& attention,
                          int64_t lora_rank, const std::vector<std::string>& lora_targets,
                          const std::string& base_dtype, int64_t micro_batch, int64_t seq_len, int64_t grad_accum) {
   TrainingSetup setup;
   setup.precision = parse_precision(precision);
+  setup.amp = parse_amp_layout(amp);
   setup.optimizer = parse_optimizer(optimizer);
+  setup.optimizer_impl = parse_optimizer_impl(optimizer_impl);
   setup.zero_stage = zero_stage;
   setup.num_gpus = num_gpus;
   parse_checkpointing(checkpointing, setup);
@@ -63,15 +66,18 @@ void bind_estimator(py::module_& m) {
 
   m.def(
       "estimate_memory",
-      [](const ModelSpec& model, const std::string& device, const std::string& precision, const std::string& optimizer,
-         int zero_stage, int64_t num_gpus, const std::string& checkpointing, const std::string& attention,
+      [](const ModelSpec& model, const std::string& device, const std::string& precision, const std::string& amp,
+         const std::string& optimizer, const std::string& optimizer_impl, int zero_stage, int64_t num_gpus,
+         const std::string& checkpointing, const std::string& attention,
          int64_t lora_rank, const std::vector<std::string>& lora_targets, const std::string& base_dtype,
          int64_t micro_batch, int64_t seq_len, int64_t grad_accum) {
-        const auto setup = make_setup(precision, optimizer, zero_stage, num_gpus, checkpointing, attention, lora_rank,
-                                      lora_targets, base_dtype, micro_batch, seq_len, grad_accum);
-        return estimate_memory(model, setup, parse_device_profile(device)).items();
+        const auto setup = make_setup(precision, amp, optimizer, optimizer_impl, zero_stage, num_gpus, checkpointing,
+                                      attention, lora_rank, lora_targets, base_dtype, micro_batch, seq_len, grad_accum);
+        const MemoryBreakdown peak = estimate_memory(model, setup, parse_device_profile(device));
+        return py::make_tuple(peak.items(), std::string(to_string(peak.peak_phase)));
       },
-      py::arg("model"), py::arg("device"), py::arg("precision"), py::arg("optimizer"), py::arg("zero_stage"),
+      py::arg("model"), py::arg("device"), py::arg("precision"), py::arg("amp"), py::arg("optimizer"),
+      py::arg("optimizer_impl"), py::arg("zero_stage"),
       py::arg("num_gpus"), py::arg("checkpointing"), py::arg("attention"), py::arg("lora_rank"),
       py::arg("lora_targets"), py::arg("base_dtype"), py::arg("micro_batch"), py::arg("seq_len"),
       py::arg("grad_accum"));

@@ -21,7 +21,8 @@ constexpr int64_t kDefaultSeq = 2048;
 
 struct EstimateOptions {
   std::string model, config, params;
-  std::string precision = "bf16-mixed", optimizer = "adamw", checkpointing = "none", attention = "flash";
+  std::string precision = "bf16-mixed", amp = "autocast", optimizer = "adamw", optimizer_impl = "default";
+  std::string checkpointing = "none", attention = "sdpa";
   std::string base_dtype = "bf16", device = "cuda", gpu;
   int zero = 0;
   int64_t gpus = 1, lora_rank = 0, batch = 1, seq = kDefaultSeq, grad_accum = 1;
@@ -39,7 +40,9 @@ std::string one_line(std::string s) {
 est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& model, bool seq_given) {
   est::TrainingSetup s;
   s.precision = est::parse_precision(o.precision);
+  s.amp = est::parse_amp_layout(o.amp);
   s.optimizer = est::parse_optimizer(o.optimizer);
+  s.optimizer_impl = est::parse_optimizer_impl(o.optimizer_impl);
   s.zero_stage = o.zero;
   s.num_gpus = o.gpus;
   est::parse_checkpointing(o.checkpointing, s);
@@ -121,12 +124,16 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   const std::vector<CLI::Option*> training = {
       estimate->add_option("--precision", o.precision, "fp32, fp16-mixed, bf16-mixed or bf16 (pure)")
           ->capture_default_str(),
+      estimate->add_option("--amp", o.amp, "Mixed-precision layout: autocast (fp32 weights) or master-copy "
+                           "(16-bit weights + fp32 master)")->capture_default_str(),
       estimate->add_option("--optimizer", o.optimizer, "adamw, adam, sgd, sgd-momentum or adamw-8bit")
           ->capture_default_str(),
+      estimate->add_option("--optimizer-impl", o.optimizer_impl, "default (torch's for the device), for-loop, "
+                           "foreach or fused")->capture_default_str(),
       estimate->add_option("--zero", o.zero, "ZeRO stage 0-3")->capture_default_str(),
       estimate->add_option("--gpus", o.gpus, "Data-parallel GPUs (ZeRO divides by this)")->capture_default_str(),
       estimate->add_option("--checkpointing", o.checkpointing, "none, full or every:K")->capture_default_str(),
-      estimate->add_option("--attention", o.attention, "eager or flash")->capture_default_str(),
+      estimate->add_option("--attention", o.attention, "eager, sdpa (torch's, as Hugging Face calls it) or flash")->capture_default_str(),
       estimate->add_option("--lora-rank", o.lora_rank, "LoRA rank, 0 = full fine-tune")->capture_default_str(),
       estimate->add_option("--lora-targets", o.lora_targets, "Comma list of q,k,v,o,gate,up,down")
           ->delimiter(',')

@@ -27,9 +27,12 @@ std::string describe_setup(const est::TrainingSetup& s) {
   std::string lora = s.lora.rank > 0 ? fmt::format("LoRA rank {} on {} ({} frozen base)", s.lora.rank,
                                                    fmt::join(s.lora.targets, ","), est::to_string(s.lora.base))
                                      : std::string("full fine-tune");
-  return fmt::format("{}, precision {}, optimizer {}, micro-batch {}, seq {}, grad-accum {}, {} GPU(s), ZeRO {}, "
+  const std::string amp = est::is_mixed(s.precision) ? fmt::format(" ({})", est::to_string(s.amp)) : "";
+  const std::string impl =
+      s.optimizer_impl == est::OptimizerImpl::Default ? "" : fmt::format(" ({})", est::to_string(s.optimizer_impl));
+  return fmt::format("{}, precision {}{}, optimizer {}{}, micro-batch {}, seq {}, grad-accum {}, {} GPU(s), ZeRO {}, "
                      "checkpointing {}, attention {}",
-                     lora, est::to_string(s.precision), est::to_string(s.optimizer), s.micro_batch, s.seq_len,
+                     lora, est::to_string(s.precision), amp, est::to_string(s.optimizer), impl, s.micro_batch, s.seq_len,
                      s.grad_accum, s.num_gpus, s.zero_stage, est::checkpointing_to_string(s),
                      est::to_string(s.attention));
 }
@@ -55,7 +58,9 @@ json model_json(const est::ModelSpec& m, const est::TrainingSetup& s) {
 
 json setup_json(const est::TrainingSetup& s) {
   return {{"precision", std::string(est::to_string(s.precision))},
+          {"amp", std::string(est::to_string(s.amp))},
           {"optimizer", std::string(est::to_string(s.optimizer))},
+          {"optimizer_impl", std::string(est::to_string(s.optimizer_impl))},
           {"zero_stage", s.zero_stage},
           {"num_gpus", s.num_gpus},
           {"checkpointing", est::checkpointing_to_string(s)},
@@ -83,7 +88,8 @@ void print_runs(const std::vector<Run>& runs, std::ostream& out) {
     fmt::print(out, "setup: {}\n\n", describe_setup(r.setup));
     fmt::print(out, "{:<22} {:>9}\n", fmt::format("Memory per GPU ({})", r.device), "GiB");
     for (const auto& [name, bytes] : r.breakdown.items()) fmt::print(out, "  {:<20} {:>9.2f}\n", name, gib(bytes));
-    fmt::print(out, "  {:<20} {:>9.2f}\n\n", "total", gib(r.breakdown.total()));
+    fmt::print(out, "  {:<20} {:>9.2f}   (peak at {})\n\n", "total", gib(r.breakdown.total()),
+               est::to_string(r.breakdown.peak_phase));
 
     fmt::print(out, "{}\n", r.recommend ? "GPUs that fit, cheapest first (CUDA estimate):"
                                         : "Fit per GPU (CUDA estimate):");
@@ -107,6 +113,7 @@ json runs_json(const std::vector<Run>& runs) {
     json breakdown = json::object();
     for (const auto& [name, bytes] : r.breakdown.items()) breakdown[name] = bytes;
     breakdown["total"] = r.breakdown.total();
+    breakdown["peak_phase"] = std::string(est::to_string(r.breakdown.peak_phase));
     json gpus = json::array();
     for (const auto& f : r.gpus) {
       gpus.push_back({{"name", f.gpu->name},

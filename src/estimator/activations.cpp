@@ -1,11 +1,9 @@
-// Every activation, logit and temporary byte of the estimate (see activations.h). The per-layer model is
-// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models": with 16-bit
-// tensors and 1-byte dropout masks a block saves 34·s·b·h + 5·a·s²·b bytes. Here every term is written
-// out so that it adapts to the dtype, GQA, SwiGLU, no-dropout models and flash attention; for GPT-2 in
-// 16-bit with eager attention it reduces exactly to the paper's formula.
+// Every byte autograd saves in the forward (see activations.h). Each term was measured on Hugging Face
+// GPT-2 and Llama models with torch 2.11 (bench/estimator_validation/FINDINGS.md has the derivations):
+// the estimate is exact bookkeeping of saved tensors, not a fitted constant. For reference, Korthikanti
+// et al. 2022 count 34·s·b·h + 5·a·s²·b bytes per block for GPT-3 in 16 bits with eager attention; the
+// terms below reduce to a similar count but follow the dtype each op really saves in.
 #include "gpuops/estimator/activations.h"
-
-#include <algorithm>
 
 #include "gpuops/estimator/estimate.h"
 
@@ -14,100 +12,163 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Optimizer-step temporaries, which exist only after the activations have been freed.
-int64_t step_temporaries(const ModelSpec& m, const TrainingSetup& s) {
-  const int64_t local = zero_shard(trainable_parameter_count(m, s), s, 1);
-  int64_t bytes = 0;
-  // torch's default (foreach) Adam builds sqrt(exp_avg_sq) for the whole parameter list at once: one
-  // state-sized buffer. A fused step (torch fused=True, gpuops §4, DeepSpeed FusedAdam) needs none; we stay
-  // on the conservative side. Fused mixed-precision steps read the 16-bit gradients directly, so no fp32
-  // gradient copy is counted. SGD and 8-bit AdamW (bitsandbytes kernels) update in place.
-  if (s.optimizer == OptimizerKind::Adam || s.optimizer == OptimizerKind::AdamW)
-    bytes += local * (s.precision == Precision::Bf16Pure ? 2 : 4);
+// CPU RNG state a reentrant checkpoint saves per block (torch.get_rng_state(), host memory on CUDA).
+constexpr int64_t kCpuRngStateBytes = 5056;
+
+// How a block's tensors are typed: all fp32, autocast (fp32 residual stream, 16-bit matmuls), or 16-bit.
+enum class Numerics { Fp32, Autocast, Half };
+
+// The sizes the terms are written in, for one micro-batch.
+struct Shape {
+  Numerics mode;
+  int64_t N, h, V, i, L;  // tokens, hidden, vocab, MLP width, layers
+  int64_t b, s, a, d;     // batch, sequence, heads, head width
+  int64_t e;              // compute dtype bytes (matmul outputs)
+  int64_t r;              // residual-stream / norm-input dtype bytes
+  int64_t mask;           // dropout mask bytes: the input dtype on the CPU, 1-byte bool on CUDA
+  bool cpu;
+  int64_t Nq() const { return N * a * d; }          // q (and k, v after GQA expansion) elements
+  int64_t scores() const { return b * a * s * s; }  // one attention matrix for all heads
+};
+
+Shape shape_of(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& dev) {
+  Shape x{};
+  // A LoRA base in 16 bits makes the residual stream 16-bit even under autocast.
+  const bool half = runs_in_16_bits(t) || (t.lora.rank > 0 && t.precision != Precision::Fp32);
+  x.mode = t.precision == Precision::Fp32 ? Numerics::Fp32 : half ? Numerics::Half : Numerics::Autocast;
+  x.b = t.micro_batch, x.s = t.seq_len, x.N = x.b * x.s;
+  x.h = m.hidden_size, x.V = m.vocab_size, x.i = m.intermediate_size, x.L = m.num_layers;
+  x.a = m.num_heads, x.d = effective_head_dim(m);
+  x.e = compute_dtype_bytes(t.precision);
+  x.r = x.mode == Numerics::Half ? 2 : 4;
+  x.cpu = dev.is_cpu();
+  x.mask = x.cpu ? x.e : 1;
+  return x;
+}
+
+// A norm's saved tensors; `consumers` linears read its output (each casts it to 16 bits under autocast).
+int64_t norm_bytes(const ModelSpec& m, const Shape& x, int64_t consumers) {
+  const int64_t Nh = x.N * x.h;
+  if (m.norm == NormKind::RmsNorm) {  // fp32 input copy, rsqrt per token, normed, weighted output
+    switch (x.mode) {
+      case Numerics::Fp32: return 3 * Nh * 4 + x.N * 4;
+      case Numerics::Autocast: return 2 * Nh * 4 + x.N * 4 + consumers * Nh * 2;
+      case Numerics::Half: return Nh * 4 + x.N * 4 + 2 * Nh * 2;
+    }
+  }
+  switch (x.mode) {  // LayerNorm: input, mean and rstd per token, output
+    case Numerics::Fp32: return 2 * Nh * 4 + 2 * x.N * 4;
+    case Numerics::Autocast: return Nh * 4 + 2 * x.N * 4 + consumers * Nh * 2;
+    case Numerics::Half: return 2 * Nh * 2 + 2 * x.N * 2;
+  }
+  return 0;
+}
+
+// Eager attention's s x s tensors: the softmax output (fp32 under autocast or with an fp32 upcast), its
+// 16-bit cast, or with dropout the mask and the dropped probabilities instead of the cast.
+int64_t eager_scores_bytes(const ModelSpec& m, const Shape& x) {
+  const int64_t softmax = (x.mode != Numerics::Half || m.softmax_upcast) ? 4 : 2;
+  const int64_t extra = m.attention_dropout ? x.mask + x.e : (softmax != x.e ? x.e : 0);
+  return x.scores() * (softmax + extra);
+}
+
+// Which SDPA path runs: the CPU falls back to the math path (fp32, s x s) when attention dropout is on.
+bool sdpa_math_path(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+  return t.attention == AttentionKind::Sdpa && x.cpu && m.attention_dropout;
+}
+
+int64_t block_attention_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+  const int64_t qkv_and_out = 4 * x.Nq() * x.e;  // q, k, v (expanded to every head), output-projection input
+  const int64_t lse = x.b * x.a * x.s * 4;         // flash kernels' fp32 log-sum-exp per row
+  if (t.attention == AttentionKind::Eager) return qkv_and_out + eager_scores_bytes(m, x);
+  if (sdpa_math_path(m, t, x)) return 3 * x.Nq() * 4 + 3 * x.scores() * 4 + x.Nq() * x.e;
+  if (t.attention == AttentionKind::Sdpa && x.cpu) return qkv_and_out + x.b * x.s * x.s * x.e + lse;  // + mask
+  return qkv_and_out + lse;  // flash, or SDPA on CUDA (is_causal, no mask)
+}
+
+int64_t block_mlp_bytes(const ModelSpec& m, const Shape& x) {
+  // SwiGLU: gate, up, silu(gate), product. GELU: its input and output, plus gelu_new's 3 intermediates.
+  const int64_t saved = m.mlp == MlpKind::SwiGlu ? 4 : (m.composite_gelu ? 5 : 2);
+  return saved * x.N * x.i * x.e;
+}
+
+// The rest of a block: both norms, residual dropout masks, LoRA's low-rank intermediates.
+int64_t block_other_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+  const int64_t qkv_consumers = m.fused_qkv ? 1 : 3, mlp_consumers = m.mlp == MlpKind::SwiGlu ? 2 : 1;
+  int64_t bytes = norm_bytes(m, x, qkv_consumers) + norm_bytes(m, x, mlp_consumers);
+  if (m.dropout) bytes += 2 * x.N * x.h * x.mask;
+  // Each adapter saves x·A for B's gradient; frozen linears are counted as saving their inputs (conservative).
+  if (t.lora.rank > 0) bytes += static_cast<int64_t>(t.lora.targets.size()) * x.N * t.lora.rank * x.e;
   return bytes;
+}
+
+int64_t linear_weights_per_layer(const ModelSpec& m) {
+  int64_t n = 0;
+  for (const auto& p : projection_names(m)) n += projection_shape(m, p).in_features * projection_shape(m, p).out_features;
+  return n;
 }
 
 }  // namespace
 
-ActivationBytes activation_bytes(const ModelSpec& m, const TrainingSetup& s) {
-  ActivationBytes r;
-  const int64_t step = step_temporaries(m, s);
-  if (m.family == ModelFamily::ParamsOnly) {  // no architecture: only the optimizer step is known
-    r.temporaries = step;
-    return r;
-  }
-  const int64_t d = compute_dtype_bytes(s.precision);  // activations follow the compute dtype
-  const int64_t mask = m.dropout ? 1 : 0;              // a dropout mask is 1 byte per element
-  const bool eager = s.attention == AttentionKind::Eager;
-  const int64_t b = s.micro_batch, sq = s.seq_len, h = m.hidden_size, a = m.num_heads;
-  const int64_t inter = m.intermediate_size, hd = effective_head_dim(m);
-  const int64_t q_width = a * hd;
-  // Eager attention expands K and V to every head (HF's repeat_kv) before the matmuls that save them;
-  // flash kernels take the grouped K and V as they are.
-  const int64_t kv_width = eager ? q_width : m.num_kv_heads * hd;
-  const int64_t tokens = b * sq;
+ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& dev) {
+  ForwardSaved f;
+  if (m.family == ModelFamily::ParamsOnly) return f;  // no architecture: nothing is modelled
+  const Shape x = shape_of(m, t, dev);
+  const int64_t Nh = x.N * x.h;
+  f.inputs = x.N * 8;
+  f.block_attention = block_attention_bytes(m, t, x);
+  f.block_mlp = block_mlp_bytes(m, x);
+  const int64_t block = f.block_attention + f.block_mlp + block_other_bytes(m, t, x);
 
-  // --- one transformer block, everything saved ---
-  // Attention: q/k/v input, Q, K, V, output-projection input (= the flash output it saves), dropout mask.
-  int64_t attention = tokens * d * (h + q_width + 2 * kv_width + q_width) + tokens * h * mask;
-  if (eager)  // softmax output, and with dropout its mask and the dropped copy: (2 + 1 + 2)·a·s²·b in 16-bit
-    attention += a * sq * sq * b * (d + mask * (1 + d));
-  else  // flash keeps only the fp32 log-sum-exp per row
-    attention += a * tokens * 4;
-  // MLP. GELU: input, GELU input, GELU output, dropout mask. SwiGLU: input, gate output (SiLU input),
-  // up output, SiLU output, their product (down's input).
-  const int64_t mlp = m.mlp == MlpKind::Gelu ? tokens * (h * d + 2 * inter * d + h * mask)
-                                             : tokens * (h * d + 4 * inter * d);
-  const int64_t norms = 2 * tokens * h * d;  // each norm saves its input
-  // LoRA: each adapter saves its low-rank intermediate x·A for B's gradient. Frozen linears may skip
-  // saving their inputs in torch; we keep the full-training count (conservative).
-  const int64_t lora = s.lora.rank > 0 ? static_cast<int64_t>(s.lora.targets.size()) * tokens * s.lora.rank * d : 0;
-  const int64_t per_layer = attention + mlp + norms + lora;
-  const int64_t layer_input = tokens * h * d;
+  // Checkpointing (reentrant, as Hugging Face's gradient_checkpointing_enable): a checkpointed block
+  // keeps its input hidden states and the CPU RNG state; every k-th block from the first is checkpointed.
+  int64_t checkpointed = 0;
+  if (t.checkpoint == CheckpointKind::Full) checkpointed = x.L;
+  if (t.checkpoint == CheckpointKind::EveryK) checkpointed = ceil_div(x.L, t.checkpoint_every_k);
+  f.last_block_checkpointed = t.checkpoint == CheckpointKind::Full ||
+                              (t.checkpoint == CheckpointKind::EveryK && (x.L - 1) % t.checkpoint_every_k == 0);
+  const int64_t rng = x.cpu ? kCpuRngStateBytes : 0;
+  f.layers = checkpointed * (Nh * x.r + rng) + (x.L - checkpointed) * block;
 
-  // --- checkpointing: a checkpointed block keeps only its input; backward recomputes one block at a time ---
-  const int64_t L = m.num_layers;
-  int64_t layers = 0;
-  switch (s.checkpoint) {
-    case CheckpointKind::None: layers = L * per_layer; break;
-    case CheckpointKind::Full: layers = L * layer_input + per_layer; break;
-    case CheckpointKind::EveryK: {
-      const int64_t checkpointed = ceil_div(L, s.checkpoint_every_k);  // layers 0, k, 2k, ...
-      layers = checkpointed * layer_input + (L - checkpointed) * per_layer + per_layer;
-      break;
-    }
+  // Outside the blocks.
+  if (checkpointed > 0) {  // the attention mask is a checkpoint input, alive until the backward
+    if (t.attention == AttentionKind::Eager) f.extras += x.b * x.s * x.s * x.r;  // additive, model dtype
+    if (t.attention == AttentionKind::Sdpa && x.cpu) f.extras += x.b * x.s * x.s;  // bool
   }
-  // Outside the blocks: embedding dropout mask; decoders' final-norm input and LM-head input; BERT's MLM
-  // transform (dense input, GELU input, LayerNorm input).
-  int64_t outside = tokens * h * mask;
-  if (m.family == ModelFamily::Decoder) outside += 2 * tokens * h * d;
-  if (m.family == ModelFamily::Encoder && m.masked_lm_head) outside += 3 * tokens * h * d;
-  r.activations = layers + outside;
+  if (m.learned_positions) {
+    f.extras += x.s * 8;  // position ids
+  } else {                // RoPE cos and sin, and with checkpointing the position ids and a scalar
+    f.extras += 2 * x.s * x.d * (x.mode == Numerics::Half ? 2 : 4);
+    if (checkpointed > 0) f.extras += x.s * 8 + 4;
+  }
+  if (m.dropout) f.extras += Nh * (x.cpu ? x.r : 1);  // embedding dropout mask
+  if (m.family == ModelFamily::Encoder) f.extras += norm_bytes(m, x, 3);  // BERT's embedding LayerNorm
+  // Autocast caches a 16-bit copy of every weight it casts during a forward with grad enabled; mm saves
+  // it, so it lives until the backward. Checkpointed blocks run their forward without grad.
+  if (x.mode == Numerics::Autocast && t.lora.rank == 0) {
+    const bool head = m.family == ModelFamily::Decoder || m.masked_lm_head;
+    f.extras += 2 * ((head ? x.V * x.h : 0) + (x.L - checkpointed) * linear_weights_per_layer(m));
+  }
 
-  // --- logits: b·s·V in the compute dtype, the fp32 log-softmax the loss saves, and its fp32 gradient ---
-  if (m.family == ModelFamily::Decoder || m.masked_lm_head) r.logits = tokens * m.vocab_size * (d + 4 + 4);
+  // The head: the final norm (or BERT's MLM transform), the fp32 log-softmax the loss saves, the
+  // shifted int64 labels and the loss value.
+  if (m.family == ModelFamily::Decoder) f.final_norm = norm_bytes(m, x, 1);
+  if (m.masked_lm_head) f.final_norm = norm_bytes(m, x, 1) + 2 * Nh * x.e;  // + dense input, GELU input
+  if (m.family == ModelFamily::Decoder || m.masked_lm_head) f.loss = x.N * x.V * 4 + x.N * 8 + 4;
+  return f;
+}
 
-  // --- backward's transient peak: gradient of the residual stream and of a block output, plus the two
-  // largest intermediate gradients alive together (score matrix in eager attention, or MLP width) ---
-  const int64_t mlp_width = m.mlp == MlpKind::SwiGlu ? 2 * inter : inter;
-  int64_t backward = d * (2 * tokens * h + std::max(eager ? 2 * a * sq * sq * b : 0, 2 * tokens * mlp_width));
-  // A quantised base weight is dequantised to 16-bit for each matmul (forward recompute and backward).
-  if (s.lora.rank > 0 && (s.lora.base == BaseWeightDtype::Int8 || s.lora.base == BaseWeightDtype::Nf4)) {
-    int64_t largest = 0;
-    for (const auto& p : projection_names(m)) {
-      const LinearShape l = projection_shape(m, p);
-      largest = std::max(largest, l.in_features * l.out_features);
-    }
-    backward += 2 * largest;
+int64_t attention_backward_bytes(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& dev) {
+  if (m.family == ModelFamily::ParamsOnly) return 0;
+  const Shape x = shape_of(m, t, dev);
+  if (t.attention == AttentionKind::Eager || sdpa_math_path(m, t, x)) {
+    // Score-sized gradients alive together: softmax and its input gradient, with fp32 copies unless the
+    // scores are 16-bit end to end; fitted on the two measured fp32 dropout cases (FINDINGS.md).
+    int64_t per_score = (x.mode == Numerics::Fp32 || (x.mode == Numerics::Half && !m.softmax_upcast)) ? 8 : 6;
+    if (m.attention_dropout && x.mode == Numerics::Fp32) per_score = 16;
+    return per_score * x.scores() + 3 * x.Nq() * x.e;
   }
-  // ZeRO-3 gathers a block's full weights before using it, and prefetches the next one.
-  if (s.zero_stage >= 3 && s.num_gpus > 1) {
-    const int64_t weight_bytes = s.lora.rank > 0 || s.precision != Precision::Fp32 ? 2 : 4;
-    backward += 2 * parameter_groups(m).per_layer() * weight_bytes;
-  }
-  // The optimizer step runs after activations and logits are freed: it only counts by what it exceeds them.
-  r.temporaries = std::max<int64_t>({backward, step - r.activations - r.logits, 0});
-  return r;
+  return 6 * x.Nq() * x.e;  // gradients of q, k, v, before and after folding the GQA expansion
 }
 
 }  // namespace gpuops::estimator

@@ -1,25 +1,28 @@
 // Persistent state of a training step: weights, gradients, master weights, optimizer states, with ZeRO
-// partitioning and LoRA/QLoRA. The transient side is in activations.cpp.
+// partitioning and LoRA/QLoRA; and the peak over the step's phases (step_phases.cpp), which add what
+// autograd saves (activations.cpp) and the transients of each moment.
 #include "gpuops/estimator/estimate.h"
 
 #include <cmath>
+
+#include "gpuops/estimator/step_phases.h"
 
 namespace gpuops::estimator {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-bool is_mixed(Precision p) { return p == Precision::Fp16Mixed || p == Precision::Bf16Mixed; }
-
 // Bytes per element of trainable weights and of gradients.
-int64_t trainable_weight_bytes(Precision p) { return p == Precision::Fp32 ? 4 : 2; }
+int64_t trainable_weight_bytes(const TrainingSetup& s) { return runs_in_16_bits(s) ? 2 : 4; }
 
-// Optimizer-state bytes for `n` trainable parameters (a local shard).
-int64_t optimizer_bytes(int64_t n, const TrainingSetup& s) {
+// Optimizer-state bytes for `n` trainable parameters (a local shard) in `tensors` parameter tensors.
+int64_t optimizer_bytes(int64_t n, int64_t tensors, const TrainingSetup& s, const DeviceProfile& device) {
   const int64_t state = s.precision == Precision::Bf16Pure ? 2 : 4;  // pure bf16: states like the params
   switch (s.optimizer) {
     case OptimizerKind::Adam:
-    case OptimizerKind::AdamW: return 2 * state * n;  // exp_avg, exp_avg_sq
+    case OptimizerKind::AdamW:
+      // exp_avg, exp_avg_sq, and torch's fp32 'step' scalar per tensor (host memory on CUDA)
+      return 2 * state * n + (device.is_cpu() ? 4 * tensors : 0);
     case OptimizerKind::Sgd: return 0;
     case OptimizerKind::SgdMomentum: return state * n;  // momentum buffer
     case OptimizerKind::AdamW8bit:
@@ -89,28 +92,49 @@ int64_t zero_shard(int64_t count, const TrainingSetup& s, int from_stage) {
   return s.zero_stage >= from_stage ? ceil_div(count, s.num_gpus) : count;
 }
 
+// Non-parameter state of the module: GPT-2's per-layer causal-mask buffer (and its masked_bias scalar),
+// RoPE's inverse frequencies (an fp32 original is kept when the model is cast to bf16).
+int64_t buffer_bytes(const ModelSpec& m, const TrainingSetup& s) {
+  const int64_t pb = trainable_weight_bytes(s);
+  if (m.causal_mask_buffers) return m.num_layers * (m.max_positions * m.max_positions + pb);
+  if (m.family == ModelFamily::Decoder && !m.learned_positions) {
+    const int64_t half = effective_head_dim(m) / 2;
+    return half * 4 + (runs_in_16_bits(s) ? half * 2 : 0);
+  }
+  return 0;
+}
+
+int64_t trainable_tensor_count(const ModelSpec& m, const TrainingSetup& s) {
+  if (s.lora.rank > 0) return 2 * m.num_layers * static_cast<int64_t>(s.lora.targets.size());  // A and B
+  return parameter_tensor_count(m);
+}
+
+MemoryBreakdown persistent_memory(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
+  const int64_t trainable = trainable_parameter_count(m, s);
+  const int64_t wbytes = trainable_weight_bytes(s);
+  MemoryBreakdown b;
+  b.weights = zero_shard(trainable, s, 3) * wbytes + zero_shard(frozen_weight_bytes(m, s), s, 3) + buffer_bytes(m, s);
+  b.gradients = zero_shard(trainable, s, 2) * wbytes;
+  b.master_weights = is_mixed(s.precision) && s.amp == AmpLayout::MasterCopy ? zero_shard(trainable, s, 1) * 4 : 0;
+  b.optimizer_states = optimizer_bytes(zero_shard(trainable, s, 1), trainable_tensor_count(m, s), s, device);
+  return b;
+}
+
 MemoryBreakdown estimate_memory(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
   validate(m);
   validate(s, m);
-  const int64_t trainable = trainable_parameter_count(m, s);
-  const int64_t wbytes = trainable_weight_bytes(s.precision);
-
-  MemoryBreakdown b;
-  b.weights = zero_shard(trainable, s, 3) * wbytes + zero_shard(frozen_weight_bytes(m, s), s, 3);
-  b.gradients = zero_shard(trainable, s, 2) * wbytes;
-  b.master_weights = is_mixed(s.precision) ? zero_shard(trainable, s, 1) * 4 : 0;
-  b.optimizer_states = optimizer_bytes(zero_shard(trainable, s, 1), s);
-
-  const ActivationBytes t = activation_bytes(m, s);
-  b.activations = t.activations;
-  b.logits = t.logits;
-  b.temporaries = t.temporaries;
-  if (device.kind == DeviceProfile::Cuda) {
-    b.cuda_context = device.cuda_context_bytes;
-    const double transient = static_cast<double>(t.activations + t.logits + t.temporaries);
-    b.allocator_slack = static_cast<int64_t>(std::llround(device.allocator_slack_fraction * transient));
+  MemoryBreakdown peak;
+  bool first = true;
+  for (MemoryBreakdown phase : phase_breakdowns(m, s, device, persistent_memory(m, s, device))) {
+    if (device.kind == DeviceProfile::Cuda) {
+      phase.cuda_context = device.cuda_context_bytes;
+      const double transient = static_cast<double>(phase.activations + phase.logits + phase.temporaries);
+      phase.allocator_slack = static_cast<int64_t>(std::llround(device.allocator_slack_fraction * transient));
+    }
+    if (first || phase.total() > peak.total()) peak = phase;  // ties: the earlier phase
+    first = false;
   }
-  return b;
+  return peak;
 }
 
 }  // namespace gpuops::estimator

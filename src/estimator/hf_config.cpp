@@ -48,6 +48,12 @@ class Config {
     GPUOPS_CHECK_ARG(v.is_number(), "config '{}': key '{}' must be a number, got {}", name_, key, v.dump());
     return v.get<double>();
   }
+  std::string string_or(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_.at(key);
+    GPUOPS_CHECK_ARG(v.is_string(), "config '{}': key '{}' must be a string, got {}", name_, key, v.dump());
+    return v.get<std::string>();
+  }
   std::string model_type() const {
     if (!j_.contains("model_type") || !j_.at("model_type").is_string()) return "?";
     return j_.at("model_type").get<std::string>();
@@ -85,8 +91,11 @@ ModelSpec from_gpt2(const Config& c) {
   s.tied_embeddings = c.boolean_or("tie_word_embeddings", true);
   s.learned_positions = true;
   s.linear_bias = true;
-  s.dropout = c.number_or("resid_pdrop", 0.1) > 0 || c.number_or("attn_pdrop", 0.1) > 0 ||
-              c.number_or("embd_pdrop", 0.1) > 0;
+  s.dropout = c.number_or("resid_pdrop", 0.1) > 0 || c.number_or("embd_pdrop", 0.1) > 0;
+  s.attention_dropout = c.number_or("attn_pdrop", 0.1) > 0;
+  s.fused_qkv = true;
+  s.composite_gelu = c.string_or("activation_function", "gelu_new") == "gelu_new";
+  s.causal_mask_buffers = true;
   return s;
 }
 
@@ -107,7 +116,8 @@ ModelSpec from_llama_like(const Config& c, bool qkv_bias) {
   s.learned_positions = false;
   // Llama's attention_bias also puts a bias on o (hidden_size values per layer, not counted here).
   s.qkv_bias = qkv_bias || c.boolean_or("attention_bias", false);
-  s.dropout = c.number_or("attention_dropout", 0.0) > 0;
+  s.attention_dropout = c.number_or("attention_dropout", 0.0) > 0;
+  s.softmax_upcast = true;
   return s;
 }
 
@@ -126,8 +136,8 @@ ModelSpec from_bert(const Config& c) {
   s.norm = NormKind::LayerNorm;
   s.learned_positions = true;
   s.linear_bias = true;
-  s.dropout = c.number_or("hidden_dropout_prob", 0.1) > 0 ||
-              c.number_or("attention_probs_dropout_prob", 0.1) > 0;
+  s.dropout = c.number_or("hidden_dropout_prob", 0.1) > 0;
+  s.attention_dropout = c.number_or("attention_probs_dropout_prob", 0.1) > 0;
   s.masked_lm_head = c.architecture_is("BertForMaskedLM");
   return s;
 }

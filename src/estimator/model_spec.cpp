@@ -1,5 +1,6 @@
 #include "gpuops/estimator/model_spec.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <string>
@@ -70,6 +71,37 @@ ParameterGroups parameter_groups(const ModelSpec& s) {
     g.head = h * h + h;  // BertModel's pooler
   }
   return g;
+}
+
+int64_t parameter_tensor_count(const ModelSpec& s) {
+  if (s.family == ModelFamily::ParamsOnly) return 0;
+  const int64_t per_norm = s.norm == NormKind::LayerNorm ? 2 : 1;
+  int64_t embeddings = 1 + (s.learned_positions ? 1 : 0) + (s.type_vocab_size > 0 ? 1 : 0);
+  if (s.family == ModelFamily::Encoder) embeddings += 2;  // embedding LayerNorm
+  const int64_t qkv = s.fused_qkv ? 1 : 3, mlp = s.mlp == MlpKind::SwiGlu ? 3 : 2;
+  int64_t per_layer = qkv + 1 + mlp + 2 * per_norm;
+  if (s.linear_bias) per_layer += qkv + 1 + mlp;
+  else if (s.qkv_bias) per_layer += qkv;
+  int64_t rest = 0;
+  if (s.family == ModelFamily::Decoder) rest = per_norm + (s.tied_embeddings ? 0 : 1);
+  else rest = s.masked_lm_head ? 5 : 2;  // MLM: dense w+b, LayerNorm w+b, decoder bias; else pooler w+b
+  return embeddings + s.num_layers * per_layer + rest;
+}
+
+int64_t largest_parameter_tensor(const ModelSpec& s) {
+  if (s.family == ModelFamily::ParamsOnly) return 0;
+  int64_t largest = s.vocab_size * s.hidden_size;
+  if (s.learned_positions) largest = std::max(largest, s.max_positions * s.hidden_size);
+  for (const auto& p : projection_names(s)) {
+    const LinearShape l = projection_shape(s, p);
+    largest = std::max(largest, l.in_features * l.out_features);
+  }
+  if (s.fused_qkv) {
+    int64_t qkv = 0;
+    for (const char* p : {"q", "k", "v"}) qkv += projection_shape(s, p).in_features * projection_shape(s, p).out_features;
+    largest = std::max(largest, qkv);
+  }
+  return largest;
 }
 
 int64_t parameter_count(const ModelSpec& spec) {

@@ -30,6 +30,10 @@ ModelSpec gpt2(const char* name, int64_t h, int64_t layers, int64_t heads) {
   s.learned_positions = true;
   s.linear_bias = true;
   s.dropout = true;  // resid/embd/attn_pdrop 0.1
+  s.attention_dropout = true;
+  s.fused_qkv = true;  // c_attn
+  s.composite_gelu = true;  // gelu_new
+  s.causal_mask_buffers = true;
   return s;
 }
 
@@ -49,6 +53,7 @@ ModelSpec llama(const char* name, int64_t vocab, int64_t h, int64_t layers, int6
   s.norm = NormKind::RmsNorm;
   s.tied_embeddings = false;
   s.learned_positions = false;  // RoPE
+  s.softmax_upcast = true;
   return s;
 }
 
@@ -68,7 +73,8 @@ ModelSpec bert(const char* name, int64_t h, int64_t layers, int64_t heads, int64
   s.norm = NormKind::LayerNorm;
   s.learned_positions = true;
   s.linear_bias = true;
-  s.dropout = true;
+  s.dropout = true;  // hidden and attention dropout 0.1
+  s.attention_dropout = true;
   s.masked_lm_head = false;  // BertModel: counts match HF's 109,482,240 for bert-base
   return s;
 }

@@ -22,12 +22,19 @@ constexpr Names<Precision, 4> kPrecisions{{{Precision::Fp32, "fp32"},
                                            {Precision::Fp16Mixed, "fp16-mixed"},
                                            {Precision::Bf16Mixed, "bf16-mixed"},
                                            {Precision::Bf16Pure, "bf16"}}};
+constexpr Names<AmpLayout, 2> kAmpLayouts{{{AmpLayout::Autocast, "autocast"},
+                                          {AmpLayout::MasterCopy, "master-copy"}}};
+constexpr Names<OptimizerImpl, 4> kOptimizerImpls{{{OptimizerImpl::Default, "default"},
+                                                   {OptimizerImpl::ForLoop, "for-loop"},
+                                                   {OptimizerImpl::Foreach, "foreach"},
+                                                   {OptimizerImpl::Fused, "fused"}}};
 constexpr Names<OptimizerKind, 5> kOptimizers{{{OptimizerKind::AdamW, "adamw"},
                                                {OptimizerKind::Adam, "adam"},
                                                {OptimizerKind::Sgd, "sgd"},
                                                {OptimizerKind::SgdMomentum, "sgd-momentum"},
                                                {OptimizerKind::AdamW8bit, "adamw-8bit"}}};
-constexpr Names<AttentionKind, 2> kAttention{{{AttentionKind::Eager, "eager"}, {AttentionKind::Flash, "flash"}}};
+constexpr Names<AttentionKind, 3> kAttention{
+    {{AttentionKind::Eager, "eager"}, {AttentionKind::Sdpa, "sdpa"}, {AttentionKind::Flash, "flash"}}};
 constexpr Names<BaseWeightDtype, 4> kBaseDtypes{{{BaseWeightDtype::Fp16, "fp16"},
                                                  {BaseWeightDtype::Bf16, "bf16"},
                                                  {BaseWeightDtype::Int8, "int8"},
@@ -61,7 +68,9 @@ std::string_view name_of(const Names<E, N>& names, E value) {
 }  // namespace
 
 Precision parse_precision(std::string_view t) { return parse_name(kPrecisions, t, "precision"); }
+AmpLayout parse_amp_layout(std::string_view t) { return parse_name(kAmpLayouts, t, "amp"); }
 OptimizerKind parse_optimizer(std::string_view t) { return parse_name(kOptimizers, t, "optimizer"); }
+OptimizerImpl parse_optimizer_impl(std::string_view t) { return parse_name(kOptimizerImpls, t, "optimizer-impl"); }
 AttentionKind parse_attention(std::string_view t) { return parse_name(kAttention, t, "attention"); }
 BaseWeightDtype parse_base_dtype(std::string_view t) { return parse_name(kBaseDtypes, t, "base-dtype"); }
 
@@ -87,7 +96,9 @@ void parse_checkpointing(std::string_view text, TrainingSetup& setup) {
 }
 
 std::string_view to_string(Precision p) { return name_of(kPrecisions, p); }
+std::string_view to_string(AmpLayout a) { return name_of(kAmpLayouts, a); }
 std::string_view to_string(OptimizerKind o) { return name_of(kOptimizers, o); }
+std::string_view to_string(OptimizerImpl o) { return name_of(kOptimizerImpls, o); }
 std::string_view to_string(AttentionKind a) { return name_of(kAttention, a); }
 std::string_view to_string(BaseWeightDtype b) { return name_of(kBaseDtypes, b); }
 
@@ -102,6 +113,12 @@ std::string checkpointing_to_string(const TrainingSetup& s) {
 
 int64_t compute_dtype_bytes(Precision p) { return p == Precision::Fp32 ? 4 : 2; }
 
+bool is_mixed(Precision p) { return p == Precision::Fp16Mixed || p == Precision::Bf16Mixed; }
+
+bool runs_in_16_bits(const TrainingSetup& s) {
+  return s.precision == Precision::Bf16Pure || (is_mixed(s.precision) && s.amp == AmpLayout::MasterCopy);
+}
+
 void validate(const TrainingSetup& s, const ModelSpec& m) {
   GPUOPS_CHECK_ARG(s.micro_batch >= 1, "batch (micro-batch per GPU) must be >= 1, got {}", s.micro_batch);
   GPUOPS_CHECK_ARG(s.seq_len >= 1, "seq (sequence length) must be >= 1, got {}", s.seq_len);
@@ -109,6 +126,9 @@ void validate(const TrainingSetup& s, const ModelSpec& m) {
   GPUOPS_CHECK_ARG(s.num_gpus >= 1, "gpus (data-parallel world size) must be >= 1, got {}", s.num_gpus);
   GPUOPS_CHECK_ARG(s.zero_stage >= 0 && s.zero_stage <= 3, "zero stage {} is not accepted; accepted: 0, 1, 2, 3",
                    s.zero_stage);
+  GPUOPS_CHECK_ARG(s.amp == AmpLayout::Autocast || is_mixed(s.precision),
+                   "amp master-copy applies to mixed precision only; accepted with precision fp16-mixed or "
+                   "bf16-mixed, got precision {}", to_string(s.precision));
   if (s.checkpoint == CheckpointKind::EveryK) {
     const int64_t max_k = m.family == ModelFamily::ParamsOnly ? std::numeric_limits<int64_t>::max() : m.num_layers;
     GPUOPS_CHECK_ARG(s.checkpoint_every_k >= 1 && s.checkpoint_every_k <= max_k,

@@ -87,6 +87,24 @@ TEST(Cli, JsonMatchesTheLibrary) {
   EXPECT_EQ(json::parse(r.out)["runs"][0]["breakdown"]["total"].get<int64_t>(), expected);
 }
 
+TEST(Cli, AmpLayoutOptimizerImplAndPeakPhaseReachTheJson) {
+  const Result r = run({"estimate", "--model", "llama-2-7b", "--seq", "256", "--amp", "master-copy",
+                        "--optimizer-impl", "fused", "--device", "cpu", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json run0 = json::parse(r.out)["runs"][0];
+  EXPECT_EQ(run0["setup"]["amp"], "master-copy");
+  EXPECT_EQ(run0["setup"]["optimizer_impl"], "fused");
+  est::TrainingSetup s;
+  s.amp = est::AmpLayout::MasterCopy;
+  s.optimizer_impl = est::OptimizerImpl::Fused;
+  s.seq_len = 256;
+  const est::MemoryBreakdown b = est::estimate_memory(est::preset("llama-2-7b"), s, est::cpu_device());
+  EXPECT_EQ(run0["breakdown"]["total"].get<int64_t>(), b.total());
+  EXPECT_EQ(run0["breakdown"]["master_weights"].get<int64_t>(), 4 * int64_t{6738415616});
+  EXPECT_EQ(run0["breakdown"]["peak_phase"], std::string(est::to_string(b.peak_phase)));
+  EXPECT_NE(run({"estimate", "--model", "gpt2"}).out.find("(peak at "), std::string::npos);
+}
+
 TEST(Cli, ShortContextModelsDefaultToTheirMaximumSequence) {
   const Result r = run({"estimate", "--model", "bert-base", "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -178,6 +196,9 @@ TEST(Cli, BadInputIsOneLineNamingTheArgumentAndExitsTwo) {
       {{"estimate", "--model", "gpt2", "--optimizer", "lion"}, "optimizer"},
       {{"estimate", "--model", "gpt2", "--checkpointing", "every:0"}, "checkpointing"},
       {{"estimate", "--model", "gpt2", "--attention", "sparse"}, "attention"},
+      {{"estimate", "--model", "gpt2", "--amp", "apex"}, "amp"},
+      {{"estimate", "--model", "gpt2", "--precision", "bf16", "--amp", "master-copy"}, "amp"},
+      {{"estimate", "--model", "gpt2", "--optimizer-impl", "turbo"}, "optimizer-impl"},
       {{"estimate", "--model", "gpt2", "--base-dtype", "nf4"}, "base-dtype"},
       {{"estimate", "--model", "gpt2", "--base-dtype", "fp4", "--lora-rank", "8"}, "base-dtype"},
       {{"estimate", "--model", "gpt2", "--device", "tpu"}, "device"},

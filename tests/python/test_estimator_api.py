@@ -36,7 +36,8 @@ def test_preset_parameter_counts_match_the_hugging_face_model_built_from_the_sam
 
 def test_estimate_breakdown_adds_up_and_reacts_to_the_setup():
     base = gpuops.estimate("llama-2-7b", precision="bf16-mixed", micro_batch=1, seq_len=1024)
-    assert base.total_bytes == sum(v for k, v in base.as_dict().items() if k != "total")
+    assert base.total_bytes == sum(base.byte_items().values()) == base.as_dict()["total"]
+    assert base.peak_phase in {"loss-backward", "attention-backward", "backward-end", "optimizer-step"}
     more = gpuops.estimate("llama-2-7b", precision="bf16-mixed", micro_batch=4, seq_len=1024)
     lora = gpuops.estimate("llama-2-7b", precision="bf16-mixed", micro_batch=1, seq_len=1024, lora_rank=8)
     zero3 = gpuops.estimate("llama-2-7b", precision="bf16-mixed", micro_batch=1, seq_len=1024, zero_stage=3, num_gpus=8)
@@ -47,7 +48,24 @@ def test_estimate_breakdown_adds_up_and_reacts_to_the_setup():
     assert cpu.cuda_context == 0 and cpu.allocator_slack == 0
 
 
+def test_amp_layout_and_optimizer_implementation_move_the_bytes():
+    autocast = gpuops.estimate("llama-2-7b", precision="bf16-mixed", amp="autocast", device="cpu")
+    master = gpuops.estimate("llama-2-7b", precision="bf16-mixed", amp="master-copy", device="cpu")
+    params = gpuops._C.model_from_preset("llama-2-7b").parameter_count
+    assert autocast.master_weights == 0 and master.master_weights == 4 * params
+    assert master.weights < autocast.weights  # 16-bit weights instead of fp32
+    kwargs = dict(model="llama-2-7b", precision="bf16-mixed", micro_batch=1, seq_len=128)
+    foreach = gpuops.estimate(optimizer_impl="foreach", **kwargs)
+    fused = gpuops.estimate(optimizer_impl="fused", **kwargs)
+    assert foreach.peak_phase == "optimizer-step" and foreach.temporaries == 4 * params
+    assert fused.total_bytes < foreach.total_bytes
+
+
 @pytest.mark.parametrize("kwargs, match", [
+    ({"model": "gpt2", "amp": "apex"}, "amp"),
+    ({"model": "gpt2", "precision": "fp32", "amp": "master-copy"}, "amp"),
+    ({"model": "gpt2", "optimizer_impl": "turbo"}, "optimizer-impl"),
+    ({"model": "gpt2", "attention": "xformers"}, "attention"),
     ({"model": "llama-9"}, "model|preset"),
     ({"model": "gpt2", "micro_batch": 0}, "batch"),
     ({"model": "gpt2", "zero_stage": 4}, "zero"),

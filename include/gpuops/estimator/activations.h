@@ -1,23 +1,34 @@
 #pragma once
-// The transient side of the estimate: activations saved for backward, logits and temporaries. All of
-// this arithmetic lives in src/estimator/activations.cpp, behind activation_bytes(), so that it can be
-// recalibrated against measured peaks in one place.
+// What autograd holds at the end of the forward of one micro-batch: every tensor saved for backward,
+// term by term as measured on Hugging Face models (bench/estimator_validation/FINDINGS.md). All of this
+// arithmetic lives in src/estimator/activations.cpp so that it can be recalibrated in one place.
 
 #include <cstdint>
 
+#include "gpuops/estimator/device_profile.h"
 #include "gpuops/estimator/model_spec.h"
 #include "gpuops/estimator/training_setup.h"
 
 namespace gpuops::estimator {
 
-/// Transient bytes of one training step on one GPU.
-struct ActivationBytes {
-  int64_t activations = 0;  ///< saved for backward, all layers, after checkpointing
-  int64_t logits = 0;       ///< logits, fp32 loss copy and the loss gradient
-  int64_t temporaries = 0;  ///< beyond activations + logits, at the worse of backward and optimizer step
+/// Bytes saved by the forward of one micro-batch, by where they live.
+struct ForwardSaved {
+  int64_t inputs = 0;           ///< token ids (the labels are the same tensor)
+  int64_t layers = 0;           ///< every block after checkpointing (a checkpointed block: its input)
+  int64_t extras = 0;           ///< autocast's 16-bit weight copies, positions / RoPE tables, shared masks
+  int64_t final_norm = 0;       ///< the norm before the LM head (and BERT's MLM transform)
+  int64_t loss = 0;             ///< fp32 log-softmax of the logits, shifted labels, the loss value
+  int64_t block_attention = 0;  ///< one block's attention half, fully saved (what recomputation rebuilds)
+  int64_t block_mlp = 0;        ///< one block's MLP half, fully saved
+  bool last_block_checkpointed = false;  ///< backward starts by recomputing the last block
+  int64_t total() const { return inputs + layers + extras + final_norm + loss; }
 };
 
-/// Activations, logits and temporaries for `setup` (arguments are assumed validated).
-ActivationBytes activation_bytes(const ModelSpec& model, const TrainingSetup& setup);
+/// Saved bytes of the forward for `setup` (arguments are assumed validated).
+ForwardSaved forward_saved(const ModelSpec& model, const TrainingSetup& setup, const DeviceProfile& device);
+
+/// Transient bytes of one block's attention backward: score gradients (eager, or the CPU's math SDPA
+/// with dropout) or the q/k/v gradients of a flash kernel.
+int64_t attention_backward_bytes(const ModelSpec& model, const TrainingSetup& setup, const DeviceProfile& device);
 
 }  // namespace gpuops::estimator

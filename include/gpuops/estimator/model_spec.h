@@ -34,7 +34,12 @@ struct ModelSpec {
   bool learned_positions = false; ///< a position-embedding table (GPT-2, BERT) instead of RoPE
   bool linear_bias = false;       ///< every attention and MLP linear has a bias (GPT-2, BERT)
   bool qkv_bias = false;          ///< only q, k, v have a bias (Qwen2)
-  bool dropout = false;           ///< dropout active in training (adds 1-byte masks to the activations)
+  bool dropout = false;           ///< dropout on embeddings and the residual stream (saves masks)
+  bool attention_dropout = false; ///< dropout on the attention probabilities (saves s x s masks)
+  bool fused_qkv = false;         ///< q, k and v come from one linear (GPT-2's c_attn): one saved input
+  bool composite_gelu = false;    ///< GELU written as tensor ops (GPT-2's gelu_new): 3 more saved intermediates
+  bool softmax_upcast = false;    ///< eager attention's softmax runs in fp32 and is cast back (Llama family)
+  bool causal_mask_buffers = false;  ///< a bool max_positions x max_positions causal mask per layer (GPT-2)
   bool masked_lm_head = false;    ///< Encoder only: BertForMaskedLM head instead of BertModel's pooler
   int64_t type_vocab_size = 0;    ///< BERT token-type embeddings
   int64_t explicit_param_count = 0;  ///< ParamsOnly: the count itself
@@ -77,6 +82,12 @@ ParameterGroups parameter_groups(const ModelSpec& spec);
 /// GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (tied weights counted once);
 /// BertModel (with pooler) or, with masked_lm_head, BertForMaskedLM. ParamsOnly: explicit_param_count.
 int64_t parameter_count(const ModelSpec& spec);
+
+/// Number of parameter tensors (what per-parameter optimizer bookkeeping scales with); 0 for ParamsOnly.
+int64_t parameter_tensor_count(const ModelSpec& spec);
+
+/// Elements of the largest parameter tensor (embedding, LM head, or the widest linear); 0 for ParamsOnly.
+int64_t largest_parameter_tensor(const ModelSpec& spec);
 
 /// Throws ArgumentError naming the first field that is out of range.
 void validate(const ModelSpec& spec);

@@ -1,0 +1,22 @@
+#pragma once
+// The four moments of a training step that compete for the peak, each as a breakdown of what is alive.
+
+#include <vector>
+
+#include "gpuops/estimator/device_profile.h"
+#include "gpuops/estimator/memory_breakdown.h"
+#include "gpuops/estimator/model_spec.h"
+#include "gpuops/estimator/training_setup.h"
+
+namespace gpuops::estimator {
+
+/// Bytes the optimizer allocates for itself during its step (for-loop: two tensors the size of the
+/// largest parameter; foreach: one list the size of all local parameters; fused kernels: none).
+int64_t optimizer_step_temporaries(const ModelSpec& model, const TrainingSetup& setup, const DeviceProfile& device);
+
+/// One breakdown per StepPhase, in enum order, built on `persistent` (see persistent_memory); without the
+/// CUDA context and allocator slack, which estimate_memory adds.
+std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& model, const TrainingSetup& setup,
+                                              const DeviceProfile& device, const MemoryBreakdown& persistent);
+
+}  // namespace gpuops::estimator
