@@ -29,3 +29,8 @@ def test_examples_build_against_the_installed_package(tmp_path):
     ran = subprocess.run([str(build / "fit_check")], capture_output=True, text=True, env=env, timeout=300)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "measured peak" in ran.stdout and "estimated" in ran.stdout
+    # The C++ AMP loop (AutocastGuard + GradScaler + fused AdamW + a torch scheduler) trains: it exits 0
+    # only when the loss went down.
+    trained = subprocess.run([str(build / "train_amp"), "30"], capture_output=True, text=True, env=env, timeout=300)
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    assert "loss" in trained.stdout

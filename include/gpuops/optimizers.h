@@ -1,0 +1,132 @@
+#pragma once
+// gpuops::optim::AdamW and SGD for LibTorch C++: subclasses of torch::optim::Optimizer (param groups,
+// per-group options, zero_grad, torch::save/load, torch's LR schedulers), whose step is one fused pass per
+// group and device (fused_adam.h, fused_sgd.h). A GradScaler hands them its scale and overflow flag through
+// step_scaled(): they divide the gradients as they read them and skip themselves on overflow, on the
+// device, without a host sync.
+
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+
+namespace gpuops::optim {
+
+/// What the fused optimizers share: the AMP hand-off and the per-group gathering of parameters.
+class FusedOptimizer : public torch::optim::Optimizer {
+ public:
+  using torch::optim::Optimizer::Optimizer;
+
+  /// torch's step: evaluates the closure (if any, with grad enabled), then steps every group.
+  at::Tensor step(LossClosure closure = nullptr) override;
+
+  /// The AMP step: gradients are divided by grad_scale (float32[1]) as they are read, and nothing changes
+  /// where found_inf (float32[1]) is non-zero, not even the step counters. No host sync. Either may be
+  /// empty. Every group is checked before any is stepped, so a bad gradient changes nothing.
+  void step_scaled(const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
+
+ protected:
+  /// The class name, for error messages.
+  virtual const char* name() const = 0;
+  /// Throws c10::ValueError naming the option of param_groups()[index] that is out of range.
+  virtual void check_options(size_t index) const = 0;
+  /// Steps the parameters of param_groups()[index] that have a gradient (all on one device, checked).
+  virtual void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
+                          const std::optional<at::Tensor>& found_inf) = 0;
+};
+
+/// Options of gpuops::optim::AdamW, named and defaulted as torch::optim::AdamWOptions (+ maximize).
+struct AdamWOptions : public torch::optim::OptimizerCloneableOptions<AdamWOptions> {
+  AdamWOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch's options convert from lr
+  TORCH_ARG(double, lr) = 1e-3;
+  using betas_t = std::tuple<double, double>;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 1e-2;
+  TORCH_ARG(bool, amsgrad) = false;
+  TORCH_ARG(bool, maximize) = false;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+/// Per-parameter state: the step counter lives on the parameter's device (float32 scalar, advanced only by
+/// applied steps), as in torch's fused/capturable AdamW.
+struct AdamWParamState : public torch::optim::OptimizerCloneableParamState<AdamWParamState> {
+  TORCH_ARG(at::Tensor, step);
+  TORCH_ARG(at::Tensor, exp_avg);
+  TORCH_ARG(at::Tensor, exp_avg_sq);
+  TORCH_ARG(at::Tensor, max_exp_avg_sq);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
+/// AdamW (decoupled weight decay, optional amsgrad), fused. Float32 dense parameters.
+class AdamW : public FusedOptimizer {
+ public:
+  explicit AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdamWOptions defaults = {});
+  explicit AdamW(std::vector<at::Tensor> params, AdamWOptions defaults = {});
+
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  const char* name() const override;
+  void check_options(size_t index) const override;
+  void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
+                  const std::optional<at::Tensor>& found_inf) override;
+};
+
+/// Options of gpuops::optim::SGD, named and defaulted as torch::optim::SGDOptions (+ maximize).
+struct SGDOptions : public torch::optim::OptimizerCloneableOptions<SGDOptions> {
+  SGDOptions(double lr);  // NOLINT(google-explicit-constructor)
+  TORCH_ARG(double, lr);
+  TORCH_ARG(double, momentum) = 0;
+  TORCH_ARG(double, dampening) = 0;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, nesterov) = false;
+  TORCH_ARG(bool, maximize) = false;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+/// Per-parameter state: torch's momentum_buffer plus a device step counter (0: the buffer starts from the
+/// next applied gradient, as torch's does).
+struct SGDParamState : public torch::optim::OptimizerCloneableParamState<SGDParamState> {
+  TORCH_ARG(at::Tensor, momentum_buffer);
+  TORCH_ARG(at::Tensor, step);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+};
+
+/// SGD with momentum, dampening, Nesterov and weight decay, fused. Float32 dense parameters.
+class SGD : public FusedOptimizer {
+ public:
+  explicit SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults);
+  explicit SGD(std::vector<at::Tensor> params, SGDOptions defaults);
+
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  const char* name() const override;
+  void check_options(size_t index) const override;
+  void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
+                  const std::optional<at::Tensor>& found_inf) override;
+};
+
+}  // namespace gpuops::optim

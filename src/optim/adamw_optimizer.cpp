@@ -1,0 +1,112 @@
+// gpuops::optim::AdamW: torch::optim glue over the fused Adam step (fused_adam.cpp).
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/serialize.h>
+
+#include "gpuops/fused_adam.h"
+#include "gpuops/optimizers.h"
+
+namespace gpuops::optim {
+namespace {
+
+void check(const AdamWOptions& o, const char* where) {
+  const auto [beta1, beta2] = o.betas();
+  TORCH_CHECK_VALUE(o.lr() >= 0, "AdamW: ", where, " lr must be >= 0, got ", o.lr());
+  TORCH_CHECK_VALUE(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "AdamW: ", where,
+                    " betas must be in [0, 1), got (", beta1, ", ", beta2, ")");
+  TORCH_CHECK_VALUE(o.eps() >= 0, "AdamW: ", where, " eps must be >= 0, got ", o.eps());
+  TORCH_CHECK_VALUE(o.weight_decay() >= 0, "AdamW: ", where, " weight_decay must be >= 0, got ", o.weight_decay());
+}
+
+}  // namespace
+
+AdamWOptions::AdamWOptions(double lr) : lr_(lr) {}
+
+void AdamWOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+}
+
+void AdamWOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+}
+
+void AdamWParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
+}
+
+void AdamWParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, max_exp_avg_sq);
+}
+
+AdamW::AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdamWOptions defaults)
+    : FusedOptimizer(param_groups, std::make_unique<AdamWOptions>(defaults)) {
+  check(defaults, "defaults:");
+}
+
+AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions defaults)
+    : AdamW({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+const char* AdamW::name() const { return "AdamW"; }
+
+void AdamW::check_options(size_t index) const {
+  check(static_cast<const AdamWOptions&>(param_groups_[index].options()),
+        ("param_groups[" + std::to_string(index) + "]").c_str());
+}
+
+void AdamW::step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
+                       const std::optional<at::Tensor>& found_inf) {
+  const auto& o = static_cast<const AdamWOptions&>(param_groups_[index].options());
+  std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+  for (const at::Tensor& p : params) {
+    auto& slot = state_[p.unsafeGetTensorImpl()];
+    if (!slot) {
+      auto fresh = std::make_unique<AdamWParamState>();
+      fresh->step(at::zeros({}, p.options().dtype(at::kFloat)));
+      fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+      fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+      slot = std::move(fresh);
+    }
+    auto& s = static_cast<AdamWParamState&>(*slot);
+    if (o.amsgrad() && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+    grads.push_back(p.grad());
+    exp_avgs.push_back(s.exp_avg());
+    exp_avg_sqs.push_back(s.exp_avg_sq());
+    if (o.amsgrad()) max_exp_avg_sqs.push_back(s.max_exp_avg_sq());
+    steps.push_back(s.step());
+  }
+  AdamOptions step_options;
+  step_options.lr = o.lr();
+  std::tie(step_options.beta1, step_options.beta2) = o.betas();
+  step_options.eps = o.eps();
+  step_options.weight_decay = o.weight_decay();
+  step_options.decoupled = true;
+  step_options.amsgrad = o.amsgrad();
+  step_options.maximize = o.maximize();
+  adam_step_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, step_options, grad_scale, found_inf);
+}
+
+void AdamW::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
+}
+
+void AdamW::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
+}
+
+}  // namespace gpuops::optim

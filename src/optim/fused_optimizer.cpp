@@ -1,0 +1,55 @@
+// The torch::optim::Optimizer side of the fused optimizers: closure, per-group gathering, checks before
+// anything changes.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+
+#include "gpuops/optimizers.h"
+
+namespace gpuops::optim {
+
+at::Tensor FusedOptimizer::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure) {
+    c10::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  step_scaled(std::nullopt, std::nullopt);
+  return loss;
+}
+
+void FusedOptimizer::step_scaled(const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  c10::NoGradGuard no_grad;
+  // Check every group first: a failed step leaves every parameter and state as it was.
+  std::vector<std::vector<at::Tensor>> with_grad(param_groups_.size());
+  std::vector<std::optional<c10::Device>> devices(param_groups_.size());
+  for (size_t i = 0; i < param_groups_.size(); ++i) {
+    check_options(i);
+    std::optional<c10::Device> device;
+    for (const at::Tensor& p : param_groups_[i].params()) {
+      const at::Tensor& g = p.grad();
+      if (!g.defined()) continue;
+      TORCH_CHECK_VALUE(g.layout() == c10::kStrided, name(), ": param_groups[", i,
+                        "] has a sparse gradient; use a dense one (e.g. Embedding without sparse=true)");
+      TORCH_CHECK_VALUE(p.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat, name(), ": param_groups[",
+                        i, "] has a ", p.scalar_type(), " parameter with a ", g.scalar_type(),
+                        " gradient; accepted: float32 parameters and gradients");
+      TORCH_CHECK_VALUE(!device || *device == p.device(), name(), ": param_groups[", i,
+                        "] has parameters on several devices (", *device, ", ", p.device(),
+                        "); give each device's parameters their own optimizer");
+      device = p.device();
+      with_grad[i].push_back(p);
+    }
+    devices[i] = device;
+  }
+  // The scaler's tensors go to each group's device (non-blocking: no sync).
+  const auto on = [](const std::optional<at::Tensor>& t, c10::Device d) -> std::optional<at::Tensor> {
+    if (!t) return std::nullopt;
+    return t->to(d, /*non_blocking=*/true);
+  };
+  for (size_t i = 0; i < with_grad.size(); ++i)
+    if (!with_grad[i].empty())
+      step_group(i, with_grad[i], on(grad_scale, *devices[i]), on(found_inf, *devices[i]));
+}
+
+}  // namespace gpuops::optim

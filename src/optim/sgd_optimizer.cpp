@@ -1,0 +1,106 @@
+// gpuops::optim::SGD: torch::optim glue over the fused SGD step (fused_sgd.cpp).
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/serialize.h>
+
+#include "gpuops/fused_sgd.h"
+#include "gpuops/optimizers.h"
+
+namespace gpuops::optim {
+namespace {
+
+void check(const SGDOptions& o, const char* where) {
+  TORCH_CHECK_VALUE(o.lr() >= 0, "SGD: ", where, " lr must be >= 0, got ", o.lr());
+  TORCH_CHECK_VALUE(o.momentum() >= 0, "SGD: ", where, " momentum must be >= 0, got ", o.momentum());
+  TORCH_CHECK_VALUE(o.weight_decay() >= 0, "SGD: ", where, " weight_decay must be >= 0, got ", o.weight_decay());
+  TORCH_CHECK_VALUE(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0), "SGD: ", where,
+                    " nesterov needs momentum > 0 and dampening = 0, got momentum=", o.momentum(),
+                    ", dampening=", o.dampening());
+}
+
+}  // namespace
+
+SGDOptions::SGDOptions(double lr) : lr_(lr) {}
+
+void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(dampening);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+}
+
+void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, dampening);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+}
+
+void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+}
+
+void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
+}
+
+SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
+    : FusedOptimizer(param_groups, std::make_unique<SGDOptions>(defaults)) {
+  check(defaults, "defaults:");
+}
+
+SGD::SGD(std::vector<at::Tensor> params, SGDOptions defaults)
+    : SGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+const char* SGD::name() const { return "SGD"; }
+
+void SGD::check_options(size_t index) const {
+  check(static_cast<const SGDOptions&>(param_groups_[index].options()),
+        ("param_groups[" + std::to_string(index) + "]").c_str());
+}
+
+void SGD::step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
+                     const std::optional<at::Tensor>& found_inf) {
+  const auto& o = static_cast<const SGDOptions&>(param_groups_[index].options());
+  std::vector<at::Tensor> grads, buffers, steps;
+  for (const at::Tensor& p : params) {
+    auto& slot = state_[p.unsafeGetTensorImpl()];
+    if (!slot) {
+      auto fresh = std::make_unique<SGDParamState>();
+      fresh->step(at::zeros({}, p.options().dtype(at::kFloat)));
+      slot = std::move(fresh);
+    }
+    auto& s = static_cast<SGDParamState&>(*slot);
+    if (o.momentum() != 0 && !s.momentum_buffer().defined()) {
+      s.momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
+      s.step().zero_();  // a new buffer starts from the next applied gradient, as in torch
+    }
+    grads.push_back(p.grad());
+    if (o.momentum() != 0) buffers.push_back(s.momentum_buffer());
+    steps.push_back(s.step());
+  }
+  SgdOptions step_options;
+  step_options.lr = o.lr();
+  step_options.momentum = o.momentum();
+  step_options.dampening = o.dampening();
+  step_options.weight_decay = o.weight_decay();
+  step_options.nesterov = o.nesterov();
+  step_options.maximize = o.maximize();
+  sgd_step_(params, grads, buffers, steps, step_options, grad_scale, found_inf);
+}
+
+void SGD::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+}
+
+void SGD::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+}
+
+}  // namespace gpuops::optim

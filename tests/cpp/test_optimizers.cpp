@@ -1,0 +1,206 @@
+// gpuops::optim::AdamW and SGD as torch::optim optimizers: numerics against torch::optim in float64, param
+// groups, LR schedulers, torch::save/load, and bad input that changes nothing.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/schedulers/step_lr.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+
+#include "gpuops/optimizers.h"
+
+namespace {
+
+using torch::optim::OptimizerParamGroup;
+
+// Leaf parameters of odd sizes, copies of `values` in `dtype`.
+std::vector<at::Tensor> leaves(const std::vector<at::Tensor>& values, at::ScalarType dtype) {
+  std::vector<at::Tensor> out;
+  for (const auto& v : values) out.push_back(v.to(dtype).detach().requires_grad_(true));
+  return out;
+}
+
+std::vector<at::Tensor> random_values() {
+  std::vector<at::Tensor> v;
+  for (int64_t n : {7, 33, 1000, 3}) v.push_back(at::randn({n}, at::kDouble));
+  return v;
+}
+
+// Sets every parameter's gradient to `grads` (converted to its dtype).
+void set_grads(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) {
+  for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i].to(params[i].scalar_type());
+}
+
+// Largest |a - ref| over the largest |ref|, over all tensors.
+double relative_error(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& ref) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, (a[i].to(at::kDouble) - ref[i]).abs().max().item<double>());
+    scale = std::max(scale, ref[i].abs().max().item<double>());
+  }
+  return diff / scale;
+}
+
+// Two groups of two parameters each, with `make` building the optimizer from them.
+template <typename Make>
+std::vector<at::Tensor> run(const std::vector<at::Tensor>& init, const std::vector<std::vector<at::Tensor>>& grads,
+                            at::ScalarType dtype, Make make) {
+  auto params = leaves(init, dtype);
+  auto optimizer = make(std::vector<at::Tensor>{params[0], params[1]}, std::vector<at::Tensor>{params[2], params[3]});
+  for (const auto& g : grads) {
+    set_grads(params, g);
+    optimizer->step();
+  }
+  return params;
+}
+
+std::vector<std::vector<at::Tensor>> random_grad_sequence(int steps) {
+  std::vector<std::vector<at::Tensor>> seq;
+  for (int s = 0; s < steps; ++s) seq.push_back(random_values());
+  return seq;
+}
+
+TEST(FusedAdamW, MatchesTorchAdamWInFloat64OverAHundredSteps) {
+  const auto init = random_values();
+  const auto grads = random_grad_sequence(100);
+  auto torch_adamw = [](auto g1, auto g2) {
+    return std::make_unique<torch::optim::AdamW>(
+        std::vector<OptimizerParamGroup>{
+            OptimizerParamGroup(g1),
+            OptimizerParamGroup(g2, std::make_unique<torch::optim::AdamWOptions>(
+                                        torch::optim::AdamWOptions(3e-3).amsgrad(true).weight_decay(0.1)))},
+        torch::optim::AdamWOptions(1e-2).betas({0.8, 0.99}).eps(1e-6));
+  };
+  auto ours = [](auto g1, auto g2) {
+    return std::make_unique<gpuops::optim::AdamW>(
+        std::vector<OptimizerParamGroup>{
+            OptimizerParamGroup(g1),
+            OptimizerParamGroup(g2, std::make_unique<gpuops::optim::AdamWOptions>(
+                                        gpuops::optim::AdamWOptions(3e-3).amsgrad(true).weight_decay(0.1)))},
+        gpuops::optim::AdamWOptions(1e-2).betas({0.8, 0.99}).eps(1e-6));
+  };
+  const auto reference = run(init, grads, at::kDouble, torch_adamw);
+  const double torch_error = relative_error(run(init, grads, at::kFloat, torch_adamw), reference);
+  const double our_error = relative_error(run(init, grads, at::kFloat, ours), reference);
+  // 1e-6 relative, or float32's own floor: torch's float32 AdamW is itself ~1e-6 off float64.
+  EXPECT_LE(our_error, std::max(1e-6, 1.02 * torch_error)) << "torch float32: " << torch_error;
+}
+
+TEST(FusedSGD, MatchesTorchSGDInFloat64WithNesterovAndDampening) {
+  const auto init = random_values();
+  const auto grads = random_grad_sequence(100);
+  auto torch_sgd = [](auto g1, auto g2) {
+    return std::make_unique<torch::optim::SGD>(
+        std::vector<OptimizerParamGroup>{
+            OptimizerParamGroup(g1),
+            OptimizerParamGroup(g2, std::make_unique<torch::optim::SGDOptions>(
+                                        torch::optim::SGDOptions(5e-3).momentum(0.8).dampening(0.1)))},
+        torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(1e-3));
+  };
+  auto ours = [](auto g1, auto g2) {
+    return std::make_unique<gpuops::optim::SGD>(
+        std::vector<OptimizerParamGroup>{
+            OptimizerParamGroup(g1),
+            OptimizerParamGroup(g2, std::make_unique<gpuops::optim::SGDOptions>(
+                                        gpuops::optim::SGDOptions(5e-3).momentum(0.8).dampening(0.1)))},
+        gpuops::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true).weight_decay(1e-3));
+  };
+  const auto reference = run(init, grads, at::kDouble, torch_sgd);
+  const double torch_error = relative_error(run(init, grads, at::kFloat, torch_sgd), reference);
+  EXPECT_LE(relative_error(run(init, grads, at::kFloat, ours), reference), std::max(1e-6, 1.02 * torch_error));
+}
+
+TEST(FusedOptimizers, TorchLrSchedulerDrivesThem) {
+  // The same StepLR schedule on ours and on torch::optim::SGD: same learning rates, same parameters.
+  const auto init = at::randn({5});
+  auto w = init.clone().requires_grad_(true), v = init.clone().requires_grad_(true);
+  gpuops::optim::SGD ours({w}, gpuops::optim::SGDOptions(0.4));
+  torch::optim::SGD reference({v}, torch::optim::SGDOptions(0.4));
+  torch::optim::StepLR our_schedule(ours, /*step_size=*/2, /*gamma=*/0.5);
+  torch::optim::StepLR reference_schedule(reference, /*step_size=*/2, /*gamma=*/0.5);
+  std::vector<double> lrs;
+  for (int step = 0; step < 6; ++step) {
+    const auto g = at::randn({5});
+    w.mutable_grad() = g.clone();
+    v.mutable_grad() = g.clone();
+    ours.step();
+    reference.step();
+    our_schedule.step();
+    reference_schedule.step();
+    lrs.push_back(ours.param_groups()[0].options().get_lr());
+    EXPECT_DOUBLE_EQ(lrs.back(), reference.param_groups()[0].options().get_lr());
+    EXPECT_TRUE(at::allclose(w, v, 1e-6, 1e-7)) << step;
+  }
+  EXPECT_LT(lrs.back(), 0.4 / 3);  // the schedule did decay
+}
+
+TEST(FusedOptimizers, SaveAndLoadResumeBitExactly) {
+  const auto init = random_values();
+  const auto grads = random_grad_sequence(10);
+  auto make = [](std::vector<at::Tensor> params) {
+    return gpuops::optim::AdamW(params, gpuops::optim::AdamWOptions(1e-2).amsgrad(true));
+  };
+  auto straight = leaves(init, at::kFloat);
+  auto a = make(straight);
+  std::stringstream checkpoint;
+  std::vector<at::Tensor> at_half;
+  for (int s = 0; s < 10; ++s) {
+    if (s == 5) {
+      torch::save(a, checkpoint);
+      for (const auto& p : straight) at_half.push_back(p.detach().clone());
+    }
+    set_grads(straight, grads[s]);
+    a.step();
+  }
+  auto resumed = leaves(at_half, at::kFloat);
+  auto b = make(resumed);
+  torch::load(b, checkpoint);
+  for (int s = 5; s < 10; ++s) {
+    set_grads(resumed, grads[s]);
+    b.step();
+  }
+  for (size_t i = 0; i < straight.size(); ++i) EXPECT_TRUE(at::equal(straight[i], resumed[i])) << i;
+}
+
+TEST(FusedOptimizers, BadInputNamesTheArgumentAndChangesNothing) {
+  auto w = at::randn({4}).requires_grad_(true);
+  EXPECT_THROW(
+      try { gpuops::optim::AdamW({w}, gpuops::optim::AdamWOptions(-1.0)); } catch (const c10::ValueError& e) {
+        EXPECT_NE(std::string(e.what()).find("lr must be >= 0"), std::string::npos);
+        throw;
+      },
+      c10::ValueError);
+  EXPECT_THROW(gpuops::optim::AdamW({w}, gpuops::optim::AdamWOptions().betas({0.9, 1.0})), c10::ValueError);
+  EXPECT_THROW(gpuops::optim::SGD({w}, gpuops::optim::SGDOptions(0.1).nesterov(true)), c10::ValueError);
+
+  // A float64 parameter in the second group: the first group is not stepped either.
+  auto good = at::randn({4}).requires_grad_(true);
+  auto bad = at::randn({4}, at::kDouble).requires_grad_(true);
+  gpuops::optim::AdamW optimizer(std::vector<OptimizerParamGroup>{OptimizerParamGroup({good}), OptimizerParamGroup({bad})});
+  good.mutable_grad() = at::randn({4});
+  bad.mutable_grad() = at::randn({4}, at::kDouble);
+  const auto before = good.detach().clone();
+  try {
+    optimizer.step();
+    ADD_FAILURE() << "no error for a float64 parameter";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("param_groups[1]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("float32"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(at::equal(good, before));
+  EXPECT_TRUE(optimizer.state().empty());
+
+  // An lr made negative after construction is caught at the step.
+  auto v = at::randn({4}).requires_grad_(true);
+  gpuops::optim::SGD sgd({v}, gpuops::optim::SGDOptions(0.1));
+  sgd.param_groups()[0].options().set_lr(-0.5);
+  v.mutable_grad() = at::randn({4});
+  EXPECT_THROW(sgd.step(), c10::ValueError);
+}
+
+}  // namespace
