@@ -1,6 +1,6 @@
 // unscaled_grad_norm_: pass 1 of the AMP step (non-finite flag + L2 norm of the unscaled gradients).
 #include <cmath>
-#include <limits>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -25,35 +25,50 @@ namespace {
 
 constexpr int64_t kCpuChunk = 1 << 15;
 
-// Sum of squares of one float32 chunk. 16 fixed accumulator lanes (vectorizable without reassociation,
-// and the same order on every instruction set) over blocks of 1024 elements, blocks added in double;
-// `bad` collects inf/nan without a branch.
+// Eight floats as one value (GCC vector extension): one AVX register, two SSE ones in the baseline clone.
+using Float8 = float __attribute__((vector_size(32)));
+
+Float8 load8(const float* p) {
+  Float8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Sum of squares of one float32 chunk. 16 fixed accumulator lanes (element i goes to lane i mod 16: the
+// same order on every instruction set, so the same norm everywhere) over blocks of 1024 elements, blocks
+// added in double. Written with explicit 8-wide vectors: left to itself GCC vectorized across iterations
+// with gathers and ran 4x slower than torch's norm. Non-finite values are caught with float arithmetic
+// only: g - g is 0 for a finite g and NaN for inf or NaN, so a block's "poison" sum is non-zero exactly when
+// the block holds one.
 __attribute__((target_clones("avx512f", "avx2", "default"))) double float_chunk_sumsq(
     const float* __restrict data, int64_t n, float inv_scale, int& bad) {
-  constexpr int kLanes = 16;
   constexpr int64_t kBlock = 1024;
   double total = 0.0;
   int nonfinite = 0;
   for (int64_t block = 0; block < n; block += kBlock) {
     const int64_t end = std::min(n, block + kBlock);
-    float lanes[kLanes] = {};
+    Float8 low = {}, high = {}, poison = {};  // lanes 0-7, lanes 8-15
     int64_t i = block;
-    for (; i + kLanes <= end; i += kLanes) {
-      for (int k = 0; k < kLanes; ++k) {
-        const float g = data[i + k];
-        nonfinite |= !(std::fabs(g) <= std::numeric_limits<float>::max());
-        const float u = g * inv_scale;
-        lanes[k] += u * u;
-      }
+    for (; i + 16 <= end; i += 16) {
+      const Float8 a = load8(data + i), b = load8(data + i + 8);
+      poison += (a - a) + (b - b);
+      const Float8 ua = a * inv_scale, ub = b * inv_scale;
+      low += ua * ua;
+      high += ub * ub;
     }
+    float lanes[16], poisoned = 0.0f;
+    std::memcpy(lanes, &low, sizeof low);
+    std::memcpy(lanes + 8, &high, sizeof high);
     for (; i < end; ++i) {
       const float g = data[i];
-      nonfinite |= !(std::fabs(g) <= std::numeric_limits<float>::max());
+      poisoned += g - g;
       const float u = g * inv_scale;
       lanes[0] += u * u;
     }
     float sum = 0.0f;
-    for (float lane : lanes) sum += lane;
+    for (int k = 0; k < 16; ++k) sum += lanes[k];
+    for (int k = 0; k < 8; ++k) poisoned += poison[k];
+    nonfinite |= poisoned != 0.0f;  // NaN != 0
     total += sum;
   }
   bad |= nonfinite;
