@@ -1,6 +1,5 @@
 // unscaled_grad_norm_: pass 1 of the AMP step (non-finite flag + L2 norm of the unscaled gradients).
 #include <cmath>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -11,6 +10,7 @@
 #include "amp_checks.h"
 #include "gpuops/amp.h"
 #include "math/amp_math.h"
+#include "math/float8.h"
 
 #ifdef GPUOPS_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -25,23 +25,15 @@ namespace {
 
 constexpr int64_t kCpuChunk = 1 << 15;
 
-// Eight floats as one value (GCC vector extension): one AVX register, two SSE ones in the baseline clone.
-using Float8 = float __attribute__((vector_size(32)));
-
-Float8 load8(const float* p) {
-  Float8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
 // Sum of squares of one float32 chunk. 16 fixed accumulator lanes (element i goes to lane i mod 16: the
 // same order on every instruction set, so the same norm everywhere) over blocks of 1024 elements, blocks
-// added in double. Written with explicit 8-wide vectors: left to itself GCC vectorized across iterations
-// with gathers and ran 4x slower than torch's norm. Non-finite values are caught with float arithmetic
+// added in double. Written with explicit 8-wide vectors (float8.h): left to itself GCC vectorized across
+// iterations with gathers and ran 4x slower than torch's norm. Non-finite values are caught with float arithmetic
 // only: g - g is 0 for a finite g and NaN for inf or NaN, so a block's "poison" sum is non-zero exactly when
 // the block holds one.
 __attribute__((target_clones("avx512f", "avx2", "default"))) double float_chunk_sumsq(
     const float* __restrict data, int64_t n, float inv_scale, int& bad) {
+  using math::Float8, math::load8;
   constexpr int64_t kBlock = 1024;
   double total = 0.0;
   int nonfinite = 0;

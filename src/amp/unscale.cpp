@@ -1,5 +1,6 @@
 // unscale_and_check_: argument checks, then the CPU loop or the CUDA multi-tensor launcher.
 #include <atomic>
+#include <type_traits>
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -7,6 +8,7 @@
 #include "amp_checks.h"
 #include "gpuops/amp.h"
 #include "math/amp_math.h"
+#include "math/float8.h"
 
 #ifdef GPUOPS_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -18,6 +20,27 @@
 namespace gpuops::amp {
 namespace {
 
+// float32 elements, 8 at a time (float8.h): the element loop with its compare-and-set flag ran at a quarter
+// of torch's speed. g * inv is what unscale_element computes (multiplying by 1 is exact); g - g is 0 for a
+// finite g and NaN otherwise, so a non-zero "poison" sum flags exactly the non-finite inputs.
+__attribute__((target_clones("avx512f", "avx2", "default"))) bool unscale_float_range(float* __restrict data,
+                                                                                     int64_t n, float inv) {
+  math::Float8 poison = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const math::Float8 g = math::load8(data + i);
+    poison += g - g;
+    math::store8(data + i, g * inv);
+  }
+  float poisoned = 0.0f;
+  for (; i < n; ++i) {
+    poisoned += data[i] - data[i];
+    data[i] *= inv;
+  }
+  for (int k = 0; k < 8; ++k) poisoned += poison[k];
+  return poisoned != 0.0f;  // NaN != 0
+}
+
 void unscale_cpu(at::TensorList grads, const at::Tensor& found_inf, const at::Tensor& inv_scale) {
   const float inv = inv_scale.item<float>();  // CPU tensor: a plain read, not a device sync
   std::atomic<bool> any_inf{false};
@@ -26,8 +49,13 @@ void unscale_cpu(at::TensorList grads, const at::Tensor& found_inf, const at::Te
       scalar_t* data = g.data_ptr<scalar_t>();
       at::parallel_for(0, g.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
         bool local = false;
-        for (int64_t i = begin; i < end; ++i) {
-          data[i] = static_cast<scalar_t>(math::unscale_element(static_cast<float>(data[i]), inv, local));
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          // (compiled for every dtype, taken for float32 only)
+          local = unscale_float_range(reinterpret_cast<float*>(data) + begin, end - begin, inv);
+        } else {
+          for (int64_t i = begin; i < end; ++i) {
+            data[i] = static_cast<scalar_t>(math::unscale_element(static_cast<float>(data[i]), inv, local));
+          }
         }
         if (local) any_inf.store(true, std::memory_order_relaxed);
       });

@@ -44,8 +44,17 @@ void check_all(at::TensorList params, at::TensorList grads, at::TensorList exp_a
 __attribute__((target_clones("avx512f", "avx2", "default"))) void adam_range(
     float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v, int64_t n,
     const math::AdamStep& step) {
-  const math::AdamStep s = step;  // a local copy: stores to the arrays cannot change it, so the loop vectorizes
-  for (int64_t i = 0; i < n; ++i) math::adam_update(param[i], grad[i], m[i], v[i], s);
+  using math::Float8, math::load8, math::store8;
+  const math::AdamStep s = step;  // a local copy: stores to the arrays cannot change it
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    Float8 exp_avg = load8(m + i), exp_avg_sq = load8(v + i);
+    const Float8 decayed = math::adam_moments(load8(param + i), load8(grad + i), exp_avg, exp_avg_sq, s);
+    store8(param + i, math::adam_apply(decayed, exp_avg, exp_avg_sq, s));
+    store8(m + i, exp_avg);
+    store8(v + i, exp_avg_sq);
+  }
+  for (; i < n; ++i) math::adam_update(param[i], grad[i], m[i], v[i], s);
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void adam_amsgrad_range(
