@@ -1,6 +1,9 @@
 // Fused Adam/AdamW: one read of each gradient, one read-modify-write of the parameter and states.
 #include "adam_kernels.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "gpuops/cuda_check.h"
 #include "multi_tensor.cuh"
 #include "step_counters.cuh"
@@ -38,7 +41,60 @@ __global__ void adam_kernel(TensorTable<6> table, math::AdamHyper hyper, const f
   }
 }
 
+enum : int { kParam16, kGrad16, kMaster, kExpAvgM, kExpAvgSqM, kMaxExpAvgSqM, kStepM };
+
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+template <typename T>
+__global__ void adam_master_kernel(TensorTable<7> table, math::AdamHyper hyper, const float* grad_scale,
+                                   const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.0f) return;
+  int64_t begin = 0, end = 0;
+  const int tensor = chunk_range(table, begin, end);
+  const float step = *static_cast<const float*>(table.data[kStepM][tensor]) + 1.0f;
+  const float factor = grad_scale != nullptr ? 1.0f / *grad_scale : 1.0f;
+  const math::AdamStep s = math::make_adam_step(hyper, step, factor);
+  T* param = static_cast<T*>(table.data[kParam16][tensor]);
+  const T* grad = static_cast<const T*>(table.data[kGrad16][tensor]);
+  float* master = static_cast<float*>(table.data[kMaster][tensor]);
+  float* exp_avg = static_cast<float*>(table.data[kExpAvgM][tensor]);
+  float* exp_avg_sq = static_cast<float*>(table.data[kExpAvgSqM][tensor]);
+  float* max_exp_avg_sq = static_cast<float*>(table.data[kMaxExpAvgSqM][tensor]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float p = master[i], m = exp_avg[i], v = exp_avg_sq[i];
+    const float g = to_float(grad[i]);
+    if (hyper.amsgrad) {
+      float vmax = max_exp_avg_sq[i];
+      math::adam_update_amsgrad(p, g, m, v, vmax, s);
+      max_exp_avg_sq[i] = vmax;
+    } else {
+      math::adam_update(p, g, m, v, s);
+    }
+    master[i] = p;
+    store(param + i, p);
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+  }
+}
+
 }  // namespace
+
+void launch_adam_master_step(const std::vector<void*> (&lists)[7], const std::vector<int64_t>& numel, GradDtype dtype,
+                             const math::AdamHyper& hyper, const float* grad_scale, const float* found_inf,
+                             cudaStream_t stream) {
+  for_each_table<7>(lists, numel, [&](const TensorTable<7>& table, int blocks) {
+    if (dtype == GradDtype::BFloat16) {
+      adam_master_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(table, hyper, grad_scale, found_inf);
+    } else {
+      adam_master_kernel<__half><<<blocks, kThreads, 0, stream>>>(table, hyper, grad_scale, found_inf);
+    }
+    GPUOPS_CUDA_CHECK(cudaGetLastError());
+  });
+  advance_step_counters(lists[kStepM], found_inf, stream);
+}
 
 void launch_adam_step(const std::vector<void*> (&lists)[6], const std::vector<int64_t>& numel,
                       const math::AdamHyper& hyper, const float* grad_scale, const float* found_inf,

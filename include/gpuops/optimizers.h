@@ -31,6 +31,8 @@ class FusedOptimizer : public torch::optim::Optimizer {
  protected:
   /// The class name, for error messages.
   virtual const char* name() const = 0;
+  /// Whether float16/bfloat16 parameters are accepted (stepped on an fp32 master copy).
+  virtual bool keeps_master_copies() const { return false; }
   /// Throws c10::ValueError naming the option of param_groups()[index] that is out of range.
   virtual void check_options(size_t index) const = 0;
   /// Steps the parameters of param_groups()[index] that have a gradient (all on one device, checked).
@@ -57,9 +59,11 @@ struct AdamWOptions : public torch::optim::OptimizerCloneableOptions<AdamWOption
 };
 
 /// Per-parameter state: the step counter lives on the parameter's device (float32 scalar, advanced only by
-/// applied steps), as in torch's fused/capturable AdamW.
+/// applied steps), as in torch's fused/capturable AdamW. A float16/bfloat16 parameter also has an fp32
+/// master_param, and its moments are fp32.
 struct AdamWParamState : public torch::optim::OptimizerCloneableParamState<AdamWParamState> {
   TORCH_ARG(at::Tensor, step);
+  TORCH_ARG(at::Tensor, master_param);
   TORCH_ARG(at::Tensor, exp_avg);
   TORCH_ARG(at::Tensor, exp_avg_sq);
   TORCH_ARG(at::Tensor, max_exp_avg_sq);
@@ -69,7 +73,8 @@ struct AdamWParamState : public torch::optim::OptimizerCloneableParamState<AdamW
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
-/// AdamW (decoupled weight decay, optional amsgrad), fused. Float32 dense parameters.
+/// AdamW (decoupled weight decay, optional amsgrad), fused. Float32 dense parameters, or float16/bfloat16
+/// ones stepped on an fp32 master copy (design §4) and rounded back.
 class AdamW : public FusedOptimizer {
  public:
   explicit AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdamWOptions defaults = {});
@@ -80,6 +85,7 @@ class AdamW : public FusedOptimizer {
 
  protected:
   const char* name() const override;
+  bool keeps_master_copies() const override { return true; }
   void check_options(size_t index) const override;
   void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                   const std::optional<at::Tensor>& found_inf) override;

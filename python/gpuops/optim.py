@@ -2,7 +2,8 @@
 
 ``gpuops.optim.AdamW``, ``Adam`` and ``SGD`` have torch's constructors, ``param_groups`` with per-group
 options, ``zero_grad``, ``state_dict`` keys (``step``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``)
-and work with torch's LR schedulers. One fused launch per parameter group and device. They declare
+and work with torch's LR schedulers. Adam and AdamW step float16/bfloat16 parameters on an fp32 master
+copy (state ``master_param``, with fp32 moments) and round the result into the parameter. One fused launch per parameter group and device. They declare
 ``_step_supports_amp_scaling``: a GradScaler (torch's or ours) hands them its scale and overflow flag,
 and the step divides the gradients as it reads them and skips itself on overflow, on the device, with no
 host sync.
@@ -17,8 +18,13 @@ import torch
 from . import _C  # noqa: F401  (loads libgpuops, which registers torch.ops.gpuops)
 
 
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
 class _FusedOptimizer(torch.optim.Optimizer):
     """What the fused optimizers share: the AMP hand-off and the per-device tensor lists of a group."""
+
+    _keeps_master_copies = False
 
     def __init__(self, params: Iterable, defaults: dict):
         defaults = dict(defaults, foreach=None, capturable=True, differentiable=False, fused=True)
@@ -32,22 +38,36 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return (None if grad_scale is None else grad_scale.to(device, non_blocking=True),
                 None if found_inf is None else found_inf.to(device, non_blocking=True))
 
-    def _lists_by_device(self, index: int, group: dict, state_tensors) -> dict:
-        """{device: [params, grads, *state lists]} for the parameters of a group that have a gradient."""
-        lists: Dict[torch.device, list] = {}
+    def _check_group(self, index: int, group: dict) -> None:
+        """Raises ValueError naming the group when its gradients cannot be stepped (before any state exists)."""
+        name = type(self).__name__
+        devices = set()
         for param in group["params"]:
             if param.grad is None:
                 continue
             if param.grad.is_sparse:
-                raise ValueError(f"{type(self).__name__}: param_groups[{index}] has a sparse gradient; "
+                raise ValueError(f"{name}: param_groups[{index}] has a sparse gradient; "
                                  "use a dense one (e.g. nn.Embedding(sparse=False))")
-            values = [param, param.grad, *state_tensors(param, group)]
-            entry = lists.setdefault(param.device, [[] for _ in values])
+            if param.dtype in _HALF_DTYPES and not self._keeps_master_copies:
+                raise ValueError(f"{name}: param_groups[{index}] has a {param.dtype} parameter; accepted: float32 "
+                                 "(gpuops.optim.AdamW/Adam keep an fp32 master copy of 16-bit parameters)")
+            devices.add(param.device)
+        if len(devices) > 1:
+            raise ValueError(f"{name}: param_groups[{index}] has parameters on several devices "
+                             f"({sorted(str(d) for d in devices)}); give each device's parameters their own optimizer")
+
+    def _lists_by_kind(self, group: dict) -> dict:
+        """{(device, half): [params, grads, *state lists]} for the parameters of a group that have a gradient;
+        half is the dtype of float16/bfloat16 parameters, which step on an fp32 master copy (else None)."""
+        lists: Dict[tuple, list] = {}
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            values = [param, param.grad, *self._state_tensors(param, group)]
+            half = param.dtype if param.dtype in _HALF_DTYPES else None  # one launch per 16-bit dtype
+            entry = lists.setdefault((param.device, half), [[] for _ in values])
             for target, value in zip(entry, values):
                 target.append(value)
-        if len(lists) > 1:
-            raise ValueError(f"{type(self).__name__}: param_groups[{index}] has parameters on several devices "
-                             f"({sorted(str(d) for d in lists)}); give each device's parameters their own optimizer")
         return lists
 
     def _step_state(self, param: torch.Tensor, start: float = 0.0) -> dict:
@@ -63,9 +83,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # Every group is checked before any state is made or any group stepped: a bad group changes nothing.
         for index, group in enumerate(self.param_groups):
-            for device, lists in self._lists_by_device(index, group, self._state_tensors).items():
-                self._fused_step(group, lists, *self._amp_inputs(device))
+            self._check_group(index, group)
+        for group in self.param_groups:
+            for (device, half), lists in self._lists_by_kind(group).items():
+                self._fused_step(group, lists, half is not None, *self._amp_inputs(device))
         return loss
 
 
@@ -88,23 +111,48 @@ class Adam(_FusedOptimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                       maximize=maximize))
 
+    _keeps_master_copies = True
+
     def _state_tensors(self, param: torch.Tensor, group: dict) -> list:
         state = self._step_state(param)
-        if "exp_avg" not in state:
-            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-        if group["amsgrad"] and "max_exp_avg_sq" not in state:
-            state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-        return [state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq", state["exp_avg_sq"]),
-                state["step"]]
+        master = param.dtype in _HALF_DTYPES
+        if master and "master_param" not in state:
+            state["master_param"] = param.detach().float()  # the fp32 copy the update runs on
+        like = state["master_param"] if master else param
+        for name in ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ()):
+            if name not in state:
+                state[name] = torch.zeros_like(like, memory_format=torch.preserve_format)
+            elif master and state[name].dtype != torch.float32:  # e.g. loaded from torch's bf16 AdamW
+                state[name] = state[name].float()
+        tensors = [state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq", state["exp_avg_sq"]),
+                   state["step"]]
+        return [state["master_param"], *tensors] if master else tensors
 
-    def _fused_step(self, group, lists, grad_scale, found_inf):
-        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = lists
+    def load_state_dict(self, state_dict: dict) -> None:
+        # torch casts every floating state tensor to its parameter's dtype; a 16-bit parameter's master copy
+        # and moments stay float32 (and moments saved by torch's own 16-bit AdamW are widened).
+        super().load_state_dict(state_dict)
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, saved in state_dict["state"].items():
+            param = params[index]
+            if param.dtype not in _HALF_DTYPES:
+                continue
+            for key in ("master_param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+                if key in saved:
+                    self.state[param][key] = saved[key].to(device=param.device, dtype=torch.float32, copy=True)
+
+    def _fused_step(self, group, lists, master, grad_scale, found_inf):
         beta1, beta2 = group["betas"]
-        torch.ops.gpuops.adam_step_(params, grads, exp_avgs, exp_avg_sqs,
-                                    max_exp_avg_sqs if group["amsgrad"] else [], steps, float(group["lr"]), beta1,
-                                    beta2, group["eps"], group["weight_decay"], self._decoupled, group["amsgrad"],
-                                    group["maximize"], grad_scale, found_inf)
+        options = (float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"], self._decoupled,
+                   group["amsgrad"], group["maximize"], grad_scale, found_inf)
+        if master:
+            params, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = lists
+            torch.ops.gpuops.adam_step_master_(params, grads, masters, exp_avgs, exp_avg_sqs,
+                                               max_exp_avg_sqs if group["amsgrad"] else [], steps, *options)
+        else:
+            params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = lists
+            torch.ops.gpuops.adam_step_(params, grads, exp_avgs, exp_avg_sqs,
+                                        max_exp_avg_sqs if group["amsgrad"] else [], steps, *options)
 
 
 class AdamW(Adam):
@@ -144,7 +192,7 @@ class SGD(_FusedOptimizer):
             state["step"].zero_()  # a new buffer starts from the next gradient, as in torch
         return [state.get("momentum_buffer", param), state["step"]]
 
-    def _fused_step(self, group, lists, grad_scale, found_inf):
+    def _fused_step(self, group, lists, master, grad_scale, found_inf):
         params, grads, buffers, steps = lists
         torch.ops.gpuops.sgd_step_(params, grads, buffers if group["momentum"] != 0 else [], steps,
                                    float(group["lr"]), group["momentum"], group["dampening"], group["weight_decay"],

@@ -1,4 +1,6 @@
 // gpuops::optim::AdamW: torch::optim glue over the fused Adam step (fused_adam.cpp).
+#include <map>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/serialize.h>
@@ -42,6 +44,7 @@ void AdamWOptions::serialize(torch::serialize::InputArchive& archive) {
 
 void AdamWParamState::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
@@ -49,6 +52,7 @@ void AdamWParamState::serialize(torch::serialize::OutputArchive& archive) const 
 
 void AdamWParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, max_exp_avg_sq);
@@ -72,24 +76,6 @@ void AdamW::check_options(size_t index) const {
 void AdamW::step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf) {
   const auto& o = static_cast<const AdamWOptions&>(param_groups_[index].options());
-  std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
-  for (const at::Tensor& p : params) {
-    auto& slot = state_[p.unsafeGetTensorImpl()];
-    if (!slot) {
-      auto fresh = std::make_unique<AdamWParamState>();
-      fresh->step(at::zeros({}, p.options().dtype(at::kFloat)));
-      fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-      fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-      slot = std::move(fresh);
-    }
-    auto& s = static_cast<AdamWParamState&>(*slot);
-    if (o.amsgrad() && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-    grads.push_back(p.grad());
-    exp_avgs.push_back(s.exp_avg());
-    exp_avg_sqs.push_back(s.exp_avg_sq());
-    if (o.amsgrad()) max_exp_avg_sqs.push_back(s.max_exp_avg_sq());
-    steps.push_back(s.step());
-  }
   AdamOptions step_options;
   step_options.lr = o.lr();
   std::tie(step_options.beta1, step_options.beta2) = o.betas();
@@ -98,7 +84,41 @@ void AdamW::step_group(size_t index, std::vector<at::Tensor>& params, const std:
   step_options.decoupled = true;
   step_options.amsgrad = o.amsgrad();
   step_options.maximize = o.maximize();
-  adam_step_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, step_options, grad_scale, found_inf);
+  // One fused call per parameter dtype: float32 directly, float16/bfloat16 on their fp32 master copies.
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const at::Tensor& p : params) by_dtype[p.scalar_type()].push_back(p);
+  for (auto& [dtype, group] : by_dtype) {
+    const bool master = dtype != at::kFloat;
+    std::vector<at::Tensor> grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+    for (const at::Tensor& p : group) {
+      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto fresh = std::make_unique<AdamWParamState>();
+        fresh->step(at::zeros({}, p.options().dtype(at::kFloat)));
+        if (master) fresh->master_param(p.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
+        const at::Tensor& like = master ? fresh->master_param() : p;
+        fresh->exp_avg(at::zeros_like(like, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(at::zeros_like(like, at::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto& s = static_cast<AdamWParamState&>(*slot);
+      const at::Tensor& like = master ? s.master_param() : p;
+      if (o.amsgrad() && !s.max_exp_avg_sq().defined())
+        s.max_exp_avg_sq(at::zeros_like(like, at::MemoryFormat::Preserve));
+      grads.push_back(p.grad());
+      if (master) masters.push_back(s.master_param());
+      exp_avgs.push_back(s.exp_avg());
+      exp_avg_sqs.push_back(s.exp_avg_sq());
+      if (o.amsgrad()) max_exp_avg_sqs.push_back(s.max_exp_avg_sq());
+      steps.push_back(s.step());
+    }
+    if (master) {
+      adam_step_master_(group, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, step_options, grad_scale,
+                        found_inf);
+    } else {
+      adam_step_(group, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, step_options, grad_scale, found_inf);
+    }
+  }
 }
 
 void AdamW::save(torch::serialize::OutputArchive& archive) const {

@@ -1,4 +1,8 @@
 // adam_step_: argument checks, then the CPU loop or the CUDA multi-tensor launcher (same element math).
+#include <array>
+#include <utility>
+
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -68,16 +72,25 @@ math::AdamHyper to_hyper(const AdamOptions& o) {
   return {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.decoupled, o.amsgrad, o.maximize};
 }
 
-void adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-              at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
-              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  // CPU tensors: these reads are plain loads, not device-to-host copies.
+// Unless found_inf is set, runs body(t, constants of tensor t's step) for every tensor, then advances its
+// step counter. CPU tensors: these reads are plain loads, not device-to-host copies.
+template <typename Body>
+void for_each_applied_step(at::TensorList steps, const AdamOptions& options, const std::optional<at::Tensor>& grad_scale,
+                           const std::optional<at::Tensor>& found_inf, Body body) {
   if (found_inf && *found_inf->data_ptr<float>() != 0.0f) return;
   const float factor = grad_scale ? 1.0f / *grad_scale->data_ptr<float>() : 1.0f;
   const math::AdamHyper hyper = to_hyper(options);
-  for (size_t t = 0; t < params.size(); ++t) {
+  for (size_t t = 0; t < steps.size(); ++t) {
     float* step = steps[t].data_ptr<float>();
-    const math::AdamStep s = math::make_adam_step(hyper, *step + 1.0f, factor);
+    body(t, math::make_adam_step(hyper, *step + 1.0f, factor));
+    *step += 1.0f;
+  }
+}
+
+void adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+              at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
+              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  for_each_applied_step(steps, options, grad_scale, found_inf, [&](size_t t, const math::AdamStep& s) {
     float* param = params[t].data_ptr<float>();
     const float* grad = grads[t].data_ptr<float>();
     float* m = exp_avgs[t].data_ptr<float>();
@@ -90,32 +103,133 @@ void adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
         adam_range(param + begin, grad + begin, m + begin, v + begin, end - begin, s);
       }
     });
-    *step += 1.0f;
+  });
+}
+
+// 16-bit parameters with an fp32 master copy: the float32 update of the master, rounded into the parameter.
+template <typename T>
+void adam_master_range(T* param, const T* grad, float* master, float* m, float* v, float* vmax, int64_t n,
+                       const math::AdamStep& step) {
+  const math::AdamStep s = step;
+  for (int64_t i = 0; i < n; ++i) {
+    float p = master[i];
+    const float g = static_cast<float>(grad[i]);
+    if (vmax != nullptr) {
+      math::adam_update_amsgrad(p, g, m[i], v[i], vmax[i], s);
+    } else {
+      math::adam_update(p, g, m[i], v[i], s);
+    }
+    master[i] = p;
+    param[i] = static_cast<T>(p);  // c10::Half / c10::BFloat16 round to nearest even
+  }
+}
+
+void adam_master_cpu(at::TensorList params, at::TensorList grads, at::TensorList masters, at::TensorList exp_avgs,
+                     at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
+                     const AdamOptions& options, const std::optional<at::Tensor>& grad_scale,
+                     const std::optional<at::Tensor>& found_inf) {
+  for_each_applied_step(steps, options, grad_scale, found_inf, [&](size_t t, const math::AdamStep& s) {
+    float* vmax = options.amsgrad ? max_exp_avg_sqs[t].data_ptr<float>() : nullptr;
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(params[t].scalar_type(), "adam_step_master_", [&] {
+      scalar_t* param = params[t].data_ptr<scalar_t>();
+      const scalar_t* grad = grads[t].data_ptr<scalar_t>();
+      float* master = masters[t].data_ptr<float>();
+      float* m = exp_avgs[t].data_ptr<float>();
+      float* v = exp_avg_sqs[t].data_ptr<float>();
+      at::parallel_for(0, params[t].numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+        adam_master_range(param + begin, grad + begin, master + begin, m + begin, v + begin,
+                          vmax != nullptr ? vmax + begin : nullptr, end - begin, s);
+      });
+    });
+  });
+}
+
+// The 16-bit side of adam_step_master_'s arguments (the float32 side goes through check_all).
+void check_half_lists(at::TensorList params, at::TensorList grads, at::TensorList masters) {
+  TORCH_CHECK_VALUE(params.size() == masters.size() && grads.size() == masters.size(), "adam_step_master_: params (",
+                    params.size(), "), grads (", grads.size(), ") and master_params (", masters.size(),
+                    ") must have the same length");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto dtype = params[i].scalar_type();
+    TORCH_CHECK_VALUE(dtype == at::kHalf || dtype == at::kBFloat16, "adam_step_master_: params[", i, "] has dtype ",
+                      dtype, "; accepted: float16 or bfloat16 (float32 parameters take adam_step_)");
+    TORCH_CHECK_VALUE(dtype == params[0].scalar_type(), "adam_step_master_: params[", i, "] is ", dtype,
+                      " but params[0] is ", params[0].scalar_type(), "; one call takes one dtype");
+    for (const auto& [name, t] : {std::make_pair("params", params[i]), std::make_pair("grads", grads[i])}) {
+      TORCH_CHECK_VALUE(t.defined() && t.layout() == at::kStrided && t.is_contiguous(), "adam_step_master_: ", name,
+                        "[", i, "] must be a dense contiguous tensor");
+      TORCH_CHECK_VALUE(t.scalar_type() == dtype, "adam_step_master_: ", name, "[", i, "] has dtype ", t.scalar_type(),
+                        "; accepted: the dtype of params[", i, "], ", dtype);
+      TORCH_CHECK_VALUE(t.device() == masters[i].device() && t.sizes() == masters[i].sizes(), "adam_step_master_: ",
+                        name, "[", i, "] must match master_params[", i, "] in shape ", masters[i].sizes(),
+                        " and device ", masters[i].device());
+    }
   }
 }
 
 #ifdef GPUOPS_WITH_CUDA
+// Raw data pointers of `rows` (one tensor list per row of the launch table), and the element counts.
+template <size_t N>
+std::vector<int64_t> pointer_lists(std::vector<void*> (&lists)[N], const std::array<at::TensorList, N>& rows) {
+  for (size_t k = 0; k < N; ++k)
+    for (const at::Tensor& t : rows[k]) lists[k].push_back(t.data_ptr());
+  std::vector<int64_t> numel;
+  for (const at::Tensor& t : rows[0]) numel.push_back(t.numel());
+  return numel;
+}
+
 void adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   c10::cuda::CUDAGuard guard(params[0].device());
   std::vector<void*> lists[6];
-  std::vector<int64_t> numel;
-  for (size_t t = 0; t < params.size(); ++t) {
-    lists[0].push_back(params[t].data_ptr());
-    lists[1].push_back(grads[t].data_ptr());
-    lists[2].push_back(exp_avgs[t].data_ptr());
-    lists[3].push_back(exp_avg_sqs[t].data_ptr());
-    lists[4].push_back(options.amsgrad ? max_exp_avg_sqs[t].data_ptr() : exp_avg_sqs[t].data_ptr());
-    lists[5].push_back(steps[t].data_ptr());
-    numel.push_back(params[t].numel());
-  }
+  const auto numel = pointer_lists<6>(
+      lists, {params, grads, exp_avgs, exp_avg_sqs, options.amsgrad ? max_exp_avg_sqs : exp_avg_sqs, steps});
   kernels::launch_adam_step(lists, numel, to_hyper(options), grad_scale ? grad_scale->data_ptr<float>() : nullptr,
                             found_inf ? found_inf->data_ptr<float>() : nullptr, c10::cuda::getCurrentCUDAStream());
+}
+
+void adam_master_cuda(at::TensorList params, at::TensorList grads, at::TensorList masters, at::TensorList exp_avgs,
+                      at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
+                      const AdamOptions& options, const std::optional<at::Tensor>& grad_scale,
+                      const std::optional<at::Tensor>& found_inf) {
+  c10::cuda::CUDAGuard guard(masters[0].device());
+  std::vector<void*> lists[7];
+  const auto numel = pointer_lists<7>(lists, {params, grads, masters, exp_avgs, exp_avg_sqs,
+                                              options.amsgrad ? max_exp_avg_sqs : exp_avg_sqs, steps});
+  const auto dtype =
+      params[0].scalar_type() == at::kBFloat16 ? kernels::GradDtype::BFloat16 : kernels::GradDtype::Float16;
+  kernels::launch_adam_master_step(lists, numel, dtype, to_hyper(options),
+                                   grad_scale ? grad_scale->data_ptr<float>() : nullptr,
+                                   found_inf ? found_inf->data_ptr<float>() : nullptr,
+                                   c10::cuda::getCurrentCUDAStream());
 }
 #endif
 
 }  // namespace
+
+void adam_step_master_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
+                       at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                       at::TensorList steps, const AdamOptions& options, const std::optional<at::Tensor>& grad_scale,
+                       const std::optional<at::Tensor>& found_inf) {
+  // The float32 side (master, states, steps) as adam_step_ checks it, the masters standing in for the grads.
+  check_all(master_params, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, options, grad_scale,
+            found_inf);
+  check_half_lists(params, grads, master_params);
+  if (params.empty()) return;
+  const at::Device device = master_params[0].device();
+  if (device.is_cpu()) {
+    return adam_master_cpu(params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, options,
+                           grad_scale, found_inf);
+  }
+#ifdef GPUOPS_WITH_CUDA
+  if (device.is_cuda()) {
+    return adam_master_cuda(params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, options,
+                            grad_scale, found_inf);
+  }
+#endif
+  TORCH_CHECK_VALUE(false, "adam_step_master_: device ", device, " is not supported");
+}
 
 void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                 at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,

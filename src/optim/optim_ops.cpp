@@ -14,6 +14,16 @@ void adam_step_op(at::TensorList params, at::TensorList grads, at::TensorList ex
                             {lr, beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize}, grad_scale, found_inf);
 }
 
+void adam_step_master_op(at::TensorList params, at::TensorList grads, at::TensorList master_params,
+                         at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                         at::TensorList steps, double lr, double beta1, double beta2, double eps, double weight_decay,
+                         bool decoupled, bool amsgrad, bool maximize, const std::optional<at::Tensor>& grad_scale,
+                         const std::optional<at::Tensor>& found_inf) {
+  gpuops::optim::adam_step_master_(params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+                                   {lr, beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize}, grad_scale,
+                                   found_inf);
+}
+
 void sgd_step_op(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, at::TensorList steps,
                  double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                  const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
@@ -29,6 +39,12 @@ TORCH_LIBRARY_FRAGMENT(gpuops, m) {
       "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
       "float weight_decay, bool decoupled, bool amsgrad, bool maximize, Tensor? grad_scale, Tensor? found_inf) -> ()",
       TORCH_FN(adam_step_op));
+  m.def(
+      "adam_step_master_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_params, Tensor(c!)[] exp_avgs, "
+      "Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] steps, float lr, float beta1, "
+      "float beta2, float eps, float weight_decay, bool decoupled, bool amsgrad, bool maximize, Tensor? grad_scale, "
+      "Tensor? found_inf) -> ()",
+      TORCH_FN(adam_step_master_op));
   m.def(
       "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, float lr, "
       "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, Tensor? grad_scale, "

@@ -167,6 +167,43 @@ TEST(FusedOptimizers, SaveAndLoadResumeBitExactly) {
   for (size_t i = 0; i < straight.size(); ++i) EXPECT_TRUE(at::equal(straight[i], resumed[i])) << i;
 }
 
+TEST(FusedAdamW, SixteenBitParamsStepOnAnFp32MasterCopy) {
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    const auto init = random_values();
+    auto ours = leaves(init, dtype);
+    auto ref64 = leaves(init, dtype);  // the 16-bit starting values, widened below
+    auto ref32 = leaves(init, dtype);
+    for (auto& p : ref64) p = p.detach().to(at::kDouble).requires_grad_(true);
+    for (auto& p : ref32) p = p.detach().to(at::kFloat).requires_grad_(true);
+    gpuops::optim::AdamW optimizer(ours, gpuops::optim::AdamWOptions(1e-2));
+    torch::optim::AdamW reference64(ref64, torch::optim::AdamWOptions(1e-2));
+    torch::optim::AdamW reference32(ref32, torch::optim::AdamWOptions(1e-2));
+    for (int step = 0; step < 50; ++step) {
+      std::vector<at::Tensor> grads;
+      for (const auto& p : ours) grads.push_back(at::randn(p.sizes()).to(dtype));  // what a 16-bit model produces
+      set_grads(ours, grads);
+      set_grads(ref64, grads);
+      set_grads(ref32, grads);
+      optimizer.step();
+      reference64.step();
+      reference32.step();
+    }
+    std::vector<at::Tensor> masters;
+    for (const auto& p : ours) {
+      const auto& s = static_cast<const gpuops::optim::AdamWParamState&>(*optimizer.state().at(p.unsafeGetTensorImpl()));
+      ASSERT_EQ(s.master_param().scalar_type(), at::kFloat);
+      ASSERT_EQ(s.exp_avg().scalar_type(), at::kFloat);
+      EXPECT_TRUE(at::equal(p, s.master_param().to(dtype)));  // the parameter is the rounded master
+      masters.push_back(s.master_param());
+    }
+    std::vector<at::Tensor> ref;
+    for (const auto& p : ref64) ref.push_back(p.detach());
+    std::vector<at::Tensor> ref32_values;
+    for (const auto& p : ref32) ref32_values.push_back(p.detach());
+    EXPECT_LE(relative_error(masters, ref), std::max(1e-6, 1.02 * relative_error(ref32_values, ref))) << dtype;
+  }
+}
+
 TEST(FusedOptimizers, BadInputNamesTheArgumentAndChangesNothing) {
   auto w = at::randn({4}).requires_grad_(true);
   EXPECT_THROW(
@@ -194,6 +231,12 @@ TEST(FusedOptimizers, BadInputNamesTheArgumentAndChangesNothing) {
   }
   EXPECT_TRUE(at::equal(good, before));
   EXPECT_TRUE(optimizer.state().empty());
+
+  // SGD keeps no master copy: a bfloat16 parameter is refused, naming what is accepted.
+  auto half = at::randn({4}).to(at::kBFloat16).requires_grad_(true);
+  gpuops::optim::SGD half_sgd({half}, gpuops::optim::SGDOptions(0.1));
+  half.mutable_grad() = at::randn({4}).to(at::kBFloat16);
+  EXPECT_THROW(half_sgd.step(), c10::ValueError);
 
   // An lr made negative after construction is caught at the step.
   auto v = at::randn({4}).requires_grad_(true);

@@ -165,3 +165,71 @@ def test_bad_gradients_are_clear_errors_and_change_nothing():
     embedding(torch.tensor([1])).sum().backward()
     with pytest.raises(ValueError, match="sparse"):
         sparse_optimizer.step()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_16_bit_params_step_on_an_fp32_master_copy(dtype, amsgrad):
+    """The master follows torch's float32 AdamW fed the same 16-bit gradients (float64 reference); the
+    parameter is the master rounded to its dtype."""
+    generator = torch.Generator().manual_seed(random.randint(0, 2**31))
+    start = [torch.randn(s, generator=generator).to(dtype) for s in SHAPES]
+    ours = [torch.nn.Parameter(p.clone()) for p in start]
+    ref64 = [torch.nn.Parameter(p.double()) for p in start]
+    ref32 = [torch.nn.Parameter(p.float()) for p in start]
+    optimizers = [gpuops.optim.AdamW(groups(ours), lr=1e-3, amsgrad=amsgrad),
+                  torch.optim.AdamW(groups(ref64), lr=1e-3, amsgrad=amsgrad, foreach=False),
+                  torch.optim.AdamW(groups(ref32), lr=1e-3, amsgrad=amsgrad, foreach=False)]
+    for _ in range(50):
+        for a, b, c in zip(ours, ref64, ref32):
+            g = torch.randn(a.shape, generator=generator).to(dtype)  # the gradient a 16-bit model produces
+            a.grad, b.grad, c.grad = g, g.double(), g.float()
+        for opt in optimizers:
+            opt.step()
+    masters = [optimizers[0].state[p]["master_param"] for p in ours]
+    assert all(m.dtype == torch.float32 for m in masters)
+    assert all(optimizers[0].state[p]["exp_avg"].dtype == torch.float32 for p in ours)
+    assert norm_rel(masters, ref64) <= max(1e-6, 1.02 * norm_rel(ref32, ref64))
+    for p, m, r in zip(ours, masters, ref64):
+        assert p.dtype == dtype
+        assert torch.equal(p, m.to(dtype))  # round to nearest even, as .to() does
+        eps = torch.finfo(dtype).eps  # the parameter is within its dtype's rounding of the float64 result
+        assert ((p.double() - r).abs() <= eps * r.abs() + 1e-6).all()
+
+
+def test_16_bit_params_skip_on_overflow_and_mix_with_float32_in_a_group():
+    half = torch.nn.Parameter(torch.randn(40).bfloat16())
+    full = torch.nn.Parameter(torch.randn(30))
+    opt = gpuops.optim.AdamW([half, full], lr=1e-2)
+    scaler = gpuops.GradScaler("cpu", init_scale=1024.0)
+    for step in range(3):
+        opt.zero_grad()
+        scaler.scale((half.float().square().sum() + full.square().sum())).backward()
+        if step == 1:
+            half.grad[3] = float("inf")
+        before = [half.detach().clone(), full.detach().clone(), opt.state[half].get("master_param")]
+        before = [t.clone() if t is not None else None for t in before]
+        scaler.step(opt)
+        scaler.update()
+        if step == 1:  # overflow: nothing moves, master included
+            assert torch.equal(half, before[0]) and torch.equal(full, before[1])
+            assert torch.equal(opt.state[half]["master_param"], before[2])
+        else:
+            assert not torch.equal(full, before[1])
+            assert torch.equal(half, opt.state[half]["master_param"].bfloat16())
+    assert scaler.skipped_steps == 1
+    state = opt.state_dict()
+    again = gpuops.optim.AdamW([torch.nn.Parameter(half.detach().clone()), torch.nn.Parameter(full.detach().clone())])
+    again.load_state_dict(state)
+    assert torch.equal(again.state_dict()["state"][0]["master_param"], state["state"][0]["master_param"])
+
+
+def test_sgd_rejects_16_bit_params_before_changing_anything():
+    good = torch.nn.Parameter(torch.randn(5))
+    half = torch.nn.Parameter(torch.randn(5).half())
+    opt = gpuops.optim.SGD([{"params": [good]}, {"params": [half]}], lr=0.1, momentum=0.9)
+    good.grad, half.grad = torch.randn(5), torch.randn(5).half()
+    before = good.detach().clone()
+    with pytest.raises(ValueError, match=r"param_groups\[1\].*float32"):
+        opt.step()
+    assert torch.equal(good, before) and len(opt.state) == 0
