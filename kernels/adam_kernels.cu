@@ -1,10 +1,9 @@
 // Fused Adam/AdamW: one read of each gradient, one read-modify-write of the parameter and states.
 #include "adam_kernels.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include "gpuops/cuda_check.h"
+#include "half_convert.cuh"
 #include "multi_tensor.cuh"
 #include "step_counters.cuh"
 
@@ -43,11 +42,6 @@ __global__ void adam_kernel(TensorTable<6> table, math::AdamHyper hyper, const f
 
 enum : int { kParam16, kGrad16, kMaster, kExpAvgM, kExpAvgSqM, kMaxExpAvgSqM, kStepM };
 
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-
 template <typename T>
 __global__ void adam_master_kernel(TensorTable<7> table, math::AdamHyper hyper, const float* grad_scale,
                                    const float* found_inf) {
@@ -65,7 +59,7 @@ __global__ void adam_master_kernel(TensorTable<7> table, math::AdamHyper hyper, 
   float* max_exp_avg_sq = static_cast<float*>(table.data[kMaxExpAvgSqM][tensor]);
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     float p = master[i], m = exp_avg[i], v = exp_avg_sq[i];
-    const float g = to_float(grad[i]);
+    const float g = half_to_float(grad[i]);
     if (hyper.amsgrad) {
       float vmax = max_exp_avg_sq[i];
       math::adam_update_amsgrad(p, g, m, v, vmax, s);
@@ -74,7 +68,7 @@ __global__ void adam_master_kernel(TensorTable<7> table, math::AdamHyper hyper, 
       math::adam_update(p, g, m, v, s);
     }
     master[i] = p;
-    store(param + i, p);
+    store_rounded(param + i, p);
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
   }

@@ -2,6 +2,7 @@
 #include "sgd_kernels.h"
 
 #include "gpuops/cuda_check.h"
+#include "half_convert.cuh"
 #include "multi_tensor.cuh"
 #include "step_counters.cuh"
 
@@ -27,7 +28,43 @@ __global__ void sgd_kernel(TensorTable<4> table, math::SgdHyper hyper, const flo
   }
 }
 
+template <typename T>
+__global__ void sgd_master_kernel(TensorTable<5> table, math::SgdHyper hyper, const float* grad_scale,
+                                  const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.0f) return;
+  int64_t begin = 0, end = 0;
+  const int tensor = chunk_range(table, begin, end);
+  const bool first = *static_cast<const float*>(table.data[4][tensor]) == 0.0f;
+  const float factor = grad_scale != nullptr ? 1.0f / *grad_scale : 1.0f;
+  const math::SgdStep s = math::make_sgd_step(hyper, first, factor);
+  T* param = static_cast<T*>(table.data[0][tensor]);
+  const T* grad = static_cast<const T*>(table.data[1][tensor]);
+  float* master = static_cast<float*>(table.data[2][tensor]);
+  float* buf = static_cast<float*>(table.data[3][tensor]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float p = master[i], b = s.momentum != 0.0f ? buf[i] : 0.0f;
+    math::sgd_update(p, half_to_float(grad[i]), b, s);
+    master[i] = p;
+    store_rounded(param + i, p);
+    if (s.momentum != 0.0f) buf[i] = b;
+  }
+}
+
 }  // namespace
+
+void launch_sgd_master_step(const std::vector<void*> (&lists)[5], const std::vector<int64_t>& numel, GradDtype dtype,
+                            const math::SgdHyper& hyper, const float* grad_scale, const float* found_inf,
+                            cudaStream_t stream) {
+  for_each_table<5>(lists, numel, [&](const TensorTable<5>& table, int blocks) {
+    if (dtype == GradDtype::BFloat16) {
+      sgd_master_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(table, hyper, grad_scale, found_inf);
+    } else {
+      sgd_master_kernel<__half><<<blocks, kThreads, 0, stream>>>(table, hyper, grad_scale, found_inf);
+    }
+    GPUOPS_CUDA_CHECK(cudaGetLastError());
+  });
+  advance_step_counters(lists[4], found_inf, stream);
+}
 
 void launch_sgd_step(const std::vector<void*> (&lists)[4], const std::vector<int64_t>& numel,
                      const math::SgdHyper& hyper, const float* grad_scale, const float* found_inf,

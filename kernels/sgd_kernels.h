@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "amp_kernels.h"
 #include "math/sgd_math.h"
 
 namespace gpuops::kernels {
@@ -14,5 +15,12 @@ namespace gpuops::kernels {
 void launch_sgd_step(const std::vector<void*> (&lists)[4], const std::vector<int64_t>& numel,
                      const math::SgdHyper& hyper, const float* grad_scale, const float* found_inf,
                      cudaStream_t stream);
+
+/// The same step on an fp32 master copy of 16-bit parameters. lists: params (float16 or bfloat16, as
+/// `dtype`), grads (same dtype), master_params (float32), momentum buffers (float32; the masters again
+/// without momentum), steps. The master is rounded (to nearest even) into the parameter.
+void launch_sgd_master_step(const std::vector<void*> (&lists)[5], const std::vector<int64_t>& numel, GradDtype dtype,
+                            const math::SgdHyper& hyper, const float* grad_scale, const float* found_inf,
+                            cudaStream_t stream);
 
 }  // namespace gpuops::kernels

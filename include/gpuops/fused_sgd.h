@@ -23,4 +23,11 @@ void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList momen
                const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
                const std::optional<at::Tensor>& found_inf);
 
+/// The same step for float16 or bfloat16 parameters with an fp32 master copy: grads in the parameters'
+/// dtype; master_params and momentum_buffers float32 with the parameters' shapes. The update runs in
+/// float32 on the master, which is then rounded to nearest even into the parameter.
+void sgd_step_master_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
+                      at::TensorList momentum_buffers, at::TensorList steps, const SgdOptions& options,
+                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
+
 }  // namespace gpuops::optim

@@ -23,7 +23,7 @@ class FusedOptimizer : public torch::optim::Optimizer {
   /// torch's step: evaluates the closure (if any, with grad enabled), then steps every group.
   at::Tensor step(LossClosure closure = nullptr) override;
 
-  /// The AMP step: gradients are divided by grad_scale (float32[1]) as they are read, and nothing changes
+  /// The AMP step (float32 parameters, or float16/bfloat16 ones on fp32 master copies): gradients are divided by grad_scale (float32[1]) as they are read, and nothing changes
   /// where found_inf (float32[1]) is non-zero, not even the step counters. No host sync. Either may be
   /// empty. Every group is checked before any is stepped, so a bad gradient changes nothing.
   void step_scaled(const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
@@ -31,8 +31,6 @@ class FusedOptimizer : public torch::optim::Optimizer {
  protected:
   /// The class name, for error messages.
   virtual const char* name() const = 0;
-  /// Whether float16/bfloat16 parameters are accepted (stepped on an fp32 master copy).
-  virtual bool keeps_master_copies() const { return false; }
   /// Throws c10::ValueError naming the option of param_groups()[index] that is out of range.
   virtual void check_options(size_t index) const = 0;
   /// Steps the parameters of param_groups()[index] that have a gradient (all on one device, checked).
@@ -85,7 +83,6 @@ class AdamW : public FusedOptimizer {
 
  protected:
   const char* name() const override;
-  bool keeps_master_copies() const override { return true; }
   void check_options(size_t index) const override;
   void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                   const std::optional<at::Tensor>& found_inf) override;
@@ -109,17 +106,20 @@ struct SGDOptions : public torch::optim::OptimizerCloneableOptions<SGDOptions> {
 };
 
 /// Per-parameter state: torch's momentum_buffer plus a device step counter (0: the buffer starts from the
-/// next applied gradient, as torch's does).
+/// next applied gradient, as torch's does); a float16/bfloat16 parameter also has an fp32 master_param and
+/// an fp32 momentum buffer.
 struct SGDParamState : public torch::optim::OptimizerCloneableParamState<SGDParamState> {
   TORCH_ARG(at::Tensor, momentum_buffer);
   TORCH_ARG(at::Tensor, step);
+  TORCH_ARG(at::Tensor, master_param);
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
-/// SGD with momentum, dampening, Nesterov and weight decay, fused. Float32 dense parameters.
+/// SGD with momentum, dampening, Nesterov and weight decay, fused. Float32 dense parameters, or
+/// float16/bfloat16 ones stepped on an fp32 master copy and rounded back.
 class SGD : public FusedOptimizer {
  public:
   explicit SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults);

@@ -2,8 +2,8 @@
 
 ``gpuops.optim.AdamW``, ``Adam`` and ``SGD`` have torch's constructors, ``param_groups`` with per-group
 options, ``zero_grad``, ``state_dict`` keys (``step``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``)
-and work with torch's LR schedulers. Adam and AdamW step float16/bfloat16 parameters on an fp32 master
-copy (state ``master_param``, with fp32 moments) and round the result into the parameter. One fused launch per parameter group and device. They declare
+and work with torch's LR schedulers. They step float16/bfloat16 parameters on an fp32 master copy (state
+``master_param``, with fp32 moments / momentum) and round the result into the parameter. One fused launch per parameter group and device. They declare
 ``_step_supports_amp_scaling``: a GradScaler (torch's or ours) hands them its scale and overflow flag,
 and the step divides the gradients as it reads them and skips itself on overflow, on the device, with no
 host sync.
@@ -24,7 +24,7 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 class _FusedOptimizer(torch.optim.Optimizer):
     """What the fused optimizers share: the AMP hand-off and the per-device tensor lists of a group."""
 
-    _keeps_master_copies = False
+    _fp32_state_keys: Tuple[str, ...] = ()  # state kept in float32 for 16-bit parameters
 
     def __init__(self, params: Iterable, defaults: dict):
         defaults = dict(defaults, foreach=None, capturable=True, differentiable=False, fused=True)
@@ -38,6 +38,19 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return (None if grad_scale is None else grad_scale.to(device, non_blocking=True),
                 None if found_inf is None else found_inf.to(device, non_blocking=True))
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        # torch casts every floating state tensor to its parameter's dtype; a 16-bit parameter's master copy
+        # and its optimizer state stay float32 (and state saved by torch's own 16-bit optimizers is widened).
+        super().load_state_dict(state_dict)
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, saved in state_dict["state"].items():
+            param = params[index]
+            if param.dtype not in _HALF_DTYPES:
+                continue
+            for key in self._fp32_state_keys:
+                if saved.get(key) is not None:
+                    self.state[param][key] = saved[key].to(device=param.device, dtype=torch.float32, copy=True)
+
     def _check_group(self, index: int, group: dict) -> None:
         """Raises ValueError naming the group when its gradients cannot be stepped (before any state exists)."""
         name = type(self).__name__
@@ -48,9 +61,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if param.grad.is_sparse:
                 raise ValueError(f"{name}: param_groups[{index}] has a sparse gradient; "
                                  "use a dense one (e.g. nn.Embedding(sparse=False))")
-            if param.dtype in _HALF_DTYPES and not self._keeps_master_copies:
-                raise ValueError(f"{name}: param_groups[{index}] has a {param.dtype} parameter; accepted: float32 "
-                                 "(gpuops.optim.AdamW/Adam keep an fp32 master copy of 16-bit parameters)")
+            if param.dtype not in (torch.float32, *_HALF_DTYPES) or param.grad.dtype != param.dtype:
+                raise ValueError(f"{name}: param_groups[{index}] has a {param.dtype} parameter with a "
+                                 f"{param.grad.dtype} gradient; accepted: float32, float16 or bfloat16 parameters "
+                                 "with gradients of their dtype")
             devices.add(param.device)
         if len(devices) > 1:
             raise ValueError(f"{name}: param_groups[{index}] has parameters on several devices "
@@ -111,7 +125,7 @@ class Adam(_FusedOptimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                       maximize=maximize))
 
-    _keeps_master_copies = True
+    _fp32_state_keys = ("master_param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
     def _state_tensors(self, param: torch.Tensor, group: dict) -> list:
         state = self._step_state(param)
@@ -127,19 +141,6 @@ class Adam(_FusedOptimizer):
         tensors = [state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq", state["exp_avg_sq"]),
                    state["step"]]
         return [state["master_param"], *tensors] if master else tensors
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        # torch casts every floating state tensor to its parameter's dtype; a 16-bit parameter's master copy
-        # and moments stay float32 (and moments saved by torch's own 16-bit AdamW are widened).
-        super().load_state_dict(state_dict)
-        params = [p for group in self.param_groups for p in group["params"]]
-        for index, saved in state_dict["state"].items():
-            param = params[index]
-            if param.dtype not in _HALF_DTYPES:
-                continue
-            for key in ("master_param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
-                if key in saved:
-                    self.state[param][key] = saved[key].to(device=param.device, dtype=torch.float32, copy=True)
 
     def _fused_step(self, group, lists, master, grad_scale, found_inf):
         beta1, beta2 = group["betas"]
@@ -184,16 +185,28 @@ class SGD(_FusedOptimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize))
 
+    _fp32_state_keys = ("master_param", "momentum_buffer")
+
     def _state_tensors(self, param: torch.Tensor, group: dict) -> list:
         # A momentum buffer loaded from torch's SGD (which keeps no step) is continued, not restarted.
         state = self._step_state(param, start=1.0 if self.state[param].get("momentum_buffer") is not None else 0.0)
+        master = param.dtype in _HALF_DTYPES
+        if master and "master_param" not in state:
+            state["master_param"] = param.detach().float()  # the fp32 copy the update runs on
+        like = state["master_param"] if master else param
         if group["momentum"] != 0 and state.get("momentum_buffer") is None:
-            state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["momentum_buffer"] = torch.zeros_like(like, memory_format=torch.preserve_format)
             state["step"].zero_()  # a new buffer starts from the next gradient, as in torch
-        return [state.get("momentum_buffer", param), state["step"]]
+        tensors = [state.get("momentum_buffer", like), state["step"]]
+        return [state["master_param"], *tensors] if master else tensors
 
     def _fused_step(self, group, lists, master, grad_scale, found_inf):
-        params, grads, buffers, steps = lists
-        torch.ops.gpuops.sgd_step_(params, grads, buffers if group["momentum"] != 0 else [], steps,
-                                   float(group["lr"]), group["momentum"], group["dampening"], group["weight_decay"],
-                                   group["nesterov"], group["maximize"], grad_scale, found_inf)
+        options = (float(group["lr"]), group["momentum"], group["dampening"], group["weight_decay"],
+                   group["nesterov"], group["maximize"], grad_scale, found_inf)
+        if master:
+            params, grads, masters, buffers, steps = lists
+            torch.ops.gpuops.sgd_step_master_(params, grads, masters, buffers if group["momentum"] != 0 else [],
+                                              steps, *options)
+        else:
+            params, grads, buffers, steps = lists
+            torch.ops.gpuops.sgd_step_(params, grads, buffers if group["momentum"] != 0 else [], steps, *options)

@@ -15,6 +15,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "adam_kernels.h"
+#include "pointer_lists.h"
 #endif
 
 namespace gpuops::optim {
@@ -144,46 +145,13 @@ void adam_master_cpu(at::TensorList params, at::TensorList grads, at::TensorList
   });
 }
 
-// The 16-bit side of adam_step_master_'s arguments (the float32 side goes through check_all).
-void check_half_lists(at::TensorList params, at::TensorList grads, at::TensorList masters) {
-  TORCH_CHECK_VALUE(params.size() == masters.size() && grads.size() == masters.size(), "adam_step_master_: params (",
-                    params.size(), "), grads (", grads.size(), ") and master_params (", masters.size(),
-                    ") must have the same length");
-  for (size_t i = 0; i < params.size(); ++i) {
-    const auto dtype = params[i].scalar_type();
-    TORCH_CHECK_VALUE(dtype == at::kHalf || dtype == at::kBFloat16, "adam_step_master_: params[", i, "] has dtype ",
-                      dtype, "; accepted: float16 or bfloat16 (float32 parameters take adam_step_)");
-    TORCH_CHECK_VALUE(dtype == params[0].scalar_type(), "adam_step_master_: params[", i, "] is ", dtype,
-                      " but params[0] is ", params[0].scalar_type(), "; one call takes one dtype");
-    for (const auto& [name, t] : {std::make_pair("params", params[i]), std::make_pair("grads", grads[i])}) {
-      TORCH_CHECK_VALUE(t.defined() && t.layout() == at::kStrided && t.is_contiguous(), "adam_step_master_: ", name,
-                        "[", i, "] must be a dense contiguous tensor");
-      TORCH_CHECK_VALUE(t.scalar_type() == dtype, "adam_step_master_: ", name, "[", i, "] has dtype ", t.scalar_type(),
-                        "; accepted: the dtype of params[", i, "], ", dtype);
-      TORCH_CHECK_VALUE(t.device() == masters[i].device() && t.sizes() == masters[i].sizes(), "adam_step_master_: ",
-                        name, "[", i, "] must match master_params[", i, "] in shape ", masters[i].sizes(),
-                        " and device ", masters[i].device());
-    }
-  }
-}
-
 #ifdef GPUOPS_WITH_CUDA
-// Raw data pointers of `rows` (one tensor list per row of the launch table), and the element counts.
-template <size_t N>
-std::vector<int64_t> pointer_lists(std::vector<void*> (&lists)[N], const std::array<at::TensorList, N>& rows) {
-  for (size_t k = 0; k < N; ++k)
-    for (const at::Tensor& t : rows[k]) lists[k].push_back(t.data_ptr());
-  std::vector<int64_t> numel;
-  for (const at::Tensor& t : rows[0]) numel.push_back(t.numel());
-  return numel;
-}
-
 void adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   c10::cuda::CUDAGuard guard(params[0].device());
   std::vector<void*> lists[6];
-  const auto numel = pointer_lists<6>(
+  const auto numel = detail::pointer_lists<6>(
       lists, {params, grads, exp_avgs, exp_avg_sqs, options.amsgrad ? max_exp_avg_sqs : exp_avg_sqs, steps});
   kernels::launch_adam_step(lists, numel, to_hyper(options), grad_scale ? grad_scale->data_ptr<float>() : nullptr,
                             found_inf ? found_inf->data_ptr<float>() : nullptr, c10::cuda::getCurrentCUDAStream());
@@ -195,7 +163,7 @@ void adam_master_cuda(at::TensorList params, at::TensorList grads, at::TensorLis
                       const std::optional<at::Tensor>& found_inf) {
   c10::cuda::CUDAGuard guard(masters[0].device());
   std::vector<void*> lists[7];
-  const auto numel = pointer_lists<7>(lists, {params, grads, masters, exp_avgs, exp_avg_sqs,
+  const auto numel = detail::pointer_lists<7>(lists, {params, grads, masters, exp_avgs, exp_avg_sqs,
                                               options.amsgrad ? max_exp_avg_sqs : exp_avg_sqs, steps});
   const auto dtype =
       params[0].scalar_type() == at::kBFloat16 ? kernels::GradDtype::BFloat16 : kernels::GradDtype::Float16;
@@ -215,7 +183,7 @@ void adam_step_master_(at::TensorList params, at::TensorList grads, at::TensorLi
   // The float32 side (master, states, steps) as adam_step_ checks it, the masters standing in for the grads.
   check_all(master_params, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, options, grad_scale,
             found_inf);
-  check_half_lists(params, grads, master_params);
+  detail::check_half_lists("adam_step_master_", params, grads, master_params);
   if (params.empty()) return;
   const at::Device device = master_params[0].device();
   if (device.is_cpu()) {

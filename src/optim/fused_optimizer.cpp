@@ -31,13 +31,12 @@ void FusedOptimizer::step_scaled(const std::optional<at::Tensor>& grad_scale, co
       if (!g.defined()) continue;
       TORCH_CHECK_VALUE(g.layout() == c10::kStrided, name(), ": param_groups[", i,
                         "] has a sparse gradient; use a dense one (e.g. Embedding without sparse=true)");
-      const bool half = p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16;
-      TORCH_CHECK_VALUE((p.scalar_type() == at::kFloat || (half && keeps_master_copies())) &&
-                            g.scalar_type() == p.scalar_type(),
-                        name(), ": param_groups[", i, "] has a ", p.scalar_type(), " parameter with a ",
-                        g.scalar_type(), " gradient; accepted: float32 parameters",
-                        keeps_master_copies() ? " or float16/bfloat16 ones (fp32 master copy)" : "",
-                        ", each with a gradient of its dtype");
+      const auto dtype = p.scalar_type();
+      TORCH_CHECK_VALUE((dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16) &&
+                            g.scalar_type() == dtype,
+                        name(), ": param_groups[", i, "] has a ", dtype, " parameter with a ", g.scalar_type(),
+                        " gradient; accepted: float32, float16 or bfloat16 parameters (16-bit ones step on an "
+                        "fp32 master copy) with gradients of their dtype");
       TORCH_CHECK_VALUE(!device || *device == p.device(), name(), ": param_groups[", i,
                         "] has parameters on several devices (", *device, ", ", p.device(),
                         "); give each device's parameters their own optimizer");

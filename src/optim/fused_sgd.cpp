@@ -1,4 +1,5 @@
 // sgd_step_: argument checks, then the CPU loop or the CUDA multi-tensor launcher (same element math).
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -10,6 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "pointer_lists.h"
 #include "sgd_kernels.h"
 #endif
 
@@ -29,16 +31,25 @@ math::SgdHyper to_hyper(const SgdOptions& o) {
   return {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize};
 }
 
-void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList buffers, at::TensorList steps,
-             const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
-             const std::optional<at::Tensor>& found_inf) {
-  // CPU tensors: these reads are plain loads, not device-to-host copies.
+// Unless found_inf is set, runs body(t, constants of tensor t's step) for every tensor, then advances its
+// step counter. CPU tensors: these reads are plain loads, not device-to-host copies.
+template <typename Body>
+void for_each_applied_step(at::TensorList steps, const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
+                           const std::optional<at::Tensor>& found_inf, Body body) {
   if (found_inf && *found_inf->data_ptr<float>() != 0.0f) return;
   const float factor = grad_scale ? 1.0f / *grad_scale->data_ptr<float>() : 1.0f;
   const math::SgdHyper hyper = to_hyper(options);
-  for (size_t t = 0; t < params.size(); ++t) {
+  for (size_t t = 0; t < steps.size(); ++t) {
     float* step = steps[t].data_ptr<float>();
-    const math::SgdStep s = math::make_sgd_step(hyper, *step == 0.0f, factor);
+    body(t, math::make_sgd_step(hyper, *step == 0.0f, factor));
+    *step += 1.0f;
+  }
+}
+
+void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList buffers, at::TensorList steps,
+             const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
+             const std::optional<at::Tensor>& found_inf) {
+  for_each_applied_step(steps, options, grad_scale, found_inf, [&](size_t t, const math::SgdStep& s) {
     float* param = params[t].data_ptr<float>();
     const float* grad = grads[t].data_ptr<float>();
     float* buf = options.momentum != 0.0 ? buffers[t].data_ptr<float>() : nullptr;
@@ -46,8 +57,27 @@ void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList buffers
       float unused = 0.0f;
       for (int64_t i = begin; i < end; ++i) math::sgd_update(param[i], grad[i], buf ? buf[i] : unused, s);
     });
-    *step += 1.0f;
-  }
+  });
+}
+
+void sgd_master_cpu(at::TensorList params, at::TensorList grads, at::TensorList masters, at::TensorList buffers,
+                    at::TensorList steps, const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
+                    const std::optional<at::Tensor>& found_inf) {
+  for_each_applied_step(steps, options, grad_scale, found_inf, [&](size_t t, const math::SgdStep& s) {
+    float* master = masters[t].data_ptr<float>();
+    float* buf = options.momentum != 0.0 ? buffers[t].data_ptr<float>() : nullptr;
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(params[t].scalar_type(), "sgd_step_master_", [&] {
+      scalar_t* param = params[t].data_ptr<scalar_t>();
+      const scalar_t* grad = grads[t].data_ptr<scalar_t>();
+      at::parallel_for(0, params[t].numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+        float unused = 0.0f;
+        for (int64_t i = begin; i < end; ++i) {
+          math::sgd_update(master[i], static_cast<float>(grad[i]), buf ? buf[i] : unused, s);
+          param[i] = static_cast<scalar_t>(master[i]);  // round to nearest even
+        }
+      });
+    });
+  });
 }
 
 #ifdef GPUOPS_WITH_CUDA
@@ -56,20 +86,53 @@ void sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList buffer
               const std::optional<at::Tensor>& found_inf) {
   c10::cuda::CUDAGuard guard(params[0].device());
   std::vector<void*> lists[4];
-  std::vector<int64_t> numel;
-  for (size_t t = 0; t < params.size(); ++t) {
-    lists[0].push_back(params[t].data_ptr());
-    lists[1].push_back(grads[t].data_ptr());
-    lists[2].push_back(options.momentum != 0.0 ? buffers[t].data_ptr() : params[t].data_ptr());
-    lists[3].push_back(steps[t].data_ptr());
-    numel.push_back(params[t].numel());
-  }
+  const auto numel =
+      detail::pointer_lists<4>(lists, {params, grads, options.momentum != 0.0 ? buffers : params, steps});
   kernels::launch_sgd_step(lists, numel, to_hyper(options), grad_scale ? grad_scale->data_ptr<float>() : nullptr,
                            found_inf ? found_inf->data_ptr<float>() : nullptr, c10::cuda::getCurrentCUDAStream());
+}
+
+void sgd_master_cuda(at::TensorList params, at::TensorList grads, at::TensorList masters, at::TensorList buffers,
+                     at::TensorList steps, const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
+                     const std::optional<at::Tensor>& found_inf) {
+  c10::cuda::CUDAGuard guard(masters[0].device());
+  std::vector<void*> lists[5];
+  const auto numel = detail::pointer_lists<5>(
+      lists, {params, grads, masters, options.momentum != 0.0 ? buffers : masters, steps});
+  const auto dtype =
+      params[0].scalar_type() == at::kBFloat16 ? kernels::GradDtype::BFloat16 : kernels::GradDtype::Float16;
+  kernels::launch_sgd_master_step(lists, numel, dtype, to_hyper(options),
+                                  grad_scale ? grad_scale->data_ptr<float>() : nullptr,
+                                  found_inf ? found_inf->data_ptr<float>() : nullptr,
+                                  c10::cuda::getCurrentCUDAStream());
 }
 #endif
 
 }  // namespace
+
+void sgd_step_master_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
+                      at::TensorList momentum_buffers, at::TensorList steps, const SgdOptions& options,
+                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  check_options(options);
+  if (options.momentum != 0.0) {
+    detail::check_step_lists("sgd_step_master_", master_params, {{"momentum_buffers", momentum_buffers}}, steps,
+                             grad_scale, found_inf);
+  } else {
+    detail::check_step_lists("sgd_step_master_", master_params, {}, steps, grad_scale, found_inf);
+  }
+  detail::check_half_lists("sgd_step_master_", params, grads, master_params);
+  if (params.empty()) return;
+  const at::Device device = master_params[0].device();
+  if (device.is_cpu()) {
+    return sgd_master_cpu(params, grads, master_params, momentum_buffers, steps, options, grad_scale, found_inf);
+  }
+#ifdef GPUOPS_WITH_CUDA
+  if (device.is_cuda()) {
+    return sgd_master_cuda(params, grads, master_params, momentum_buffers, steps, options, grad_scale, found_inf);
+  }
+#endif
+  TORCH_CHECK_VALUE(false, "sgd_step_master_: device ", device, " is not supported");
+}
 
 void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, at::TensorList steps,
                const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,

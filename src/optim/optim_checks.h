@@ -49,4 +49,28 @@ inline void check_step_lists(const char* op, at::TensorList params, std::initial
   }
 }
 
+/// The 16-bit side of a master-copy step (the float32 side goes through check_step_lists): params float16
+/// or bfloat16, all one dtype; grads of that dtype; both dense, contiguous, shaped and placed like masters.
+inline void check_half_lists(const char* op, at::TensorList params, at::TensorList grads, at::TensorList masters) {
+  TORCH_CHECK_VALUE(params.size() == masters.size() && grads.size() == masters.size(), op, ": params (",
+                    params.size(), "), grads (", grads.size(), ") and master_params (", masters.size(),
+                    ") must have the same length");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto dtype = params[i].scalar_type();
+    TORCH_CHECK_VALUE(dtype == at::kHalf || dtype == at::kBFloat16, op, ": params[", i, "] has dtype ", dtype,
+                      "; accepted: float16 or bfloat16 (float32 parameters take the plain step)");
+    TORCH_CHECK_VALUE(dtype == params[0].scalar_type(), op, ": params[", i, "] is ", dtype, " but params[0] is ",
+                      params[0].scalar_type(), "; one call takes one dtype");
+    for (const auto& [name, t] : {std::make_pair("params", params[i]), std::make_pair("grads", grads[i])}) {
+      TORCH_CHECK_VALUE(t.defined() && t.layout() == at::kStrided && t.is_contiguous(), op, ": ", name, "[", i,
+                        "] must be a dense contiguous tensor");
+      TORCH_CHECK_VALUE(t.scalar_type() == dtype, op, ": ", name, "[", i, "] has dtype ", t.scalar_type(),
+                        "; accepted: the dtype of params[", i, "], ", dtype);
+      TORCH_CHECK_VALUE(t.device() == masters[i].device() && t.sizes() == masters[i].sizes(), op, ": ", name, "[",
+                        i, "] must match master_params[", i, "] in shape ", masters[i].sizes(), " and device ",
+                        masters[i].device());
+    }
+  }
+}
+
 }  // namespace gpuops::optim::detail

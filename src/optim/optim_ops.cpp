@@ -31,6 +31,14 @@ void sgd_step_op(at::TensorList params, at::TensorList grads, at::TensorList mom
                            {lr, momentum, dampening, weight_decay, nesterov, maximize}, grad_scale, found_inf);
 }
 
+void sgd_step_master_op(at::TensorList params, at::TensorList grads, at::TensorList master_params,
+                        at::TensorList momentum_buffers, at::TensorList steps, double lr, double momentum,
+                        double dampening, double weight_decay, bool nesterov, bool maximize,
+                        const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  gpuops::optim::sgd_step_master_(params, grads, master_params, momentum_buffers, steps,
+                                  {lr, momentum, dampening, weight_decay, nesterov, maximize}, grad_scale, found_inf);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(gpuops, m) {
@@ -50,4 +58,9 @@ TORCH_LIBRARY_FRAGMENT(gpuops, m) {
       "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, Tensor? grad_scale, "
       "Tensor? found_inf) -> ()",
       TORCH_FN(sgd_step_op));
+  m.def(
+      "sgd_step_master_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_params, "
+      "Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, float lr, float momentum, float dampening, "
+      "float weight_decay, bool nesterov, bool maximize, Tensor? grad_scale, Tensor? found_inf) -> ()",
+      TORCH_FN(sgd_step_master_op));
 }

@@ -1,4 +1,6 @@
 // gpuops::optim::SGD: torch::optim glue over the fused SGD step (fused_sgd.cpp).
+#include <map>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/serialize.h>
@@ -43,11 +45,13 @@ void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
 void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(master_param);
 }
 
 void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, master_param);
 }
 
 SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
@@ -68,23 +72,6 @@ void SGD::check_options(size_t index) const {
 void SGD::step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                      const std::optional<at::Tensor>& found_inf) {
   const auto& o = static_cast<const SGDOptions&>(param_groups_[index].options());
-  std::vector<at::Tensor> grads, buffers, steps;
-  for (const at::Tensor& p : params) {
-    auto& slot = state_[p.unsafeGetTensorImpl()];
-    if (!slot) {
-      auto fresh = std::make_unique<SGDParamState>();
-      fresh->step(at::zeros({}, p.options().dtype(at::kFloat)));
-      slot = std::move(fresh);
-    }
-    auto& s = static_cast<SGDParamState&>(*slot);
-    if (o.momentum() != 0 && !s.momentum_buffer().defined()) {
-      s.momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
-      s.step().zero_();  // a new buffer starts from the next applied gradient, as in torch
-    }
-    grads.push_back(p.grad());
-    if (o.momentum() != 0) buffers.push_back(s.momentum_buffer());
-    steps.push_back(s.step());
-  }
   SgdOptions step_options;
   step_options.lr = o.lr();
   step_options.momentum = o.momentum();
@@ -92,7 +79,36 @@ void SGD::step_group(size_t index, std::vector<at::Tensor>& params, const std::o
   step_options.weight_decay = o.weight_decay();
   step_options.nesterov = o.nesterov();
   step_options.maximize = o.maximize();
-  sgd_step_(params, grads, buffers, steps, step_options, grad_scale, found_inf);
+  // One fused call per parameter dtype: float32 directly, float16/bfloat16 on their fp32 master copies.
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const at::Tensor& p : params) by_dtype[p.scalar_type()].push_back(p);
+  for (auto& [dtype, group] : by_dtype) {
+    const bool master = dtype != at::kFloat;
+    std::vector<at::Tensor> grads, masters, buffers, steps;
+    for (const at::Tensor& p : group) {
+      auto& slot = state_[p.unsafeGetTensorImpl()];
+      if (!slot) {
+        auto fresh = std::make_unique<SGDParamState>();
+        fresh->step(at::zeros({}, p.options().dtype(at::kFloat)));
+        if (master) fresh->master_param(p.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
+        slot = std::move(fresh);
+      }
+      auto& s = static_cast<SGDParamState&>(*slot);
+      if (o.momentum() != 0 && !s.momentum_buffer().defined()) {
+        s.momentum_buffer(at::zeros_like(master ? s.master_param() : p, at::MemoryFormat::Preserve));
+        s.step().zero_();  // a new buffer starts from the next applied gradient, as in torch
+      }
+      grads.push_back(p.grad());
+      if (master) masters.push_back(s.master_param());
+      if (o.momentum() != 0) buffers.push_back(s.momentum_buffer());
+      steps.push_back(s.step());
+    }
+    if (master) {
+      sgd_step_master_(group, grads, masters, buffers, steps, step_options, grad_scale, found_inf);
+    } else {
+      sgd_step_(group, grads, buffers, steps, step_options, grad_scale, found_inf);
+    }
+  }
 }
 
 void SGD::save(torch::serialize::OutputArchive& archive) const {

@@ -224,12 +224,32 @@ def test_16_bit_params_skip_on_overflow_and_mix_with_float32_in_a_group():
     assert torch.equal(again.state_dict()["state"][0]["master_param"], state["state"][0]["master_param"])
 
 
-def test_sgd_rejects_16_bit_params_before_changing_anything():
+def test_sgd_on_16_bit_params_follows_torch_float32_on_the_master():
+    generator = torch.Generator().manual_seed(random.randint(0, 2**31))
+    start = [torch.randn(s, generator=generator).half() for s in SHAPES]
+    ours = [torch.nn.Parameter(p.clone()) for p in start]
+    ref = [torch.nn.Parameter(p.float()) for p in start]
+    opt = gpuops.optim.SGD(groups(ours), lr=1e-2, momentum=0.9, nesterov=True)
+    ref_opt = torch.optim.SGD(groups(ref), lr=1e-2, momentum=0.9, nesterov=True, foreach=False)
+    for _ in range(30):
+        for a, b in zip(ours, ref):
+            g = torch.randn(a.shape, generator=generator).half()
+            a.grad, b.grad = g, g.float()
+        opt.step()
+        ref_opt.step()
+    for p, r in zip(ours, ref):
+        master = opt.state[p]["master_param"]
+        assert master.dtype == torch.float32 and opt.state[p]["momentum_buffer"].dtype == torch.float32
+        torch.testing.assert_close(master, r, rtol=2e-6, atol=1e-6)  # the same float32 arithmetic
+        assert torch.equal(p, master.half())
+
+
+def test_a_float64_parameter_is_refused_before_anything_changes():
     good = torch.nn.Parameter(torch.randn(5))
-    half = torch.nn.Parameter(torch.randn(5).half())
-    opt = gpuops.optim.SGD([{"params": [good]}, {"params": [half]}], lr=0.1, momentum=0.9)
-    good.grad, half.grad = torch.randn(5), torch.randn(5).half()
+    wide = torch.nn.Parameter(torch.randn(5, dtype=torch.float64))
+    opt = gpuops.optim.SGD([{"params": [good]}, {"params": [wide]}], lr=0.1, momentum=0.9)
+    good.grad, wide.grad = torch.randn(5), torch.randn(5, dtype=torch.float64)
     before = good.detach().clone()
-    with pytest.raises(ValueError, match=r"param_groups\[1\].*float32"):
+    with pytest.raises(ValueError, match=r"param_groups\[1\].*float32, float16 or bfloat16"):
         opt.step()
     assert torch.equal(good, before) and len(opt.state) == 0
