@@ -7,6 +7,7 @@
 #include "gpuops/estimator.h"
 #include "gpuops/fused_adam.h"
 #include "gpuops/fused_sgd.h"
+#include "gpuops/grad_accumulator.h"
 #include "gpuops/grad_scaler.h"
 #include "gpuops/memory_budget.h"
 #include "gpuops/optimizers.h"

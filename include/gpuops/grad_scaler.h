@@ -48,6 +48,11 @@ class GradScaler {
   /// loss * scale (the scale lives on the loss's device from the first call). Disabled: the loss itself.
   at::Tensor scale(const at::Tensor& loss);
 
+  /// Until the next update(), also divides this optimizer's gradients by `divisor` (a number or a
+  /// one-element tensor, e.g. an accumulation window's sample or token count), folded into the same
+  /// unscale / clip / fused-step pass: no extra pass, no host sync. Before unscale_/clip_grad_norm_/step.
+  void set_grad_divisor(torch::optim::Optimizer& optimizer, const at::Tensor& divisor);
+
   /// Divides the optimizer's gradients by the scale in place and records inf/nan, once per step.
   void unscale_(torch::optim::Optimizer& optimizer);
 
@@ -80,7 +85,11 @@ class GradScaler {
     Stage stage = Stage::Ready;
     std::map<c10::Device, at::Tensor, DeviceOrder> found_inf;  // float32[1] per device of the gradients
     at::Tensor grad_scale;                          // scale / clip coefficient, after clip_grad_norm_
+    at::Tensor divisor;                             // set_grad_divisor's, or undefined
   };
+
+  /// What the optimizer's gradients are divided by: the scale, times the divisor if one was set.
+  at::Tensor gradient_scale(const PerOptimizer& state) const;
 
   void require_scale(const char* method) const;
   void record_found_inf(torch::optim::Optimizer& optimizer, PerOptimizer& state, const at::Tensor& inv_scale);

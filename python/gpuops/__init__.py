@@ -13,6 +13,7 @@ from . import _C
 from . import optim
 from ._C import DeviceInfo, MemoryStats, device_info
 from .memory import memory_budget
+from .accumulate import GradAccumulator
 from .amp import GradScaler, clip_grad_norm_
 from .estimator import Breakdown, estimate, gpu_catalog, presets
 
@@ -25,6 +26,7 @@ __all__ = [
     "Breakdown",
     "GradScaler",
     "DeviceInfo",
+    "GradAccumulator",
     "MemoryStats",
     "clip_grad_norm_",
     "cmake_prefix_path",

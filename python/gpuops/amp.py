@@ -114,7 +114,24 @@ class GradScaler:
 
     @staticmethod
     def _fresh_optimizer_state() -> dict:
-        return {"stage": _Stage.READY, "found_inf_per_device": {}}
+        return {"stage": _Stage.READY, "found_inf_per_device": {}, "divisor": None}
+
+    def _gradient_scale(self, state: dict) -> torch.Tensor:
+        """What the optimizer's gradients are divided by: the loss scale, times a divisor if one was set."""
+        return self._scale if state["divisor"] is None else self._scale * state["divisor"]
+
+    def set_grad_divisor(self, optimizer: torch.optim.Optimizer, divisor) -> None:
+        """Until the next update(), also divide this optimizer's gradients by ``divisor`` (a number or a
+        one-element tensor; e.g. the sample or token count of an accumulation window), folded into the same
+        unscale / clip / fused-step pass, so it costs no extra pass and no host sync."""
+        if self._scale is None:
+            raise RuntimeError("GradScaler.set_grad_divisor() before any scale(): scale the loss first")
+        state = self._per_optimizer[id(optimizer)]
+        if state["stage"] is not _Stage.READY:
+            raise RuntimeError("GradScaler.set_grad_divisor() must come before unscale_(), clip_grad_norm_() "
+                               "and step() of this step")
+        divisor = torch.as_tensor(divisor, dtype=torch.float32, device=self._scale.device).reshape(1)
+        state["divisor"] = divisor
 
     def _lazy_init(self, device: torch.device) -> None:
         if self._scale is None:
@@ -152,7 +169,7 @@ class GradScaler:
         if self._scale is None:
             raise RuntimeError("GradScaler.unscale_() before any scale(): scale the loss with scaler.scale(loss) "
                                "and call backward() first")
-        self._record_found_inf(optimizer, state, self._scale.double().reciprocal().float())
+        self._record_found_inf(optimizer, state, self._gradient_scale(state).double().reciprocal().float())
         state["stage"] = _Stage.UNSCALED
 
     @staticmethod
@@ -198,7 +215,7 @@ class GradScaler:
         itself when the flag is set (gpuops.optim and torch's fused optimizers)."""
         if state["stage"] is _Stage.READY:
             self._record_found_inf(optimizer, state, torch.ones_like(self._scale))
-            optimizer.grad_scale = self._scale
+            optimizer.grad_scale = self._gradient_scale(state)
         elif state["stage"] is _Stage.CLIPPED:
             optimizer.grad_scale = state["grad_scale"]  # scale / clip coefficient, from pass 1
         else:  # unscale_() already divided the gradients
@@ -230,7 +247,8 @@ class GradScaler:
                                "and step(), once per step")
         if self._scale is None:
             raise RuntimeError("GradScaler.clip_grad_norm_() before any scale(): scale the loss first")
-        inv_scale = self._scale.double().reciprocal().float()
+        gradient_scale = self._gradient_scale(state)
+        inv_scale = gradient_scale.double().reciprocal().float()
         grads = _grads_by_device(optimizer)
         norms = []
         for device, device_grads in grads.items():
@@ -241,7 +259,7 @@ class GradScaler:
         total_norm = torch.stack(norms).square().sum().sqrt() if len(norms) > 1 else norms[0].reshape(())
         clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0).float()
         if getattr(optimizer, "_step_supports_amp_scaling", False):
-            state["grad_scale"] = (self._scale / clip_coef).reshape(1)
+            state["grad_scale"] = (gradient_scale / clip_coef).reshape(1)
             state["stage"] = _Stage.CLIPPED
         else:  # a torch optimizer reads the gradients as they are: write them unscaled and clipped, one pass
             factor = (inv_scale * clip_coef).reshape(1)

@@ -71,6 +71,20 @@ void GradScaler::record_found_inf(torch::optim::Optimizer& optimizer, PerOptimiz
   }
 }
 
+at::Tensor GradScaler::gradient_scale(const PerOptimizer& state) const {
+  return state.divisor.defined() ? scale_ * state.divisor : scale_;
+}
+
+void GradScaler::set_grad_divisor(torch::optim::Optimizer& optimizer, const at::Tensor& divisor) {
+  require_scale("set_grad_divisor");
+  TORCH_CHECK_VALUE(divisor.numel() == 1, "GradScaler.set_grad_divisor: divisor must have one element, got ",
+                    divisor.numel());
+  PerOptimizer& state = per_optimizer_[&optimizer];
+  TORCH_CHECK(state.stage == Stage::Ready, "GradScaler.set_grad_divisor() must come before unscale_(), "
+              "clip_grad_norm_() and step() of this step");
+  state.divisor = divisor.detach().to(scale_.device(), at::kFloat, /*non_blocking=*/true).reshape({1});
+}
+
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled) return;
   PerOptimizer& state = per_optimizer_[&optimizer];
@@ -81,7 +95,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   TORCH_CHECK(state.stage != Stage::Clipped, "GradScaler.unscale_() after clip_grad_norm_(): clip_grad_norm_ "
               "already accounts for the scale; call step() next");
   require_scale("unscale_");
-  record_found_inf(optimizer, state, scale_.to(at::kDouble).reciprocal().to(at::kFloat));
+  record_found_inf(optimizer, state, gradient_scale(state).to(at::kDouble).reciprocal().to(at::kFloat));
   state.stage = Stage::Unscaled;
 }
 
@@ -96,8 +110,9 @@ at::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, doubl
   }
   const auto grads = grads_by_device(optimizer);
   const c10::Device home = options_.enabled ? scale_.device() : grads.begin()->first;
-  const at::Tensor inv_scale = options_.enabled ? scale_.to(at::kDouble).reciprocal().to(at::kFloat)
-                                                : at::ones({1}, at::TensorOptions(home).dtype(at::kFloat));
+  const at::Tensor inv_scale = options_.enabled
+                                   ? gradient_scale(state).to(at::kDouble).reciprocal().to(at::kFloat)
+                                   : at::ones({1}, at::TensorOptions(home).dtype(at::kFloat));
   std::vector<at::Tensor> norms;
   for (const auto& [device, device_grads] : grads) {
     at::Tensor found_inf = zero_flag(device);
@@ -107,7 +122,7 @@ at::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, doubl
   const at::Tensor total = norms.size() > 1 ? at::stack(norms).square().sum().sqrt() : norms[0].reshape({});
   const at::Tensor clip_coef = (max_norm / (total + 1e-6)).clamp_max(1.0).to(at::kFloat);
   if (options_.enabled && dynamic_cast<optim::FusedOptimizer*>(&optimizer) != nullptr) {
-    state.grad_scale = (scale_ / clip_coef).reshape({1});
+    state.grad_scale = (gradient_scale(state) / clip_coef).reshape({1});
     state.stage = Stage::Clipped;
     return total;
   }
@@ -139,7 +154,7 @@ void GradScaler::step(torch::optim::Optimizer& optimizer) {
     std::optional<at::Tensor> grad_scale;
     if (state.stage == Stage::Ready) {
       record_found_inf(optimizer, state, at::ones_like(scale_));  // check only
-      grad_scale = scale_;
+      grad_scale = gradient_scale(state);
     } else if (state.stage == Stage::Clipped) {
       grad_scale = state.grad_scale;
     }
