@@ -16,6 +16,7 @@ from .memory import memory_budget
 from .accumulate import GradAccumulator
 from .amp import GradScaler, clip_grad_norm_
 from .estimator import Breakdown, estimate, gpu_catalog, presets
+from .training_state import TrainingState
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,7 @@ __all__ = [
     "DeviceInfo",
     "GradAccumulator",
     "MemoryStats",
+    "TrainingState",
     "clip_grad_norm_",
     "cmake_prefix_path",
     "device_info",

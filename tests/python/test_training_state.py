@@ -1,0 +1,162 @@
+"""gpuops.TrainingState: bit-exact resume, atomic saves under SIGKILL, corrupt-file fallback, keep-K,
+signals and agreement across ranks."""
+
+import os
+import random
+import signal
+import time
+
+import pytest
+import torch
+
+import gpuops
+
+
+def make_model():
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.2), torch.nn.GELU(), torch.nn.Linear(32, 4))
+
+
+def train(model, opt, scaler, steps):
+    """Steps drawing data and dropout masks from the global RNG; returns the losses."""
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(8, 16), torch.randn(8, 4)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_resumed_run_reproduces_the_next_losses_bit_exactly(tmp_path):
+    torch.manual_seed(0)
+    model = make_model()
+    opt = gpuops.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = gpuops.GradScaler("cpu", init_scale=256.0, growth_interval=2)
+    with gpuops.TrainingState(tmp_path, keep=2) as state:
+        train(model, opt, scaler, 5)
+        state.save(step=5, model=model, optimizer=opt, scaler=scaler, epoch=1, data_position=40,
+                   extras={"note": "half way"})
+        straight = train(model, opt, scaler, 5)
+
+    torch.manual_seed(12345)  # a different process state: everything must come from the file
+    model2 = make_model()
+    opt2 = gpuops.optim.AdamW(model2.parameters(), lr=1e-2)
+    scaler2 = gpuops.GradScaler("cpu")
+    with gpuops.TrainingState(tmp_path) as state:
+        info = state.load(model=model2, optimizer=opt2, scaler=scaler2)
+    assert (info["step"], info["epoch"], info["data_position"], info["extras"]) == (5, 1, 40, {"note": "half way"})
+    assert train(model2, opt2, scaler2, 5) == straight  # bit-exact, dropout and data included
+
+
+def test_a_corrupt_or_truncated_newest_state_falls_back_to_the_previous(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    with gpuops.TrainingState(tmp_path, keep=3) as state:
+        for step in (1, 2, 3):
+            with torch.no_grad():
+                model.weight.fill_(step)
+            state.save(step=step, model=model)
+        newest = tmp_path / "state-000000000003.pt"
+        data = newest.read_bytes()
+        newest.write_bytes(data[: len(data) // 2])  # truncated
+        with pytest.warns(UserWarning, match="state-000000000003.pt.*truncated"):
+            info = state.load(model=model)
+        assert info["step"] == 2 and torch.all(model.weight == 2)
+        middle = tmp_path / "state-000000000002.pt"
+        flipped = bytearray(middle.read_bytes())
+        flipped[len(flipped) // 2] ^= 0xFF  # same size, one byte changed
+        middle.write_bytes(bytes(flipped))
+        with pytest.warns(UserWarning, match="state-000000000002.pt.*checksum"):
+            assert state.load(model=model)["step"] == 1
+        (tmp_path / "manifest.json").write_text("{not json")
+        with pytest.warns(UserWarning, match="manifest.json.*unreadable"):
+            assert state.load(model=model) is not None  # found by scanning the folder
+
+
+def test_only_the_last_k_states_are_kept_and_latest_names_the_newest(tmp_path):
+    with gpuops.TrainingState(tmp_path, keep=2) as state:
+        for step in range(5):
+            state.save(step=step, extras={"i": step})
+    files = sorted(f.name for f in tmp_path.iterdir())
+    assert files == ["LATEST", "manifest.json", "state-000000000003.pt", "state-000000000004.pt"]
+    assert (tmp_path / "LATEST").read_text().strip() == "state-000000000004.pt"
+
+
+def _writer(directory):
+    """Child: saves ever newer states whose every weight equals the step, until killed."""
+    model = torch.nn.Linear(64, 64)
+    state = gpuops.TrainingState(directory, keep=2, signals=())
+    info = state.load(restore_rng=False)
+    step = info["step"] + 1 if info else 0
+    while True:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float(step))
+        state.save(step=step, model=model, extras={"step": step})
+        step += 1
+
+
+def test_sigkill_at_random_moments_never_leaves_an_unreadable_newest_state(tmp_path):
+    rng = random.Random()
+    newest = -1
+    for _ in range(50):
+        pid = os.fork()
+        if pid == 0:  # the child never returns into pytest
+            try:
+                _writer(tmp_path)
+            finally:
+                os._exit(1)
+        time.sleep(rng.uniform(0.0, 0.05))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        model = torch.nn.Linear(64, 64)
+        info = gpuops.TrainingState(tmp_path, signals=()).load(model=model, restore_rng=False)
+        if info is None:  # killed before its first save completed
+            assert newest == -1
+            continue
+        assert info["extras"]["step"] == info["step"] >= newest
+        assert all(torch.all(p == info["step"]) for p in model.parameters())  # complete and consistent
+        newest = info["step"]
+    assert newest > 0  # the writers did get states through
+
+
+def test_signals_set_the_stop_flag_and_handlers_are_restored(tmp_path):
+    previous = signal.getsignal(signal.SIGUSR1)
+    with gpuops.TrainingState(tmp_path) as state:
+        assert not state.should_stop()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert state.should_stop()
+    assert signal.getsignal(signal.SIGUSR1) is previous
+
+
+def _rank(rank, world, directory, port, results):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    state = gpuops.TrainingState(directory, process_group=dist.group.WORLD, signals=())
+    first = state.should_stop()
+    if rank == 1:
+        state.request_stop()  # only rank 1 got the signal
+    second = state.should_stop()
+    state.save(step=7, extras={"rank": rank})
+    results.put((rank, first, second))
+    dist.destroy_process_group()
+
+
+def test_every_rank_agrees_to_stop_when_one_got_the_signal(tmp_path):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = random.randint(20000, 40000)
+    procs = [ctx.Process(target=_rank, args=(r, 2, str(tmp_path), port, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted(results.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert got == [(0, False, True), (1, False, True)]
+    assert (tmp_path / "LATEST").read_text().strip() == "state-000000000007.pt"  # rank 0 wrote it once
+    assert torch.load(tmp_path / "state-000000000007.pt", weights_only=False)["extras"] == {"rank": 0}
