@@ -15,6 +15,7 @@ from ._C import DeviceInfo, MemoryStats, device_info
 from .memory import memory_budget
 from .accumulate import GradAccumulator
 from .amp import GradScaler, clip_grad_norm_
+from .checkpointing import apply_checkpointing, checkpoint, remove_checkpointing
 from .estimator import Breakdown, estimate, gpu_catalog, presets
 from .training_state import TrainingState
 
@@ -26,6 +27,9 @@ cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
 __all__ = [
     "Breakdown",
     "GradScaler",
+    "apply_checkpointing",
+    "checkpoint",
+    "remove_checkpointing",
     "DeviceInfo",
     "GradAccumulator",
     "MemoryStats",

@@ -1,0 +1,172 @@
+"""Activation checkpointing for Python models, with the choice of what to checkpoint as the product.
+
+``gpuops.checkpoint(fn, *args)`` runs ``fn`` without keeping its activations and recomputes them in the
+backward (torch.utils.checkpoint, non-reentrant: RNG and autocast state are replayed, so gradients are
+bit-identical). ``apply_checkpointing(layers, ...)`` wraps chosen layers of a stack (an ``nn.ModuleList`` or
+``nn.Sequential``, e.g. a transformer's blocks) by policy:
+
+* ``every=k``: layers 0, k, 2k, ...;
+* ``names=[...]``: the layers whose index or name is listed;
+* ``budget_bytes=B, sample=fn``: run ``sample()`` (one forward + backward of a representative batch) once,
+  measure each layer's saved-activation bytes and forward time, and checkpoint the set of layers whose
+  activations then fit in B bytes with the least recomputation time (exact 0/1 knapsack over byte units).
+
+``remove_checkpointing(layers)`` undoes it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, List, Optional, Sequence, Union
+
+import torch
+from torch.utils.checkpoint import checkpoint as _torch_checkpoint
+
+
+def checkpoint(fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)`` without saving its activations; they are recomputed in the backward."""
+    return _torch_checkpoint(fn, *args, use_reentrant=False, **kwargs)
+
+
+def _named_layers(layers) -> List[tuple]:
+    if isinstance(layers, (torch.nn.ModuleList, torch.nn.Sequential)):
+        return list(layers.named_children())
+    if isinstance(layers, Sequence) and all(isinstance(m, torch.nn.Module) for m in layers):
+        return [(str(i), m) for i, m in enumerate(layers)]
+    raise ValueError("apply_checkpointing: layers must be an nn.ModuleList, an nn.Sequential or a list of modules, "
+                     f"got {type(layers).__name__}")
+
+
+def _wrap(module: torch.nn.Module) -> None:
+    if "_gpuops_forward" in module.__dict__:
+        return
+    original = module.forward
+    module._gpuops_forward = original
+
+    def forward(*args, **kwargs):
+        if not torch.is_grad_enabled():  # inference: nothing to save, nothing to recompute
+            return original(*args, **kwargs)
+        return checkpoint(original, *args, **kwargs)
+
+    module.forward = forward
+
+
+def remove_checkpointing(layers) -> None:
+    """Restores the plain forward of every layer apply_checkpointing wrapped."""
+    for _, module in _named_layers(layers):
+        if "_gpuops_forward" in module.__dict__:
+            del module.forward
+            del module._gpuops_forward
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """What checkpointing one layer trades: saved bytes given back against forward time recomputed."""
+
+    name: str
+    saved_bytes: int       # activations the layer saves for backward
+    input_bytes: int       # what a checkpointed layer keeps instead (its inputs)
+    forward_seconds: float  # the recomputation it costs
+
+
+def measure_layers(layers, sample: Callable[[], None]) -> List[LayerCost]:
+    """Runs ``sample()`` once (a forward and backward of a representative batch) and measures, per layer,
+    the bytes of the tensors autograd saves inside it (each storage counted once) and its forward time."""
+    named = _named_layers(layers)
+    weights = {p.untyped_storage().data_ptr() for _, m in named for p in m.parameters()}  # not activations
+    saved = {name: {} for name, _ in named}
+    inputs = {name: 0 for name, _ in named}
+    seconds = {name: 0.0 for name, _ in named}
+    current: List[Optional[str]] = [None]
+
+    def pack(t: torch.Tensor):
+        if current[0] is not None and isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in weights:
+                saved[current[0]][storage.data_ptr()] = storage.nbytes()
+        return t
+
+    handles, starts = [], {}
+    for name, module in named:
+        def pre(mod, args, name=name):
+            current[0] = name
+            inputs[name] = sum(a.untyped_storage().nbytes() for a in args if isinstance(a, torch.Tensor))
+            starts[name] = time.perf_counter()
+
+        def post(mod, args, out, name=name):
+            seconds[name] += time.perf_counter() - starts[name]
+            current[0] = None
+
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            sample()
+    finally:
+        for h in handles:
+            h.remove()
+    return [LayerCost(name, sum(saved[name].values()), inputs[name], seconds[name]) for name, _ in named]
+
+
+def choose_for_budget(costs: Sequence[LayerCost], budget_bytes: int, units: int = 2048) -> List[str]:
+    """The layers to checkpoint so that the saved activations fit in ``budget_bytes`` with the least
+    recomputation time: a 0/1 knapsack over savings rounded down to ``units`` steps (so the choice never
+    saves less than it counts). Raises ValueError when even checkpointing every layer does not fit."""
+    total = sum(c.saved_bytes for c in costs)
+    need = total - budget_bytes
+    if need <= 0:
+        return []
+    savings = [max(c.saved_bytes - c.input_bytes, 0) for c in costs]
+    if sum(savings) < need:
+        floor = total - sum(savings)
+        raise ValueError(f"apply_checkpointing: budget_bytes {budget_bytes} is below what checkpointing every "
+                         f"layer keeps ({floor} bytes of layer inputs); accepted: >= {floor}")
+    unit = max(1, -(-sum(savings) // units))
+    need_units = -(-need // unit)
+    # best[s] = (least time, chosen layers) reaching at least s units of savings
+    inf = float("inf")
+    best = [(0.0, ())] + [(inf, ())] * need_units
+    for i, (cost, saving) in enumerate(zip(costs, savings)):
+        got = saving // unit
+        if got == 0:
+            continue
+        for s in range(need_units, 0, -1):
+            prev_time, prev_set = best[max(s - got, 0)]
+            if prev_time + cost.forward_seconds < best[s][0]:
+                best[s] = (prev_time + cost.forward_seconds, prev_set + (i,))
+    if best[need_units][0] == inf:  # rounding lost too much: fall back to every layer with a saving
+        return [c.name for c, s in zip(costs, savings) if s > 0]
+    return [costs[i].name for i in best[need_units][1]]
+
+
+def apply_checkpointing(layers, *, every: Optional[int] = None, names: Optional[Iterable[Union[int, str]]] = None,
+                        budget_bytes: Optional[int] = None, sample: Optional[Callable[[], None]] = None) -> List[str]:
+    """Checkpoints the layers the one given policy selects; returns their names (indices as strings for a
+    ModuleList or Sequential)."""
+    given = [every is not None, names is not None, budget_bytes is not None]
+    if sum(given) != 1:
+        raise ValueError("apply_checkpointing: give exactly one policy: every=k, names=[...] or budget_bytes=B "
+                         "with sample=fn")
+    named = _named_layers(layers)
+    remove_checkpointing(layers)  # a new policy replaces the previous choice
+    if every is not None:
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"apply_checkpointing: every must be an int >= 1, got {every!r}")
+        chosen = [name for i, (name, _) in enumerate(named) if i % every == 0]
+    elif names is not None:
+        wanted = {str(n) for n in names}
+        known = {name for name, _ in named}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise ValueError(f"apply_checkpointing: names {unknown} are not layers; accepted: {sorted(known)}")
+        chosen = [name for name, _ in named if name in wanted]
+    else:
+        if sample is None:
+            raise ValueError("apply_checkpointing: budget_bytes needs sample=fn (one forward + backward)")
+        if not isinstance(budget_bytes, int) or budget_bytes < 0:
+            raise ValueError(f"apply_checkpointing: budget_bytes must be an int >= 0, got {budget_bytes!r}")
+        chosen = choose_for_budget(measure_layers(layers, sample), budget_bytes)
+    for name, module in named:
+        if name in chosen:
+            _wrap(module)
+    return chosen
