@@ -2,6 +2,7 @@
 // gpuops: the umbrella header. Include it, link gpuops::gpuops.
 #include "gpuops/amp.h"
 #include "gpuops/autocast.h"
+#include "gpuops/checkpoint.h"
 #include "gpuops/device.h"
 #include "gpuops/errors.h"
 #include "gpuops/estimator.h"

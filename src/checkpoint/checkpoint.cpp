@@ -1,0 +1,182 @@
+// gpuops::checkpoint (checkpoint.h): a custom autograd Node that recomputes its segment in the backward.
+#include "gpuops/checkpoint.h"
+
+#include <mutex>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/saved_variable.h>
+
+#ifdef GPUOPS_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
+#include "gpuops/autocast.h"
+
+namespace gpuops {
+namespace {
+
+using torch::autograd::variable_list;
+
+// The random-number state the forward ran with: the CPU generator and every CUDA device's.
+struct RngState {
+  at::Tensor cpu;
+  std::vector<at::Tensor> cuda;
+
+  static RngState capture() {
+    RngState s;
+    s.cpu = get(at::detail::getDefaultCPUGenerator());
+#ifdef GPUOPS_WITH_CUDA
+    if (at::globalContext().hasCUDA()) {
+      for (int d = 0; d < at::cuda::device_count(); ++d)
+        s.cuda.push_back(get(at::cuda::detail::getDefaultCUDAGenerator(d)));
+    }
+#endif
+    return s;
+  }
+
+  static at::Tensor get(at::Generator generator) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    return generator.get_state();
+  }
+
+  void restore() const {
+    set(at::detail::getDefaultCPUGenerator(), cpu);
+#ifdef GPUOPS_WITH_CUDA
+    for (size_t d = 0; d < cuda.size(); ++d)
+      set(at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(d)), cuda[d]);
+#endif
+  }
+
+ private:
+  static void set(at::Generator generator, const at::Tensor& state) {  // a handle: shares the default one
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+};
+
+// The autocast state of one device type.
+struct AutocastState {
+  c10::DeviceType device;
+  bool enabled;
+  c10::ScalarType dtype;
+  bool cache;
+  static AutocastState capture(c10::DeviceType device) {
+    return {device, at::autocast::is_autocast_enabled(device), at::autocast::get_autocast_dtype(device),
+            at::autocast::is_autocast_cache_enabled()};
+  }
+};
+
+struct CheckpointBackward : public torch::autograd::Node {
+  SegmentFn fn;
+  std::vector<torch::autograd::SavedVariable> inputs;
+  std::vector<bool> input_needs_grad;
+  std::vector<int> slot_of_output;  // node input number of each output, -1 for non-differentiable ones
+  CheckpointOptions options;
+  RngState rng;
+  std::vector<AutocastState> autocast;
+
+  std::string name() const override { return "gpuops::CheckpointBackward"; }
+
+  variable_list apply(variable_list&& grads) override {
+    TORCH_CHECK_VALUE(torch::autograd::Engine::get_default_engine().is_checkpoint_valid(),
+                      "gpuops::checkpoint: torch::autograd::grad with `inputs` cannot reach into a checkpointed "
+                      "segment (the reentrant recomputation accumulates into .grad); call backward() instead");
+    std::vector<at::Tensor> leaves;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      at::Tensor x = inputs[i].unpack(shared_from_this()).detach();  // throws if modified in place
+      if (input_needs_grad[i]) x.requires_grad_(true);
+      leaves.push_back(x);
+    }
+    std::vector<at::Tensor> buffer_copies;
+    for (const auto& b : options.buffers) buffer_copies.push_back(b.detach().clone());
+
+    const RngState now = options.preserve_rng_state ? RngState::capture() : RngState{};
+    if (options.preserve_rng_state) rng.restore();
+    std::vector<at::Tensor> outputs;
+    {
+      c10::AutoGradMode enable_grad(true);
+      std::vector<std::unique_ptr<amp::AutocastGuard>> guards;
+      for (const auto& a : autocast)
+        guards.push_back(std::make_unique<amp::AutocastGuard>(a.device, a.dtype, a.enabled, a.cache));
+      outputs = fn(leaves);
+    }
+    if (options.preserve_rng_state) now.restore();
+    TORCH_CHECK(outputs.size() == slot_of_output.size(), "gpuops::checkpoint: the recomputation returned ",
+                outputs.size(), " outputs, the forward ", slot_of_output.size(), "; the segment must be deterministic "
+                "in its structure");
+    variable_list roots, root_grads;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const int slot = slot_of_output[i];
+      if (slot >= 0 && grads[slot].defined() && outputs[i].requires_grad()) {
+        roots.push_back(outputs[i]);
+        root_grads.push_back(grads[slot]);
+      }
+    }
+    if (!roots.empty()) torch::autograd::backward(roots, root_grads);  // parameters' .grad accumulate here
+    {  // after the backward: the recomputation saved the buffers it read, at their current version
+      c10::NoGradGuard no_grad;
+      for (size_t i = 0; i < options.buffers.size(); ++i) options.buffers[i].copy_(buffer_copies[i]);
+    }
+    variable_list result;
+    for (size_t i = 0; i < leaves.size(); ++i) result.push_back(input_needs_grad[i] ? leaves[i].grad() : at::Tensor());
+    return result;
+  }
+
+  void release_variables() override {
+    inputs.clear();
+    fn = nullptr;
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> checkpoint(const SegmentFn& fn, const std::vector<at::Tensor>& inputs,
+                                   const CheckpointOptions& options) {
+  if (!c10::GradMode::is_enabled()) return fn(inputs);
+  const bool any_needs_grad =
+      std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+  TORCH_CHECK_VALUE(any_needs_grad, "gpuops::checkpoint: no input requires grad, so the parameters inside the "
+                    "segment would get no gradient; make an input require grad (x.requires_grad_()) or do not "
+                    "checkpoint this segment");
+  auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(), torch::autograd::deleteNode);
+  node->fn = fn;
+  node->options = options;
+  if (options.preserve_rng_state) node->rng = RngState::capture();
+  node->autocast = {AutocastState::capture(c10::kCPU), AutocastState::capture(c10::kCUDA)};
+  std::vector<at::Tensor> outputs;
+  {
+    c10::NoGradGuard no_grad;
+    outputs = fn(inputs);
+  }
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+  for (const auto& x : inputs) {
+    node->inputs.emplace_back(x, /*is_output=*/false);
+    node->input_needs_grad.push_back(x.defined() && x.requires_grad());
+  }
+  for (auto& out : outputs) {
+    if (!out.defined() || !at::isFloatingType(out.scalar_type())) {
+      node->slot_of_output.push_back(-1);
+      continue;
+    }
+    if (!out.is_leaf() || out.requires_grad()) out = out.detach().clone();  // an input passed through
+    node->slot_of_output.push_back(static_cast<int>(node->num_inputs()));
+    torch::autograd::create_gradient_edge(out, node);
+  }
+  return outputs;
+}
+
+at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& input,
+                      const CheckpointOptions& options) {
+  return checkpoint([fn](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{fn(in[0])}; },
+                    {input}, options)[0];
+}
+
+}  // namespace gpuops
