@@ -3,6 +3,7 @@
 #include "gpuops/amp.h"
 #include "gpuops/autocast.h"
 #include "gpuops/checkpoint.h"
+#include "gpuops/checkpointed_sequential.h"
 #include "gpuops/device.h"
 #include "gpuops/errors.h"
 #include "gpuops/estimator.h"

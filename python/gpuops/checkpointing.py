@@ -23,6 +23,8 @@ from typing import Callable, Iterable, List, Optional, Sequence, Union
 import torch
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
+from . import _C
+
 
 def checkpoint(fn: Callable, *args, **kwargs):
     """``fn(*args, **kwargs)`` without saving its activations; they are recomputed in the backward."""
@@ -66,7 +68,7 @@ class LayerCost:
 
     name: str
     saved_bytes: int       # activations the layer saves for backward
-    input_bytes: int       # what a checkpointed layer keeps instead (its inputs)
+    checkpointed_bytes: int  # what a checkpointed layer keeps instead (its inputs)
     forward_seconds: float  # the recomputation it costs
 
 
@@ -108,35 +110,13 @@ def measure_layers(layers, sample: Callable[[], None]) -> List[LayerCost]:
     return [LayerCost(name, sum(saved[name].values()), inputs[name], seconds[name]) for name, _ in named]
 
 
-def choose_for_budget(costs: Sequence[LayerCost], budget_bytes: int, units: int = 2048) -> List[str]:
+def choose_for_budget(costs: Sequence[LayerCost], budget_bytes: int, units: int = 1 << 16) -> List[str]:
     """The layers to checkpoint so that the saved activations fit in ``budget_bytes`` with the least
-    recomputation time: a 0/1 knapsack over savings rounded down to ``units`` steps (so the choice never
-    saves less than it counts). Raises ValueError when even checkpointing every layer does not fit."""
-    total = sum(c.saved_bytes for c in costs)
-    need = total - budget_bytes
-    if need <= 0:
-        return []
-    savings = [max(c.saved_bytes - c.input_bytes, 0) for c in costs]
-    if sum(savings) < need:
-        floor = total - sum(savings)
-        raise ValueError(f"apply_checkpointing: budget_bytes {budget_bytes} is below what checkpointing every "
-                         f"layer keeps ({floor} bytes of layer inputs); accepted: >= {floor}")
-    unit = max(1, -(-sum(savings) // units))
-    need_units = -(-need // unit)
-    # best[s] = (least time, chosen layers) reaching at least s units of savings
-    inf = float("inf")
-    best = [(0.0, ())] + [(inf, ())] * need_units
-    for i, (cost, saving) in enumerate(zip(costs, savings)):
-        got = saving // unit
-        if got == 0:
-            continue
-        for s in range(need_units, 0, -1):
-            prev_time, prev_set = best[max(s - got, 0)]
-            if prev_time + cost.forward_seconds < best[s][0]:
-                best[s] = (prev_time + cost.forward_seconds, prev_set + (i,))
-    if best[need_units][0] == inf:  # rounding lost too much: fall back to every layer with a saving
-        return [c.name for c, s in zip(costs, savings) if s > 0]
-    return [costs[i].name for i in best[need_units][1]]
+    recomputation time: the C++ engine's 0/1 knapsack (gpuops::choose_for_budget), exact up to savings rounded
+    down to 1/``units`` of their total (so the choice never saves less than it counts). Raises ValueError when even checkpointing every layer does
+    not fit."""
+    rows = [(c.name, int(c.saved_bytes), int(c.checkpointed_bytes), float(c.forward_seconds)) for c in costs]
+    return [costs[i].name for i in _C.choose_for_budget(rows, int(budget_bytes), int(units))]
 
 
 def apply_checkpointing(layers, *, every: Optional[int] = None, names: Optional[Iterable[Union[int, str]]] = None,

@@ -70,7 +70,7 @@ def test_full_checkpointing_cuts_the_activation_peak_by_60_percent():
 def test_the_budget_policy_fits_its_budget_and_recomputes_less_than_everything():
     model = Stack()
     costs = gpuops.checkpointing.measure_layers(model.layers, lambda: model(data()).backward())
-    assert all(c.saved_bytes > c.input_bytes > 0 and c.forward_seconds > 0 for c in costs)
+    assert all(c.saved_bytes > c.checkpointed_bytes > 0 and c.forward_seconds > 0 for c in costs)
     total = sum(c.saved_bytes for c in costs)
     budget = total // 2
     plain_kept, _ = saved_after_forward(model)
