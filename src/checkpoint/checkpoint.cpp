@@ -1,10 +1,7 @@
 // gpuops::checkpoint (checkpoint.h): a custom autograd Node that recomputes its segment in the backward.
 #include "gpuops/checkpoint.h"
 
-#include <mutex>
-
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -13,11 +10,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
-#ifdef GPUOPS_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-#endif
-
+#include "../common/rng_state.h"
 #include "gpuops/autocast.h"
 
 namespace gpuops {
@@ -25,42 +18,7 @@ namespace {
 
 using torch::autograd::variable_list;
 
-// The random-number state the forward ran with: the CPU generator and every CUDA device's.
-struct RngState {
-  at::Tensor cpu;
-  std::vector<at::Tensor> cuda;
-
-  static RngState capture() {
-    RngState s;
-    s.cpu = get(at::detail::getDefaultCPUGenerator());
-#ifdef GPUOPS_WITH_CUDA
-    if (at::globalContext().hasCUDA()) {
-      for (int d = 0; d < at::cuda::device_count(); ++d)
-        s.cuda.push_back(get(at::cuda::detail::getDefaultCUDAGenerator(d)));
-    }
-#endif
-    return s;
-  }
-
-  static at::Tensor get(at::Generator generator) {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    return generator.get_state();
-  }
-
-  void restore() const {
-    set(at::detail::getDefaultCPUGenerator(), cpu);
-#ifdef GPUOPS_WITH_CUDA
-    for (size_t d = 0; d < cuda.size(); ++d)
-      set(at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(d)), cuda[d]);
-#endif
-  }
-
- private:
-  static void set(at::Generator generator, const at::Tensor& state) {  // a handle: shares the default one
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(state);
-  }
-};
+using detail::RngState;
 
 // The autocast state of one device type.
 struct AutocastState {

@@ -1,0 +1,98 @@
+#pragma once
+// Preemption-safe training state for LibTorch C++ (design §9), the twin of gpuops.TrainingState: atomic,
+// checksummed states with a manifest, a LATEST pointer and keep-K, and a stop flag set by SIGTERM/SIGUSR1
+// that every rank agrees on before saving.
+//
+// Folder layout (the same manifest as the Python class): state-<step>.pt (a torch::serialize archive),
+// manifest.json ({"states": [{"file", "bytes", "sha256", "step"}, ...]}, newest last) and LATEST. A save
+// writes a temporary file in the folder, fsyncs it, renames it into place and fsyncs the folder, then
+// replaces the manifest and LATEST the same way, then removes the states beyond keep: a process killed at
+// any moment leaves a manifest that names only complete files.
+
+#include <csignal>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/intrusive_ptr.h>
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+namespace c10d {
+class Backend;
+}
+
+namespace gpuops {
+namespace amp {
+class GradScaler;
+}
+
+/// The objects a state holds; those left null are neither saved nor loaded.
+struct TrainingObjects {
+  torch::nn::Module* model = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
+  amp::GradScaler* scaler = nullptr;
+};
+
+/// Where training stands, saved next to the objects.
+struct TrainingProgress {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t data_position = 0;  ///< e.g. the next batch index of the epoch
+  std::map<std::string, c10::IValue> extras;  ///< anything else (tensors, numbers, strings)
+};
+
+/// What load() found: the progress and the file it came from.
+struct LoadedState : TrainingProgress {
+  std::string path;
+};
+
+struct TrainingStateOptions {
+  int64_t keep = 3;                                  ///< states kept on disk, >= 1
+  std::vector<int> signals = {SIGTERM, SIGUSR1};     ///< caught while the object lives: they set the stop flag
+  /// With a process group (a c10d backend: ProcessGroupGloo, ProcessGroupNCCL, ...), should_stop() is agreed
+  /// by every rank and only rank 0 writes; null: this process alone.
+  c10::intrusive_ptr<c10d::Backend> process_group;
+};
+
+class TrainingState {
+ public:
+  /// Creates the folder if needed and installs the signal handlers (the previous ones come back on
+  /// destruction). c10::ValueError for keep < 1 or a folder that cannot be created.
+  explicit TrainingState(std::string directory, TrainingStateOptions options = {});
+  ~TrainingState();
+  TrainingState(const TrainingState&) = delete;
+  TrainingState& operator=(const TrainingState&) = delete;
+
+  /// Writes a complete state atomically (RNG states of CPU and every CUDA device included); returns its path.
+  /// With a process group only rank 0 writes and every rank returns after it has (a barrier).
+  std::string save(const TrainingProgress& progress, const TrainingObjects& objects);
+
+  /// Loads the newest good state into the objects; std::nullopt when the folder holds none. A missing,
+  /// truncated or corrupt file is skipped with a warning naming it, and the previous good state is used. A
+  /// good file that does not fit the objects (another model) raises, leaving the objects as they were.
+  std::optional<LoadedState> load(const TrainingObjects& objects, bool restore_rng = true);
+
+  /// True once a caught signal (on any rank, with a process group: a collective every rank must call) or
+  /// request_stop() asked the job to stop.
+  bool should_stop();
+  void request_stop() { stop_requested_ = true; }
+
+  const std::string& directory() const { return directory_; }
+
+ private:
+  struct Handlers;
+
+  std::string directory_;
+  TrainingStateOptions options_;
+  bool stop_requested_ = false;
+  std::unique_ptr<Handlers> handlers_;
+};
+
+}  // namespace gpuops

@@ -1,0 +1,42 @@
+#pragma once
+// Files for TrainingState, on POSIX calls: durable writes (fsync, rename, fsync the folder), listing, sizes,
+// SHA-256. Not std::filesystem: libtorch.so exports its own statically linked copy of those functions, which
+// interposes libstdc++'s in every program that links torch, and some of them crash (remove_all calls a null
+// pointer with torch 2.11). Internal header.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpuops::detail {
+
+/// `directory/name`.
+std::string join_path(const std::string& directory, const std::string& name);
+
+/// mkdir -p; c10::ValueError naming the folder on failure.
+void make_directories(const std::string& path);
+
+/// Names in a folder (not "." and ".."); empty when it cannot be read.
+std::vector<std::string> list_folder(const std::string& path);
+
+/// Size in bytes, -1 when the file does not exist.
+int64_t file_size(const std::string& path);
+
+/// Removes a file; a missing one is fine.
+void remove_file(const std::string& path);
+
+/// fsyncs `path` (a file or a folder); c10::Error naming it on failure.
+void fsync_path(const std::string& path);
+
+/// Renames a complete, fsynced temporary file over `path` and fsyncs the folder.
+void commit_file(const std::string& tmp_path, const std::string& path);
+
+/// Writes `data` to a temporary file next to `path`, fsyncs it, renames it over `path`, fsyncs the folder.
+void write_atomically(const std::string& path, const std::string& data);
+
+/// The temporary name a write to `path` by this process uses: ".<name>.tmp-<pid>" in the same folder.
+std::string temporary_name(const std::string& path);
+
+/// Hex SHA-256 of a file's bytes, read in blocks.
+std::string sha256_of_file(const std::string& path);
+
+}  // namespace gpuops::detail

@@ -1,0 +1,316 @@
+// gpuops::TrainingState (training_state.h): save/load through torch::serialize archives, the manifest in
+// nlohmann-json, the stop flag from signals, agreement over a c10d backend.
+#include "gpuops/training_state.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include "../common/rng_state.h"
+#include "posix_files.h"
+#include "gpuops/grad_scaler.h"
+
+using json = nlohmann::json;
+
+namespace gpuops {
+namespace {
+
+constexpr int64_t kFormat = 1;
+volatile std::sig_atomic_t g_signal_seen = 0;
+
+void on_signal(int) { g_signal_seen = 1; }
+
+std::string state_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "state-%012lld.pt", static_cast<long long>(step));
+  return name;
+}
+
+void write_rng(torch::serialize::OutputArchive& archive) {
+  const auto rng = detail::RngState::capture();
+  archive.write("cpu", rng.cpu);
+  for (size_t d = 0; d < rng.cuda.size(); ++d) archive.write("cuda" + std::to_string(d), rng.cuda[d]);
+}
+
+detail::RngState read_rng(torch::serialize::InputArchive& archive) {
+  detail::RngState rng;
+  archive.read("cpu", rng.cpu);
+  at::Tensor device_state;
+  for (size_t d = 0; archive.try_read("cuda" + std::to_string(d), device_state); ++d)
+    rng.cuda.push_back(device_state.clone());
+  return rng;
+}
+
+// Everything in a state file, read before anything is applied.
+struct Payload {
+  TrainingProgress progress;
+  detail::RngState rng;
+  torch::serialize::InputArchive model, optimizer;
+  amp::GradScalerState scaler;
+  bool has_model = false, has_optimizer = false;
+};
+
+int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key) {
+  c10::IValue value;
+  archive.read(key, value);
+  return value.toInt();
+}
+
+void read_payload(const std::string& path, Payload& payload) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(path);
+  TORCH_CHECK(read_int(archive, "format") == kFormat, "not a gpuops training state of format ", kFormat);
+  payload.progress.step = read_int(archive, "step");
+  payload.progress.epoch = read_int(archive, "epoch");
+  payload.progress.data_position = read_int(archive, "data_position");
+  torch::serialize::InputArchive extras, rng, scaler;
+  archive.read("extras", extras);
+  for (const auto& key : extras.keys()) extras.read(key, payload.progress.extras[key]);
+  archive.read("rng", rng);
+  payload.rng = read_rng(rng);
+  payload.has_model = archive.try_read("model", payload.model);
+  payload.has_optimizer = archive.try_read("optimizer", payload.optimizer);
+  if (archive.try_read("scaler", scaler)) {
+    for (const auto& key : scaler.keys()) {
+      c10::IValue value;
+      scaler.read(key, value);
+      payload.scaler[key] = value.toDouble();
+    }
+  }
+}
+
+// The objects' current state in memory, so that a load that fails half-way puts them back.
+struct Backup {
+  std::vector<std::pair<at::Tensor, at::Tensor>> model;  // (live tensor, copy)
+  std::string optimizer;
+  std::optional<amp::GradScalerState> scaler;
+
+  explicit Backup(const TrainingObjects& objects) {
+    if (objects.model) {
+      for (auto& t : objects.model->parameters()) model.emplace_back(t, t.detach().clone());
+      for (auto& t : objects.model->buffers()) model.emplace_back(t, t.detach().clone());
+    }
+    if (objects.optimizer) {
+      torch::serialize::OutputArchive archive;
+      objects.optimizer->save(archive);
+      std::ostringstream bytes;
+      archive.save_to(bytes);
+      optimizer = bytes.str();
+    }
+    if (objects.scaler) scaler = objects.scaler->state_dict();
+  }
+
+  // Whether loading changed the shape of a model tensor (torch's Module::load swaps in whatever it reads).
+  bool model_shapes_changed() const {
+    return std::any_of(model.begin(), model.end(),
+                       [](const auto& pair) { return !pair.first.sizes().equals(pair.second.sizes()); });
+  }
+
+  void restore(const TrainingObjects& objects) const {
+    {
+      at::NoGradGuard no_grad;
+      for (const auto& [live, copy] : model) live.set_(copy);
+    }
+    if (objects.optimizer) {
+      std::istringstream bytes(optimizer);
+      torch::serialize::InputArchive archive;
+      archive.load_from(bytes);
+      objects.optimizer->load(archive);
+    }
+    if (objects.scaler) objects.scaler->load_state_dict(*scaler);
+  }
+};
+
+}  // namespace
+
+struct TrainingState::Handlers {
+  std::vector<std::pair<int, struct sigaction>> previous;
+
+  explicit Handlers(const std::vector<int>& signals) {
+    g_signal_seen = 0;
+    struct sigaction action {};
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    for (int sig : signals) {
+      struct sigaction old {};
+      TORCH_CHECK_VALUE(sigaction(sig, &action, &old) == 0, "TrainingState: signals has ", sig,
+                        ", which cannot be caught");
+      previous.emplace_back(sig, old);
+    }
+  }
+  ~Handlers() {
+    for (auto it = previous.rbegin(); it != previous.rend(); ++it) sigaction(it->first, &it->second, nullptr);
+  }
+};
+
+TrainingState::TrainingState(std::string directory, TrainingStateOptions options)
+    : directory_(std::move(directory)), options_(std::move(options)) {
+  TORCH_CHECK_VALUE(options_.keep >= 1, "TrainingState: keep must be >= 1, got ", options_.keep);
+  detail::make_directories(directory_);
+  handlers_ = std::make_unique<Handlers>(options_.signals);
+}
+
+TrainingState::~TrainingState() = default;
+
+bool TrainingState::should_stop() {
+  if (g_signal_seen) stop_requested_ = true;
+  if (!options_.process_group) return stop_requested_;
+  const bool nccl = options_.process_group->getBackendName() == "nccl";
+  auto flag = at::full({1}, stop_requested_ ? 1 : 0, at::TensorOptions(at::kInt).device(nccl ? at::kCUDA : at::kCPU));
+  std::vector<at::Tensor> tensors{flag};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  options_.process_group->allreduce(tensors, max)->wait();
+  stop_requested_ = tensors[0].item<int>() != 0;
+  return stop_requested_;
+}
+
+namespace {
+
+std::vector<json> read_manifest(const std::string& directory) {
+  const std::string path = detail::join_path(directory, "manifest.json");
+  std::ifstream in(path);
+  if (!in) return {};
+  try {
+    auto entries = json::parse(in).at("states").get<std::vector<json>>();
+    for (const auto& e : entries)
+      for (const char* key : {"file", "bytes", "sha256", "step"})
+        if (!e.contains(key)) throw std::runtime_error(std::string("an entry lacks ") + key);
+    return entries;
+  } catch (const std::exception& e) {
+    TORCH_WARN("TrainingState: ", path, " is unreadable (", e.what(), "); scanning ", directory);
+    std::vector<json> found;  // the state files themselves, without checksums
+    for (const std::string& name : detail::list_folder(directory)) {
+      std::smatch m;
+      if (std::regex_match(name, m, std::regex(R"(state-(\d+)\.pt)")))
+        found.push_back({{"file", name}, {"step", std::stoll(m[1])}});
+    }
+    std::sort(found.begin(), found.end(), [](const json& a, const json& b) { return a["step"] < b["step"]; });
+    return found;
+  }
+}
+
+}  // namespace
+
+std::string TrainingState::save(const TrainingProgress& progress, const TrainingObjects& objects) {
+  TORCH_CHECK_VALUE(progress.step >= 0, "TrainingState::save: step must be >= 0, got ", progress.step);
+  const std::string& directory = directory_;
+  const std::string path = detail::join_path(directory, state_name(progress.step));
+  const bool writer = !options_.process_group || options_.process_group->getRank() == 0;
+  if (writer) {
+    torch::serialize::OutputArchive archive, extras, rng;
+    archive.write("format", c10::IValue(kFormat));
+    archive.write("step", c10::IValue(progress.step));
+    archive.write("epoch", c10::IValue(progress.epoch));
+    archive.write("data_position", c10::IValue(progress.data_position));
+    for (const auto& [key, value] : progress.extras) extras.write(key, value);
+    archive.write("extras", extras);
+    write_rng(rng);
+    archive.write("rng", rng);
+    if (objects.model) {
+      torch::serialize::OutputArchive model;
+      objects.model->save(model);
+      archive.write("model", model);
+    }
+    if (objects.optimizer) {
+      torch::serialize::OutputArchive optimizer;
+      objects.optimizer->save(optimizer);
+      archive.write("optimizer", optimizer);
+    }
+    if (objects.scaler) {
+      torch::serialize::OutputArchive scaler;
+      for (const auto& [key, value] : objects.scaler->state_dict()) scaler.write(key, c10::IValue(value));
+      archive.write("scaler", scaler);
+    }
+    const std::string tmp = detail::temporary_name(path);
+    archive.save_to(tmp);
+    detail::fsync_path(tmp);
+    const json entry = {{"file", state_name(progress.step)}, {"bytes", detail::file_size(tmp)},
+                        {"sha256", detail::sha256_of_file(tmp)}, {"step", progress.step}};
+    detail::commit_file(tmp, path);
+
+    auto entries = read_manifest(directory);
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [&](const json& e) { return e["file"] == entry["file"] || !e.contains("sha256"); }),
+                  entries.end());
+    entries.push_back(entry);
+    std::stable_sort(entries.begin(), entries.end(), [](const json& a, const json& b) { return a["step"] < b["step"]; });
+    if (static_cast<int64_t>(entries.size()) > options_.keep) entries.erase(entries.begin(), entries.end() - options_.keep);
+    detail::write_atomically(detail::join_path(directory, "manifest.json"), json{{"states", entries}}.dump(1));
+    detail::write_atomically(detail::join_path(directory, "LATEST"), entries.back()["file"].get<std::string>() + "\n");
+    for (const std::string& name : detail::list_folder(directory)) {  // states beyond keep, stale temporaries
+      const bool listed = std::any_of(entries.begin(), entries.end(), [&](const json& e) { return e["file"] == name; });
+      const bool state = std::regex_match(name, std::regex(R"(state-\d+\.pt)"));
+      const bool tmp_file = name.rfind('.', 0) == 0 && name.find(".tmp-") != std::string::npos;
+      if ((state && !listed) || tmp_file) detail::remove_file(detail::join_path(directory, name));
+    }
+  }
+  if (options_.process_group) options_.process_group->barrier()->wait();
+  return path;
+}
+
+std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, bool restore_rng) {
+  auto entries = read_manifest(directory_);
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    const std::string path = detail::join_path(directory_, (*it)["file"].get<std::string>());
+    const int64_t bytes = detail::file_size(path);
+    std::string problem;
+    if (bytes < 0) {
+      problem = "is missing";
+    } else if (it->contains("bytes") && bytes != (*it)["bytes"].get<int64_t>()) {
+      problem = "has " + std::to_string(bytes) + " bytes, the manifest says " +
+                std::to_string((*it)["bytes"].get<int64_t>()) + " (truncated?)";
+    } else if (it->contains("sha256") && detail::sha256_of_file(path) != (*it)["sha256"].get<std::string>()) {
+      problem = "does not match its SHA-256 checksum (corrupt)";
+    }
+    Payload payload;
+    if (problem.empty()) {
+      try {
+        read_payload(path, payload);
+      } catch (const std::exception& e) {
+        problem = std::string("cannot be read (") + e.what() + ")";
+        problem = problem.substr(0, problem.find('\n')) + ")";
+      }
+    }
+    if (!problem.empty()) {
+      TORCH_WARN("TrainingState: ", path, " ", problem, "; trying the previous state");
+      continue;
+    }
+    TORCH_CHECK_VALUE(!objects.model || payload.has_model, "TrainingState::load: ", path, " holds no model");
+    TORCH_CHECK_VALUE(!objects.optimizer || payload.has_optimizer, "TrainingState::load: ", path,
+                      " holds no optimizer");
+    const Backup backup(objects);
+    try {
+      if (objects.model) {
+        objects.model->load(payload.model);
+        TORCH_CHECK(!backup.model_shapes_changed(), "a tensor of the saved model has another shape");
+      }
+      if (objects.optimizer) objects.optimizer->load(payload.optimizer);
+      if (objects.scaler && !payload.scaler.empty()) objects.scaler->load_state_dict(payload.scaler);
+    } catch (const std::exception& e) {
+      backup.restore(objects);
+      TORCH_CHECK_VALUE(false, "TrainingState::load: ", path, " does not fit the objects given (",
+                        std::string(e.what()).substr(0, std::string(e.what()).find('\n')), "); nothing was changed");
+    }
+    if (restore_rng) payload.rng.restore();
+    LoadedState loaded;
+    static_cast<TrainingProgress&>(loaded) = std::move(payload.progress);
+    loaded.path = path;
+    return loaded;
+  }
+  return std::nullopt;
+}
+
+}  // namespace gpuops

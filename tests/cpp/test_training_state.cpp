@@ -1,0 +1,289 @@
+// gpuops::TrainingState: round trip of model, optimizer, scaler, RNG and progress; keep-K and LATEST; corrupt
+// and truncated files skipped; a load that does not fit changes nothing; signals; two ranks agreeing on the
+// stop flag; SIGKILL at random moments while saving.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/nn/modules/linear.h>
+
+#include "gpuops/grad_scaler.h"
+#include "gpuops/optimizers.h"
+#include "gpuops/training_state.h"
+
+namespace {
+
+gpuops::TrainingStateOptions keeping(int64_t keep, bool catch_signals = true) {
+  gpuops::TrainingStateOptions options;
+  options.keep = keep;
+  if (!catch_signals) options.signals = {};
+  return options;
+}
+
+// POSIX, not std::filesystem: libtorch.so interposes a crashing copy of it (src/state/posix_files.h).
+void remove_tree(const std::string& path) {
+  std::system(("rm -rf '" + path + "'").c_str());
+}
+
+bool exists(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0;
+}
+
+std::vector<std::string> states_in(const std::string& folder) {
+  std::vector<std::string> names;
+  if (DIR* dir = ::opendir(folder.c_str())) {
+    while (const dirent* e = ::readdir(dir)) {
+      const std::string name = e->d_name;
+      if (name.size() > 3 && name.compare(name.size() - 3, 3, ".pt") == 0) names.push_back(name);
+    }
+    ::closedir(dir);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string fresh_folder(const std::string& name) {
+  const std::string path = "/tmp/gpuops-state-" + name + "-" + std::to_string(::getpid());
+  remove_tree(path);
+  return path;
+}
+
+void train_a_step(torch::nn::Linear& model, gpuops::optim::AdamW& optimizer) {
+  optimizer.zero_grad();
+  model->forward(at::randn({8, 6})).square().mean().backward();
+  optimizer.step();
+}
+
+TEST(TrainingState, RoundTripRestoresEverythingAndTheRandomStream) {
+  const auto folder = fresh_folder("roundtrip");
+  torch::manual_seed(1);
+  torch::nn::Linear model(6, 3);
+  gpuops::optim::AdamW optimizer(model->parameters(), gpuops::optim::AdamWOptions(1e-2));
+  gpuops::amp::GradScaler scaler;
+  for (int i = 0; i < 3; ++i) train_a_step(model, optimizer);
+  gpuops::TrainingProgress progress;
+  progress.step = 3;
+  progress.epoch = 1;
+  progress.data_position = 17;
+  progress.extras["note"] = c10::IValue(std::string("warm"));
+  progress.extras["ema"] = c10::IValue(at::randn({4}));
+  {
+    gpuops::TrainingState state(folder);
+    state.save(progress, {model.get(), &optimizer, &scaler});
+  }
+  const auto next_draw = at::randn({5});  // what the random stream gives after the save
+  torch::manual_seed(5);
+  train_a_step(model, optimizer);
+  const auto weight_after_step4 = model->weight.detach().clone();
+
+  torch::manual_seed(99);
+  torch::nn::Linear resumed(6, 3);
+  gpuops::optim::AdamW resumed_optimizer(resumed->parameters(), gpuops::optim::AdamWOptions(1e-2));
+  gpuops::amp::GradScalerOptions other_scale;
+  other_scale.init_scale = 8.0;
+  gpuops::amp::GradScaler resumed_scaler(other_scale);
+  gpuops::TrainingState state(folder);
+  const auto loaded = state.load({resumed.get(), &resumed_optimizer, &resumed_scaler});
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->step, 3);
+  EXPECT_EQ(loaded->epoch, 1);
+  EXPECT_EQ(loaded->data_position, 17);
+  EXPECT_EQ(loaded->extras.at("note").toStringRef(), "warm");
+  EXPECT_TRUE(at::equal(loaded->extras.at("ema").toTensor(), progress.extras["ema"].toTensor()));
+  EXPECT_EQ(resumed_scaler.get_scale(), scaler.get_scale());
+  EXPECT_TRUE(at::equal(at::randn({5}), next_draw));
+  // Model and optimizer state (moments, step count) came back: the same next step, bit for bit.
+  torch::manual_seed(5);
+  train_a_step(resumed, resumed_optimizer);
+  EXPECT_TRUE(at::equal(resumed->weight, weight_after_step4));
+  remove_tree(folder);
+}
+
+TEST(TrainingState, KeepsTheLastKAndSkipsCorruptOrTruncatedFiles) {
+  const auto folder = fresh_folder("keep");
+  torch::nn::Linear model(4, 4);
+  gpuops::TrainingState state(folder, keeping(2));
+  for (int64_t step : {10, 20, 30, 40}) {
+    {
+      at::NoGradGuard no_grad;
+      model->weight.fill_(static_cast<double>(step));
+    }
+    gpuops::TrainingProgress progress;
+    progress.step = step;
+    state.save(progress, {model.get()});
+  }
+  EXPECT_EQ(states_in(folder), (std::vector<std::string>{"state-000000000030.pt", "state-000000000040.pt"}));
+  std::ifstream latest(folder + "/LATEST");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "state-000000000040.pt");
+
+  {  // flip one byte in the middle of the newest: the checksum catches it
+    std::fstream f(folder + "/state-000000000040.pt", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    f.seekp(f.tellg() / 2);
+    f.put('\x5a');
+  }
+  torch::nn::Linear loaded_model(4, 4);
+  auto loaded = state.load({loaded_model.get()});
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->step, 30);
+  EXPECT_TRUE(at::equal(loaded_model->weight, at::full({4, 4}, 30.0)));
+  ASSERT_EQ(::truncate((folder + "/state-000000000030.pt").c_str(), 100), 0);  // truncated as well: nothing good is left
+  EXPECT_FALSE(state.load({loaded_model.get()}).has_value());
+  remove_tree(folder);
+}
+
+TEST(TrainingState, ALoadThatDoesNotFitChangesNothing) {
+  const auto folder = fresh_folder("mismatch");
+  torch::nn::Linear small(4, 2);
+  gpuops::TrainingState state(folder);
+  state.save({}, {small.get()});
+  torch::nn::Linear other(5, 3);
+  const auto before = other->weight.detach().clone();
+  try {
+    state.load({other.get()});
+    ADD_FAILURE() << "a model of another shape was loaded";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(at::equal(other->weight, before));
+  EXPECT_THROW(gpuops::TrainingState(folder, keeping(0)), c10::ValueError);
+  remove_tree(folder);
+}
+
+TEST(TrainingState, SignalsSetTheStopFlagAndHandlersComeBack) {
+  struct sigaction before {};
+  sigaction(SIGUSR1, nullptr, &before);
+  {
+    gpuops::TrainingState state(fresh_folder("signal"));
+    EXPECT_FALSE(state.should_stop());
+    ::raise(SIGUSR1);  // would kill the process without the handler
+    EXPECT_TRUE(state.should_stop());
+    remove_tree(state.directory());
+  }
+  struct sigaction after {};
+  sigaction(SIGUSR1, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, before.sa_handler);
+}
+
+// Two ranks as two threads of one process: allreduce(MAX) and barrier over shared memory.
+class ThreadBackend : public c10d::Backend {
+ public:
+  struct Shared {  // a reusable two-party barrier and the reduced value
+    std::mutex mutex;
+    std::condition_variable changed;
+    int arrived = 0, generation = 0, value = 0;
+    void arrive_and_wait() {
+      std::unique_lock<std::mutex> lock(mutex);
+      const int mine = generation;
+      if (++arrived == 2) {
+        arrived = 0;
+        ++generation;
+        changed.notify_all();
+      } else {
+        changed.wait(lock, [&] { return generation != mine; });
+      }
+    }
+  };
+  ThreadBackend(int rank, std::shared_ptr<Shared> shared) : Backend(rank, 2), shared_(std::move(shared)) {}
+  const std::string getBackendName() const override { return "threads"; }
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions&) override {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mutex);
+      shared_->value = std::max(shared_->value, tensors[0].item<int>());
+    }
+    shared_->arrive_and_wait();
+    tensors[0].fill_(shared_->value);
+    shared_->arrive_and_wait();
+    return c10::make_intrusive<Done>();
+  }
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
+    shared_->arrive_and_wait();
+    return c10::make_intrusive<Done>();
+  }
+
+ private:
+  struct Done : c10d::Work {
+    bool wait(std::chrono::milliseconds) override { return true; }
+  };
+  std::shared_ptr<Shared> shared_;
+};
+
+TEST(TrainingState, EveryRankAgreesToStopAndOnlyRankZeroWrites) {
+  const auto folder = fresh_folder("ranks");
+  auto shared = std::make_shared<ThreadBackend::Shared>();
+  bool stop[2] = {false, false};
+  auto rank = [&](int r) {
+    gpuops::TrainingStateOptions options;
+    options.signals = {};
+    options.process_group = c10::make_intrusive<ThreadBackend>(r, shared);
+    gpuops::TrainingState state(folder + "/rank" + std::to_string(r), options);
+    if (r == 1) state.request_stop();  // only rank 1 got the signal
+    stop[r] = state.should_stop();
+    gpuops::TrainingProgress progress;
+    progress.step = 7;
+    state.save(progress, {});
+  };
+  std::thread one(rank, 1);
+  rank(0);
+  one.join();
+  EXPECT_TRUE(stop[0]);
+  EXPECT_TRUE(stop[1]);
+  EXPECT_TRUE(exists(folder + "/rank0/state-000000000007.pt"));
+  EXPECT_FALSE(exists(folder + "/rank1/state-000000000007.pt"));
+  remove_tree(folder);
+}
+
+TEST(TrainingState, SigkillWhileSavingAlwaysLeavesACompleteState) {
+  const auto folder = fresh_folder("sigkill");
+  std::mt19937 rng(123);
+  int64_t newest_seen = -1;
+  for (int kill = 0; kill < 50; ++kill) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {  // the writer: saves states whose weights all equal their step, forever
+      torch::nn::Linear model(64, 64);
+      gpuops::TrainingState state(folder, keeping(2));
+      for (int64_t step = 1000 * (kill + 1);; ++step) {
+        {
+          at::NoGradGuard no_grad;
+          model->weight.fill_(static_cast<double>(step));
+          model->bias.fill_(static_cast<double>(step));
+        }
+        gpuops::TrainingProgress progress;
+        progress.step = step;
+        state.save(progress, {model.get()});
+      }
+    }
+    ::usleep(2000 + rng() % 20000);
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    torch::nn::Linear model(64, 64);
+    gpuops::TrainingState state(folder, keeping(2, false));
+    const auto loaded = state.load({model.get()});
+    if (!loaded) continue;  // killed before its first save completed
+    EXPECT_TRUE(at::equal(model->weight, at::full({64, 64}, static_cast<double>(loaded->step)))) << kill;
+    EXPECT_TRUE(at::equal(model->bias, at::full({64}, static_cast<double>(loaded->step)))) << kill;
+    EXPECT_GE(loaded->step, newest_seen) << kill;
+    newest_seen = loaded->step;
+  }
+  EXPECT_GT(newest_seen, 0) << "no save completed before any kill";
+  remove_tree(folder);
+}
+
+}  // namespace
