@@ -13,3 +13,4 @@
 #include "gpuops/grad_scaler.h"
 #include "gpuops/memory_budget.h"
 #include "gpuops/optimizers.h"
+#include "gpuops/training_state.h"

@@ -17,15 +17,13 @@
 
 #include <ATen/core/ivalue.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>  // complete: the options hold an intrusive_ptr to one
 
 namespace torch::nn {
 class Module;
 }
 namespace torch::optim {
 class Optimizer;
-}
-namespace c10d {
-class Backend;
 }
 
 namespace gpuops {

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import gpuops
+from test_examples import check_preempted_run_resumes_exactly
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,3 +35,7 @@ def test_examples_build_against_the_installed_package(tmp_path):
     trained = subprocess.run([str(build / "train_amp"), "30"], capture_output=True, text=True, env=env, timeout=300)
     assert trained.returncode == 0, trained.stdout + trained.stderr
     assert "loss" in trained.stdout
+    # The C++ fine-tuning loop (checkpointing, accumulation, TrainingState) survives a preemption.
+    check_preempted_run_resumes_exactly(
+        lambda folder, steps, *stop_at: [str(build / "finetune"), str(folder), str(steps), *map(str, stop_at)],
+        tmp_path)
