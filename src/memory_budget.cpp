@@ -26,4 +26,10 @@ MemoryStats MemoryBudget::stats() const { return scope_->stats(); }
 
 void MemoryBudget::reset_peak() { scope_->reset_peak(); }
 
+int64_t memory_headroom_bytes(c10::Device device) {
+  TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "memory_headroom_bytes: device must be cpu or cuda, got ",
+                    device.str());
+  return device.is_cpu() ? memory::cpu_headroom_bytes() : memory::cuda_headroom_bytes(device);
+}
+
 }  // namespace gpuops

@@ -2,6 +2,7 @@
 // gpuops: the umbrella header. Include it, link gpuops::gpuops.
 #include "gpuops/amp.h"
 #include "gpuops/autocast.h"
+#include "gpuops/batch_search.h"
 #include "gpuops/checkpoint.h"
 #include "gpuops/checkpointed_sequential.h"
 #include "gpuops/device.h"

@@ -51,4 +51,9 @@ class MemoryBudget {
   std::unique_ptr<Scope> scope_;
 };
 
+/// Bytes that allocations on `device` may still take: on the CPU the tightest active budget's limit minus
+/// its current bytes (-1 when no budget with a limit is active: unknown); on CUDA the free device memory plus
+/// what the caching allocator holds unused, within its memory fraction (a MemoryBudget cap).
+int64_t memory_headroom_bytes(c10::Device device = c10::Device(c10::kCPU));
+
 }  // namespace gpuops

@@ -139,6 +139,17 @@ class CountingAllocator final : public c10::Allocator {
     return {scope.current, scope.peak, scope.limit, scope.allocations, scope.failed};
   }
 
+  int64_t headroom() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    int64_t room = -1;
+    if (scopes_) {
+      for (const auto& scope : *scopes_)
+        if (scope->limit != MemoryBudget::kUnlimited)
+          room = room < 0 ? scope->limit - scope->current : std::min(room, scope->limit - scope->current);
+    }
+    return room < 0 ? -1 : room;
+  }
+
   void reset_peak(ScopeCounters& scope) {
     std::lock_guard<std::mutex> lock(mutex_);
     scope.peak = scope.current;
@@ -175,6 +186,8 @@ class CpuScope final : public MemoryBudget::Scope {
 };
 
 }  // namespace
+
+int64_t cpu_headroom_bytes() { return counting_allocator().headroom(); }
 
 std::unique_ptr<MemoryBudget::Scope> make_cpu_scope(int64_t limit_bytes) {
   return std::make_unique<CpuScope>(limit_bytes);

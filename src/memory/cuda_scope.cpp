@@ -66,10 +66,29 @@ class CudaScope final : public MemoryBudget::Scope {
 
 }  // namespace
 
+int64_t cuda_headroom_bytes(c10::Device device) {
+  const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+  size_t free_bytes = 0, total_bytes = 0;
+  {
+    c10::cuda::CUDAGuard guard(index);
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  }
+  const auto stats = alloc::getDeviceStats(index);
+  const int64_t allocated = stats.allocated_bytes[kAggregate].current;
+  const int64_t cached_unused = stats.reserved_bytes[kAggregate].current - allocated;
+  const auto within_fraction =
+      static_cast<int64_t>(alloc::getMemoryFraction(index) * static_cast<double>(total_bytes)) - allocated;
+  return std::max<int64_t>(0, std::min(static_cast<int64_t>(free_bytes) + cached_unused, within_fraction));
+}
+
 std::unique_ptr<MemoryBudget::Scope> make_cuda_scope(int64_t limit_bytes, c10::Device device) {
   return std::make_unique<CudaScope>(limit_bytes, device.has_index() ? device.index() : c10::cuda::current_device());
 }
 #else
+int64_t cuda_headroom_bytes(c10::Device device) {
+  TORCH_CHECK_VALUE(false, "memory_headroom_bytes: device '", device.str(), "' needs gpuops built with CUDA");
+}
+
 std::unique_ptr<MemoryBudget::Scope> make_cuda_scope(int64_t, c10::Device device) {
   TORCH_CHECK_VALUE(false, "MemoryBudget: device '", device.str(),
                     "' needs gpuops built with CUDA (GPUOPS_WITH_CUDA=ON); this build is CPU-only");

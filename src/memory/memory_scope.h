@@ -20,5 +20,9 @@ std::unique_ptr<MemoryBudget::Scope> make_cpu_scope(int64_t limit_bytes);
 /// Reads and caps the CUDA caching allocator (cuda_scope.cpp; an error in builds without CUDA).
 std::unique_ptr<MemoryBudget::Scope> make_cuda_scope(int64_t limit_bytes, c10::Device device);
 
+/// memory_headroom_bytes for each device kind.
+int64_t cpu_headroom_bytes();
+int64_t cuda_headroom_bytes(c10::Device device);
+
 }  // namespace memory
 }  // namespace gpuops

@@ -7,7 +7,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <dirent.h>
 #include <sys/stat.h>
 #include <fstream>
@@ -17,12 +16,12 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/nn/modules/linear.h>
 
 #include "gpuops/grad_scaler.h"
 #include "gpuops/optimizers.h"
 #include "gpuops/training_state.h"
+#include "thread_backend.h"
 
 namespace {
 
@@ -181,52 +180,9 @@ TEST(TrainingState, SignalsSetTheStopFlagAndHandlersComeBack) {
   EXPECT_EQ(after.sa_handler, before.sa_handler);
 }
 
-// Two ranks as two threads of one process: allreduce(MAX) and barrier over shared memory.
-class ThreadBackend : public c10d::Backend {
- public:
-  struct Shared {  // a reusable two-party barrier and the reduced value
-    std::mutex mutex;
-    std::condition_variable changed;
-    int arrived = 0, generation = 0, value = 0;
-    void arrive_and_wait() {
-      std::unique_lock<std::mutex> lock(mutex);
-      const int mine = generation;
-      if (++arrived == 2) {
-        arrived = 0;
-        ++generation;
-        changed.notify_all();
-      } else {
-        changed.wait(lock, [&] { return generation != mine; });
-      }
-    }
-  };
-  ThreadBackend(int rank, std::shared_ptr<Shared> shared) : Backend(rank, 2), shared_(std::move(shared)) {}
-  const std::string getBackendName() const override { return "threads"; }
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions&) override {
-    {
-      std::lock_guard<std::mutex> lock(shared_->mutex);
-      shared_->value = std::max(shared_->value, tensors[0].item<int>());
-    }
-    shared_->arrive_and_wait();
-    tensors[0].fill_(shared_->value);
-    shared_->arrive_and_wait();
-    return c10::make_intrusive<Done>();
-  }
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
-    shared_->arrive_and_wait();
-    return c10::make_intrusive<Done>();
-  }
-
- private:
-  struct Done : c10d::Work {
-    bool wait(std::chrono::milliseconds) override { return true; }
-  };
-  std::shared_ptr<Shared> shared_;
-};
-
 TEST(TrainingState, EveryRankAgreesToStopAndOnlyRankZeroWrites) {
   const auto folder = fresh_folder("ranks");
-  auto shared = std::make_shared<ThreadBackend::Shared>();
+  auto shared = std::make_shared<ThreadBackend::Shared>(2);
   bool stop[2] = {false, false};
   auto rank = [&](int r) {
     gpuops::TrainingStateOptions options;
