@@ -1,6 +1,6 @@
 """Type stubs of the native module gpuops._C (use the gpuops package rather than this module)."""
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 class DeviceInfo:
     type: str
@@ -61,3 +61,48 @@ def gpu_catalog() -> List[dict]: ...
 def run_cli(args: Sequence[str]) -> Tuple[int, str, str]: ...
 
 def choose_for_budget(costs: list[tuple[str, int, int, float]], budget_bytes: int, units: int = 65536) -> list[int]: ...
+
+class MemoryProfile:
+    fixed_bytes: float
+    per_sample_bytes: float
+    points: list[tuple[int, int]]
+    linear: bool
+    note: str
+    def predict(self, batch: int) -> int: ...
+    def max_batch_for(self, bytes: int) -> int: ...
+
+def fit_memory_profile(points: list[tuple[int, int]], tolerance: float = 0.05) -> MemoryProfile: ...
+
+class BatchTrial:
+    batch: int
+    ok: bool
+    peak_bytes: int
+    seconds: float
+    phase: str
+
+class BatchSearchResult:
+    max_batch: int
+    recommended: int
+    trials: list[BatchTrial]
+    profile: MemoryProfile | None
+    complete: bool
+    from_cache: bool
+
+class BatchSearchOptions:
+    low: int
+    high: int | None
+    multiple_of: int
+    margin: float
+    profile_seed: bool
+    seed: int | None
+    headroom_bytes: int
+    steps_per_trial: int
+    max_trials: int
+    max_seconds: float
+    cache_file: str
+    cache_key: str
+    def __init__(self) -> None: ...
+
+def search_max_batch(run: Callable[[int], tuple[bool, int, float]], options: BatchSearchOptions,
+                     agree_min: Callable[[int], int] | None = None) -> BatchSearchResult: ...
+def memory_headroom_bytes(device: str = "cpu") -> int: ...

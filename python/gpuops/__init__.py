@@ -15,6 +15,7 @@ from ._C import DeviceInfo, MemoryStats, device_info
 from .memory import memory_budget
 from .accumulate import GradAccumulator
 from .amp import GradScaler, clip_grad_norm_
+from .batch_size import find_max_batch_size, profile_memory
 from .checkpointing import apply_checkpointing, checkpoint, remove_checkpointing
 from .estimator import Breakdown, estimate, gpu_catalog, presets
 from .training_state import TrainingState
@@ -38,6 +39,8 @@ __all__ = [
     "cmake_prefix_path",
     "device_info",
     "estimate",
+    "find_max_batch_size",
+    "profile_memory",
     "gpu_catalog",
     "memory_budget",
     "presets",

@@ -36,4 +36,5 @@ PYBIND11_MODULE(_C, m) {
   gpuops::python::bind_memory_budget(m);
   gpuops::python::bind_estimator(m);
   gpuops::python::bind_checkpoint(m);
+  gpuops::python::bind_batch_search(m);
 }

@@ -6,6 +6,10 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#ifdef GPUOPS_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include "gpuops/batch_search.h"
 #include "gpuops/memory_budget.h"
 
@@ -18,11 +22,21 @@ bool is_library_allocation_failure(const c10::Error& e) {
   return std::strstr(message, "CUBLAS_STATUS_ALLOC_FAILED") || std::strstr(message, "CUDNN_STATUS_ALLOC_FAILED");
 }
 
+void release_cached_memory(c10::Device device) {
+#ifdef GPUOPS_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#else
+  (void)device;
+#endif
+}
+
+// One trial. `counter` spans the whole search, so peaks are measured from the search's start: memory that a
+// trial leaves behind (optimizer state made by the first step) counts in every later trial's peak, and the
+// fitted law peak(b) holds across trials.
 TrialOutcome run_trial(const TrainingStep& step, const std::function<void(int64_t)>& validate, int64_t batch,
-                       int64_t steps, c10::Device device) {
+                       int64_t steps, MemoryBudget& counter) {
   TrialOutcome outcome;
-  // A counter per trial: on CUDA it also releases cached blocks and resets the peak statistics first.
-  MemoryBudget counter(MemoryBudget::kUnlimited, device);
+  counter.reset_peak();
   const auto start = std::chrono::steady_clock::now();
   try {
     for (int64_t i = 0; i < steps; ++i) step(batch);
@@ -36,6 +50,7 @@ TrialOutcome run_trial(const TrainingStep& step, const std::function<void(int64_
   }
   outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   outcome.peak_bytes = counter.peak_bytes();
+  if (!outcome.ok) release_cached_memory(counter.device());
   return outcome;
 }
 
@@ -57,8 +72,9 @@ BatchSearchResult find_max_batch_size(const TrainingStep& step, const FindBatchO
   TORCH_CHECK_VALUE(static_cast<bool>(step), "find_max_batch_size: step must be a function");
   BatchSearchOptions search = options;
   if (search.headroom_bytes < 0) search.headroom_bytes = memory_headroom_bytes(options.device);
+  MemoryBudget counter(MemoryBudget::kUnlimited, options.device);
   const TrialRunner run = [&](int64_t batch) {
-    return run_trial(step, options.validate, batch, options.steps_per_trial, options.device);
+    return run_trial(step, options.validate, batch, options.steps_per_trial, counter);
   };
   return search_max_batch(run, search, over(options.process_group));
 }
@@ -70,7 +86,8 @@ MemoryProfile profile_memory(const TrainingStep& step, const std::vector<int64_t
   std::vector<std::pair<int64_t, int64_t>> points;
   for (int64_t batch : batch_sizes) {
     TORCH_CHECK_VALUE(batch >= 1, "profile_memory: batch_sizes must be >= 1, got ", batch);
-    const auto outcome = run_trial(step, {}, batch, steps_per_trial, device);
+    MemoryBudget counter(MemoryBudget::kUnlimited, device);  // each point from the same starting state
+    const auto outcome = run_trial(step, {}, batch, steps_per_trial, counter);
     TORCH_CHECK_WITH(OutOfMemoryError, outcome.ok, "profile_memory: batch ", batch,
                      " runs out of memory; profile smaller batch sizes");
     points.emplace_back(batch, outcome.peak_bytes);

@@ -1,0 +1,226 @@
+"""OOM-safe batch-size search and the profiled memory estimator (design §8), over the C++ engine.
+
+    result = gpuops.find_max_batch_size(lambda b: train_step(b), restore=[model, optimizer])
+    result.max_batch, result.recommended, result.trials
+
+A trial is real: ``steps_per_trial`` full training steps (a warm-up step plus one more by default: optimizer
+state is allocated on the first) and the validation function if given. An out-of-memory error, recognised by
+type (``torch.OutOfMemoryError``; cuBLAS/cuDNN allocation failures on CUDA) wherever it is raised, marks
+the trial failed: the exception and its frames are dropped, cached memory is released and peak statistics
+reset. Any other exception propagates unchanged. By default two small profiling trials (and, when they
+predict a large batch, a pair near the prediction) seed the search, which then gallops and bisects to the
+exact largest batch; ``seed=None`` probes exponentially from ``low`` instead, ``seed=<int>`` starts from an
+estimate (e.g. the analytic estimator's).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import io
+import time
+import traceback
+import warnings
+from typing import Callable, Iterable, Optional, Sequence, Union
+
+import torch
+
+from . import _C
+from .memory import memory_budget
+
+MemoryProfile = _C.MemoryProfile
+BatchSearchResult = _C.BatchSearchResult
+BatchTrial = _C.BatchTrial
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an out-of-memory failure: torch.OutOfMemoryError (the type c10 raises, also under
+    gpuops.memory_budget), or a cuBLAS/cuDNN workspace allocation failure (a RuntimeError with their status)."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(
+        status in str(error) for status in ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED"))
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _headroom(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        cached_unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return free + cached_unused
+    return _C.memory_headroom_bytes("cpu")  # the tightest active memory_budget, -1 without one
+
+
+def _trial_runner(step_fn: Callable[[int], object], validate: Optional[Callable[[int], object]], steps: int,
+                  counter):
+    """Runs trials measured by `counter`, a memory_budget spanning the whole search: peaks count from the
+    search's start, so memory a trial leaves behind (optimizer state made by the first step) counts in every
+    later trial and the fitted law peak(b) holds across trials."""
+    device = torch.device(counter.device)
+
+    def run(batch: int):
+        ok = True
+        counter.reset_peak()
+        start = time.perf_counter()
+        try:
+            for _ in range(steps):
+                step_fn(batch)
+            if validate is not None:
+                validate(batch)
+        except BaseException as error:  # noqa: BLE001 - only OOM is swallowed, the rest re-raised
+            if not is_out_of_memory(error):
+                raise
+            ok = False
+            traceback.clear_frames(error.__traceback__)  # the frames hold the trial's activations
+        seconds = time.perf_counter() - start
+        peak = counter.peak_bytes
+        if not ok:
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        return ok, peak, seconds
+
+    return run
+
+
+def _agreement(process_group, device: torch.device):
+    if process_group is None:
+        return None
+    import torch.distributed as dist
+
+    on = device if dist.get_backend(process_group) == "nccl" else torch.device("cpu")
+
+    def agree_min(value: int) -> int:
+        t = torch.tensor([value], dtype=torch.int64, device=on)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=process_group)
+        return int(t.item())
+
+    return agree_min
+
+
+def model_signature(model: torch.nn.Module) -> str:
+    """A short hash of a model's parameter and buffer names, shapes and dtypes (for cache keys)."""
+    digest = hashlib.sha256()
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        digest.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+    return digest.hexdigest()[:16]
+
+
+def cache_key(*, model: Optional[torch.nn.Module] = None, dtype=None, sequence_length: Optional[int] = None,
+              device: Optional[torch.device] = None, extra: str = "") -> str:
+    """The cache key (GPU model, model signature, dtype, sequence length); on the CPU the active budget's
+    headroom stands for the GPU model."""
+    device = torch.device(device) if device is not None else _default_device()
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{_headroom(device)}B"
+    parts = [where, model_signature(model) if model is not None else "-", str(dtype), str(sequence_length), extra]
+    return "|".join(parts)
+
+
+def _copy_into(live, saved) -> None:
+    """Copies the tensors of `saved` into the tensors at the same places in `live` (dicts, lists, tuples)."""
+    if isinstance(live, torch.Tensor):
+        with torch.no_grad():
+            live.copy_(saved)
+    elif isinstance(live, dict):
+        for key in live:
+            _copy_into(live[key], saved[key])
+    elif isinstance(live, (list, tuple)):
+        for a, b in zip(live, saved):
+            _copy_into(a, b)
+
+
+class _Snapshot:
+    """The state of objects with state_dict/load_state_dict, put back in place after the search: values are
+    saved to host memory and copied back into the very tensors that held them (the state_dicts reference
+    them), so no allocation moves and state the trials created (optimizer moments) is dropped."""
+
+    def __init__(self, objects: Sequence) -> None:
+        self.live = [(o, o.state_dict()) for o in objects]
+        self.buffer = io.BytesIO()
+        torch.save([state for _, state in self.live], self.buffer)
+
+    def restore(self) -> None:
+        self.buffer.seek(0)
+        saved = torch.load(self.buffer, weights_only=False)
+        for (obj, live), values in zip(self.live, saved):
+            _copy_into(live, values)
+            obj.load_state_dict(live)
+
+
+def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high: Optional[int] = None,
+                        seed: Union[str, int, MemoryProfile, None] = "profile", margin: float = 0.0,
+                        multiple_of: int = 1, steps_per_trial: int = 2,
+                        validate: Optional[Callable[[int], object]] = None, max_trials: Optional[int] = None,
+                        max_seconds: Optional[float] = None, cache_file: Optional[str] = None,
+                        cache_key: Optional[str] = None, restore: Iterable = (), process_group=None,
+                        device: Union[str, torch.device, None] = None,
+                        headroom_bytes: Optional[int] = None) -> BatchSearchResult:
+    """The largest batch size ``step_fn(batch)`` runs at without running out of memory.
+
+    ``restore``: objects with state_dict/load_state_dict (model, optimizer, scaler) put back as they were
+    after the search (the trials train them); their snapshot lives in host memory outside any budget.
+    ``process_group``: a torch.distributed group; every trial's outcome is agreed (the minimum) before the
+    next, so all ranks return the same result. ``headroom_bytes``: the memory the trials may use, for the
+    profile seed (default: the active memory_budget on the CPU, free memory on CUDA).
+    Returns max_batch, recommended (after ``margin`` and ``multiple_of``), trials (batch, ok, peak_bytes,
+    seconds, phase), the memory profile used, and whether it came from ``cache_file``.
+    """
+    if not callable(step_fn):
+        raise ValueError(f"find_max_batch_size: step_fn must be callable, got {type(step_fn).__name__}")
+    if validate is not None and not callable(validate):
+        raise ValueError("find_max_batch_size: validate must be callable or None")
+    if seed is not None and not isinstance(seed, (str, int, MemoryProfile)) or seed == "" or \
+            (isinstance(seed, str) and seed != "profile"):
+        raise ValueError(f"find_max_batch_size: seed must be 'profile', an int, a MemoryProfile or None, got {seed!r}")
+    device = torch.device(device) if device is not None else _default_device()
+    options = _C.BatchSearchOptions()
+    options.low, options.high, options.multiple_of, options.margin = low, high, multiple_of, margin
+    options.steps_per_trial = steps_per_trial
+    options.max_trials = 0 if max_trials is None else max_trials
+    options.max_seconds = 0.0 if max_seconds is None else max_seconds
+    options.headroom_bytes = _headroom(device) if headroom_bytes is None else headroom_bytes
+    options.profile_seed = seed == "profile"
+    if isinstance(seed, MemoryProfile):
+        options.seed = max(1, seed.max_batch_for(options.headroom_bytes))
+    elif isinstance(seed, int):
+        options.seed = seed
+    if cache_file is not None:
+        options.cache_file = str(cache_file)
+        options.cache_key = cache_key if cache_key is not None else ""
+    snapshot = _Snapshot(list(restore)) if restore else None
+    try:
+        with memory_budget(None, device) as counter:
+            return _C.search_max_batch(_trial_runner(step_fn, validate, steps_per_trial, counter), options,
+                                       _agreement(process_group, device))
+    finally:
+        if snapshot is not None:
+            snapshot.restore()
+
+
+def profile_memory(step_fn: Callable[[int], object], batch_sizes: Sequence[int] = (1, 2), *,
+                   steps_per_trial: int = 2, tolerance: float = 0.05,
+                   device: Union[str, torch.device, None] = None) -> MemoryProfile:
+    """Runs real steps at ``batch_sizes`` and fits peak(b) = fixed + per_sample * b; ``predict(b)`` and
+    ``max_batch_for(bytes)`` then answer for any batch. With a third batch size the fit is checked: when
+    memory is not linear in the batch (the point is off by more than ``tolerance``), ``linear`` is False,
+    ``note`` says where, and a warning is issued."""
+    if len(batch_sizes) < 2 or any(not isinstance(b, int) or b < 1 for b in batch_sizes):
+        raise ValueError(f"profile_memory: batch_sizes must hold at least two ints >= 1, got {tuple(batch_sizes)}")
+    if not isinstance(steps_per_trial, int) or steps_per_trial < 1:
+        raise ValueError(f"profile_memory: steps_per_trial must be an int >= 1, got {steps_per_trial!r}")
+    device = torch.device(device) if device is not None else _default_device()
+    points = []
+    for batch in batch_sizes:
+        with memory_budget(None, device) as counter:  # each point measured from the same starting state
+            ok, peak, _ = _trial_runner(step_fn, None, steps_per_trial, counter)(batch)
+        if not ok:
+            raise torch.OutOfMemoryError(f"profile_memory: batch {batch} runs out of memory; profile smaller "
+                                         "batch sizes")
+        points.append((batch, peak))
+    profile = _C.fit_memory_profile(points, tolerance)
+    if not profile.linear:
+        warnings.warn(f"profile_memory: {profile.note}")
+    return profile
