@@ -1,8 +1,10 @@
 #pragma once
 // OOM-safe batch-size search (design §8) and the profiled memory estimator. The search finds the exact
-// largest batch that runs, in few real trials, in-process: seeded by a memory profile (two small trials
-// fitted to peak(b) = fixed + per_sample * b) or by the analytic estimator, it gallops from the prediction
-// and bisects; without a seed it probes exponentially from `low` and bisects. Every trial's outcome is
+// largest batch that runs, in few real trials, in-process. By default it profiles two small batches and then
+// goes, trial by trial, to the batch that a fit of peak(b) = fixed + per_sample * b on the two largest
+// batches that ran says fills the memory (exact once both lie on the final linear piece of the peak), with
+// growth and bisection guards. Seeded by the analytic estimator, it gallops from that batch and bisects;
+// without a seed it probes exponentially from `low` and bisects. Every trial's outcome is
 // agreed by all ranks before the next, so a rank-local OOM never deadlocks the others.
 
 #include <cstdint>

@@ -97,7 +97,7 @@ class Search {
     const TrialOutcome outcome = run_(batch);
     const bool ok = agree(outcome.ok ? 1 : 0) == 1;
     result.trials.push_back({batch, ok, outcome.peak_bytes, outcome.seconds, phase});
-    peaks_[k] = outcome.peak_bytes;
+    if (ok) ok_peaks_[k] = outcome.peak_bytes;
     if (ok) {
       best_ok_k = k;
     } else {
@@ -109,49 +109,51 @@ class Search {
     return ok;
   }
 
-  int64_t peak_of(int64_t k) const { return peaks_.at(k); }
+  // peak(b) fitted on the two largest batches that ran, the `skip` largest left out; nullopt without them.
+  std::optional<MemoryProfile> fit_two_largest(size_t skip = 0) const {
+    if (ok_peaks_.size() < 2 + skip) return std::nullopt;
+    auto last = std::prev(ok_peaks_.end());
+    for (size_t i = 0; i < skip; ++i) --last;
+    const auto before = std::prev(last);
+    return fit_memory_profile({{before->first * unit(), before->second}, {last->first * unit(), last->second}});
+  }
 
   BatchSearchResult result;
   std::optional<int64_t> best_ok_k, first_fail_k;
 
  private:
-  std::map<int64_t, int64_t> peaks_;  // measured peak of each batch tried (in k)
+  std::map<int64_t, int64_t> ok_peaks_;  // measured peak of each batch that ran (in k)
   const TrialRunner& run_;
   const BatchSearchOptions& o_;
   const AgreeMin& agree_min_;
   std::chrono::steady_clock::time_point start_;
 };
 
-// Fits peak(b) on trials at k_small and k_large (both must run); nullopt when one fails.
-std::optional<MemoryProfile> profile_at(Search& s, int64_t k_small, int64_t k_large) {
-  std::vector<std::pair<int64_t, int64_t>> points;
-  for (int64_t k : {k_small, k_large}) {
-    if (s.high_k() && k > *s.high_k()) return std::nullopt;
-    if (!s.runs(k, "profile")) return std::nullopt;
-    points.emplace_back(k * s.unit(), s.peak_of(k));
-  }
-  return fit_memory_profile(points);
-}
-
-// Where to start galloping, from memory profiles. The peak of a training step is the largest of several
-// phases' linear laws (a convex, piecewise-linear function of the batch), and at batch 1-2 the fixed
-// phases dominate, so the first fit predicts too far. When it predicts a large batch, a second pair at a
-// quarter and an eighth of that prediction measures the slope that holds near the maximum.
-std::optional<int64_t> profiled_start(Search& s, const BatchSearchOptions& o) {
+// The profile-seeded search. The peak of a training step is the largest of several phases' linear laws (a
+// convex, piecewise-linear function of the batch); at small batches a fixed phase (optimizer state, its
+// temporaries) often dominates, so memory may not grow at all there. Each step fits peak(b) on the two
+// largest batches that ran and goes to the batch the fit says fills the headroom: on the final linear piece
+// that is exact, so the search ends by confirming that one more fails. Guards: grow at most kGrowth-fold per
+// trial (memory may not grow yet, or the fit may lie on an earlier piece: a fit that three small batches
+// confirm can still break at a kink further up, so no fit is trusted beyond that); a prediction at or past
+// a failed batch bisects.
+void profile_seeded_search(Search& s, const BatchSearchOptions& o) {
+  constexpr int64_t kGrowth = 8;
   const int64_t low = s.low_k();
-  auto profile = profile_at(s, low, 2 * low);
-  if (!profile || o.headroom_bytes <= 0) return std::nullopt;
-  s.result.profile = profile;
-  int64_t predicted_k = s.agree(profile->max_batch_for(o.headroom_bytes)) / s.unit();
-  constexpr int64_t kRefineFrom = 16;  // below this, one more pair would cost more trials than it saves
-  if (predicted_k >= kRefineFrom * low) {
-    const int64_t quarter = predicted_k / 4;
-    auto local = profile_at(s, quarter / 2, quarter);
-    if (!local) return std::nullopt;  // the first fit was far off: probe and bisect from what ran
-    s.result.profile = local;
-    predicted_k = s.agree(local->max_batch_for(o.headroom_bytes)) / s.unit();
+  s.runs(low, "profile");
+  if (!(s.high_k() && *s.high_k() <= low)) s.runs(2 * low, "profile");
+  while (!s.out_of_budget()) {
+    const int64_t best = *s.best_ok_k;
+    if ((s.high_k() && best >= *s.high_k()) || (s.first_fail_k && *s.first_fail_k - best <= 1)) return;
+    int64_t next = o.headroom_bytes > 0 ? best * kGrowth : best * 2;  // no headroom known: probe
+    if (const auto fit = s.fit_two_largest(); fit && fit->per_sample_bytes > 0 && o.headroom_bytes > 0) {
+      s.result.profile = fit;
+      const int64_t predicted = s.agree(fit->max_batch_for(o.headroom_bytes)) / s.unit();
+      next = predicted <= best ? best + 1 : std::min(predicted, next);
+    }
+    if (s.first_fail_k && next >= *s.first_fail_k) next = std::max(best + 1, (best + *s.first_fail_k) / 2);
+    s.runs(s.clamp_k(next), "search");
   }
-  return s.clamp_k(predicted_k);
 }
 
 }  // namespace
@@ -169,10 +171,10 @@ BatchSearchResult search_max_batch(const TrialRunner& run, const BatchSearchOpti
   std::optional<int64_t> start_k;  // where galloping starts
   if (o.seed) {
     start_k = s.clamp_k(*o.seed / s.unit());
-  } else if (o.profile_seed) {
-    start_k = profiled_start(s, o);
   }
-  if (start_k) {  // gallop away from the prediction: up while it runs, down while it fails
+  if (!o.seed && o.profile_seed) {
+    profile_seeded_search(s, o);
+  } else if (start_k) {  // gallop away from the prediction: up while it runs, down while it fails
     if (s.runs(*start_k, "search")) {
       for (int64_t step = 1; !s.first_fail_k && !s.out_of_budget(); step *= 2) {
         const int64_t k = *s.best_ok_k + step;
