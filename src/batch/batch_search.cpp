@@ -138,7 +138,7 @@ class Search {
 // confirm can still break at a kink further up, so no fit is trusted beyond that); a prediction at or past
 // a failed batch bisects.
 void profile_seeded_search(Search& s, const BatchSearchOptions& o) {
-  constexpr int64_t kGrowth = 8;
+  constexpr int64_t kGrowth = 16;
   const int64_t low = s.low_k();
   s.runs(low, "profile");
   if (!(s.high_k() && *s.high_k() <= low)) s.runs(2 * low, "profile");

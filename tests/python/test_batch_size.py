@@ -82,10 +82,7 @@ def test_finds_the_true_maximum_and_leaves_memory_as_found(make_model, limit, se
         assert abs(budget.current_bytes - before) <= 0.01 * max(before, 1 << 20)
         b = result.max_batch
         if seed == "profile":
-            # The MLP's peak has a kink near batch 24 (below it the optimizer step's temporaries dominate, above
-            # it the backward's activations): the small-batch fit lies on the wrong piece and costs two trials
-            # more than the target of 6 (see docs/benchmarks.md).
-            assert len(result.trials) <= (8 if make_model is Mlp else 6), result.trials
+            assert len(result.trials) <= 6, result.trials
         else:
             assert len(result.trials) <= 2 * math.ceil(math.log2(b)) + 2, result.trials
         assert runs(step, b), b
