@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import io
 import time
 import traceback
 import warnings
@@ -26,6 +25,7 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 import torch
 
 from . import _C
+from ._snapshot import StateSnapshot
 from .memory import memory_budget
 
 MemoryProfile = _C.MemoryProfile
@@ -119,37 +119,6 @@ def cache_key(*, model: Optional[torch.nn.Module] = None, dtype=None, sequence_l
     return "|".join(parts)
 
 
-def _copy_into(live, saved) -> None:
-    """Copies the tensors of `saved` into the tensors at the same places in `live` (dicts, lists, tuples)."""
-    if isinstance(live, torch.Tensor):
-        with torch.no_grad():
-            live.copy_(saved)
-    elif isinstance(live, dict):
-        for key in live:
-            _copy_into(live[key], saved[key])
-    elif isinstance(live, (list, tuple)):
-        for a, b in zip(live, saved):
-            _copy_into(a, b)
-
-
-class _Snapshot:
-    """The state of objects with state_dict/load_state_dict, put back in place after the search: values are
-    saved to host memory and copied back into the very tensors that held them (the state_dicts reference
-    them), so no allocation moves and state the trials created (optimizer moments) is dropped."""
-
-    def __init__(self, objects: Sequence) -> None:
-        self.live = [(o, o.state_dict()) for o in objects]
-        self.buffer = io.BytesIO()
-        torch.save([state for _, state in self.live], self.buffer)
-
-    def restore(self) -> None:
-        self.buffer.seek(0)
-        saved = torch.load(self.buffer, weights_only=False)
-        for (obj, live), values in zip(self.live, saved):
-            _copy_into(live, values)
-            obj.load_state_dict(live)
-
-
 def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high: Optional[int] = None,
                         seed: Union[str, int, MemoryProfile, None] = "profile", margin: float = 0.0,
                         multiple_of: int = 1, steps_per_trial: int = 2,
@@ -190,7 +159,7 @@ def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high:
     if cache_file is not None:
         options.cache_file = str(cache_file)
         options.cache_key = cache_key if cache_key is not None else ""
-    snapshot = _Snapshot(list(restore)) if restore else None
+    snapshot = StateSnapshot(list(restore)) if restore else None
     try:
         with memory_budget(None, device) as counter:
             return _C.search_max_batch(_trial_runner(step_fn, validate, steps_per_trial, counter), options,

@@ -33,6 +33,8 @@ from typing import Any, Dict, Optional, Sequence
 
 import torch
 
+from ._snapshot import StateSnapshot
+
 _STATE_NAME = re.compile(r"^state-(\d+)\.pt$")
 
 
@@ -239,12 +241,19 @@ class TrainingState:
             if problem is not None:
                 warnings.warn(f"TrainingState: {path} {problem}; trying the previous state")
                 continue
-            if model is not None:
-                model.load_state_dict(payload["model"])
-            if optimizer is not None:
-                optimizer.load_state_dict(payload["optimizer"])
-            if scaler is not None and payload["scaler"]:  # (a disabled scaler saved {})
-                scaler.load_state_dict(payload["scaler"])
+            targets = [o for o in (model, optimizer, scaler) if o is not None]
+            backup = StateSnapshot(targets)
+            try:
+                if model is not None:
+                    model.load_state_dict(payload["model"])
+                if optimizer is not None:
+                    optimizer.load_state_dict(payload["optimizer"])
+                if scaler is not None and payload["scaler"]:  # (a disabled scaler saved {})
+                    scaler.load_state_dict(payload["scaler"])
+            except Exception as e:  # noqa: BLE001 - whatever failed, the objects go back as they were
+                backup.restore()
+                raise ValueError(f"TrainingState.load: {path} does not fit the objects given ({type(e).__name__}: "
+                                 f"{str(e).splitlines()[0]}); nothing was changed") from e
             if restore_rng:
                 _restore_rng_states(payload["rng"])
             return {"step": payload["step"], "epoch": payload["epoch"], "data_position": payload["data_position"],

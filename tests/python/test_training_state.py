@@ -160,3 +160,15 @@ def test_every_rank_agrees_to_stop_when_one_got_the_signal(tmp_path):
     assert got == [(0, False, True), (1, False, True)]
     assert (tmp_path / "LATEST").read_text().strip() == "state-000000000007.pt"  # rank 0 wrote it once
     assert torch.load(tmp_path / "state-000000000007.pt", weights_only=False)["extras"] == {"rank": 0}
+
+
+def test_a_state_that_does_not_fit_changes_nothing(tmp_path):
+    saved = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Linear(2, 3))
+    with gpuops.TrainingState(tmp_path) as state:
+        state.save(step=1, model=saved)
+        # The first layer fits (torch copies it in place), the second does not (5 outputs, not 3).
+        other = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Linear(2, 5))
+        before = {k: v.clone() for k, v in other.state_dict().items()}
+        with pytest.raises(ValueError, match="does not fit the objects given .* nothing was changed"):
+            state.load(model=other)
+        assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
