@@ -1,8 +1,9 @@
 """Activation checkpointing for Python models, with the choice of what to checkpoint as the product.
 
 ``gpuops.checkpoint(fn, *args)`` runs ``fn`` without keeping its activations and recomputes them in the
-backward (torch.utils.checkpoint, non-reentrant: RNG and autocast state are replayed, so gradients are
-bit-identical). ``apply_checkpointing(layers, ...)`` wraps chosen layers of a stack (an ``nn.ModuleList`` or
+backward, on the C++ engine LibTorch programs use (RNG and autocast state replayed: gradients are
+bit-identical). Wrapped layers use torch.utils.checkpoint's non-reentrant engine (inputs need not require
+grad there); what gpuops adds for them is the choice of layers. ``apply_checkpointing(layers, ...)`` wraps chosen layers of a stack (an ``nn.ModuleList`` or
 ``nn.Sequential``, e.g. a transformer's blocks) by policy:
 
 * ``every=k``: layers 0, k, 2k, ...;
@@ -26,9 +27,39 @@ from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 from . import _C
 
 
-def checkpoint(fn: Callable, *args, **kwargs):
-    """``fn(*args, **kwargs)`` without saving its activations; they are recomputed in the backward."""
-    return _torch_checkpoint(fn, *args, use_reentrant=False, **kwargs)
+def checkpoint(fn: Callable, *args, use_reentrant: bool = True, preserve_rng_state: bool = True,
+               buffers: Sequence[torch.Tensor] = (), **kwargs):
+    """``fn(*args, **kwargs)`` without saving its activations; they are recomputed in the backward.
+
+    By default the C++ engine runs it (gpuops::checkpoint, the one LibTorch programs use): a reentrant node
+    that keeps only the tensor arguments and replays the RNG (CPU and every CUDA device) and autocast state,
+    so gradients are bit-identical. ``buffers``: tensors ``fn`` updates in place (BatchNorm statistics),
+    restored after the recomputation so they change once. Non-tensor arguments are passed through; ``fn``
+    returns a tensor or a tuple/list of tensors. Like every reentrant design it needs a tensor argument that
+    requires grad and works with ``backward()``, not ``torch.autograd.grad(..., inputs)``: both raise a
+    ValueError saying so. ``use_reentrant=False`` delegates to torch.utils.checkpoint's non-reentrant
+    implementation, which has neither limit.
+    """
+    if not use_reentrant:
+        return _torch_checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state, **kwargs)
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    shape = {}
+
+    def segment(tensors):
+        call = list(args)
+        for i, t in zip(positions, tensors):
+            call[i] = t
+        out = fn(*call, **kwargs)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        if not all(isinstance(o, torch.Tensor) for o in outs):
+            raise TypeError("gpuops.checkpoint: fn must return a tensor or a tuple/list of tensors, got "
+                            f"{type(out).__name__}")
+        shape.setdefault("kind", type(out) if isinstance(out, (tuple, list)) else None)
+        return outs
+
+    outs = _C.checkpoint_segment(segment, [args[i] for i in positions], preserve_rng_state, list(buffers))
+    kind = shape["kind"]
+    return outs[0] if kind is None else kind(outs)
 
 
 def _named_layers(layers) -> List[tuple]:
@@ -49,7 +80,8 @@ def _wrap(module: torch.nn.Module) -> None:
     def forward(*args, **kwargs):
         if not torch.is_grad_enabled():  # inference: nothing to save, nothing to recompute
             return original(*args, **kwargs)
-        return checkpoint(original, *args, **kwargs)
+        # torch's non-reentrant engine here: a layer's inputs need not require grad (frozen embeddings).
+        return checkpoint(original, *args, use_reentrant=False, **kwargs)
 
     module.forward = forward
 

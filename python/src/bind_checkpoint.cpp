@@ -1,7 +1,11 @@
-// The budget policy's knapsack (checkpoint_policy.h), shared by gpuops.apply_checkpointing.
+// Checkpointing for Python: segments run by the C++ engine (gpuops::checkpoint), and the budget policy's
+// knapsack (checkpoint_policy.h) shared by gpuops.apply_checkpointing.
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>  // torch.Tensor <-> at::Tensor
 
 #include "bindings.h"
+#include "gpuops/checkpoint.h"
 #include "gpuops/checkpoint_policy.h"
 
 namespace py = pybind11;
@@ -18,6 +22,18 @@ void bind_checkpoint(py::module_& m) {
         },
         py::arg("costs"), py::arg("budget_bytes"), py::arg("units") = 1 << 16,
         "Indices of the layers to checkpoint; costs: (name, saved_bytes, checkpointed_bytes, forward_seconds).");
+
+  // fn is called with the GIL taken by pybind11's function wrapper, also from the autograd engine's thread
+  // during the backward's recomputation.
+  m.def("checkpoint_segment",
+        [](const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& fn,
+           const std::vector<at::Tensor>& inputs, bool preserve_rng_state, const std::vector<at::Tensor>& buffers) {
+          CheckpointOptions options;
+          options.preserve_rng_state = preserve_rng_state;
+          options.buffers = buffers;
+          return checkpoint(fn, inputs, options);
+        },
+        py::arg("fn"), py::arg("inputs"), py::arg("preserve_rng_state") = true, py::arg("buffers") = std::vector<at::Tensor>{});
 }
 
 }  // namespace gpuops::python

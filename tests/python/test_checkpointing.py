@@ -45,6 +45,63 @@ def test_gradients_with_checkpointing_equal_the_plain_ones_bitwise():
     assert not all(torch.equal(a, b) for a, b in zip(plain, grads_of(model, seed=8)))
 
 
+def grads_through_the_engine(model, seed, **options):
+    """Gradients with every layer run through gpuops.checkpoint (the C++ engine), input requiring grad."""
+    torch.manual_seed(seed)
+    model.zero_grad()
+    x = data().requires_grad_()
+    h = x
+    for layer in model.layers:
+        h = gpuops.checkpoint(layer, h, **options)
+    model.head(h).sum().backward()
+    return [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+
+
+def test_the_cpp_engine_gives_the_plain_gradients_bitwise():
+    model = Stack()
+    torch.manual_seed(7)
+    model.zero_grad()
+    x = data().requires_grad_()
+    model(x).backward()
+    plain = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(plain, grads_through_the_engine(model, 7)))
+    # without replaying the RNG the recomputed dropout masks differ
+    assert not all(torch.equal(a, b) for a, b in zip(plain, grads_through_the_engine(model, 7, preserve_rng_state=False)))
+
+
+def test_the_cpp_engine_passes_non_tensors_returns_tuples_and_explains_its_limits():
+    w = torch.randn(5, 5, requires_grad=True)
+    a, b = torch.randn(3, 5, requires_grad=True), torch.randn(3, 5)
+
+    def segment(x, y, scale, *, shift):
+        h = x @ w * scale + shift
+        return h.tanh(), (h * y).sum()
+
+    outs = gpuops.checkpoint(segment, a, b, 0.5, shift=1.0)
+    assert isinstance(outs, tuple) and len(outs) == 2
+    (outs[0].sum() + outs[1]).backward()
+    a2, w2 = a.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    h = a2 @ w2 * 0.5 + 1.0
+    (h.tanh().sum() + (h * b).sum()).backward()
+    assert torch.allclose(a.grad, a2.grad) and torch.allclose(w.grad, w2.grad)
+
+    with pytest.raises(ValueError, match="no input requires grad"):
+        gpuops.checkpoint(segment, b, b, 1.0, shift=0.0)
+    out = gpuops.checkpoint(lambda x: x @ w, a).sum()
+    with pytest.raises(ValueError, match="cannot reach into a checkpointed segment"):
+        torch.autograd.grad(out, [a])
+    with pytest.raises(TypeError, match="must return a tensor"):
+        gpuops.checkpoint(lambda x: 3, a)
+
+
+def test_the_cpp_engine_updates_batchnorm_statistics_once():
+    plain, ckpt = torch.nn.BatchNorm1d(6), torch.nn.BatchNorm1d(6)
+    x = torch.randn(16, 6) * 2 + 1
+    plain(x.clone().requires_grad_()).sum().backward()
+    gpuops.checkpoint(ckpt, x.clone().requires_grad_(), buffers=list(ckpt.buffers())).sum().backward()
+    assert torch.allclose(plain.running_mean, ckpt.running_mean) and ckpt.num_batches_tracked.item() == 1
+
+
 def saved_after_forward(model):
     """Bytes the forward leaves alive for the backward (what checkpointing trades), and the step's peak."""
     x = data()
