@@ -7,10 +7,11 @@ A trial is real: ``steps_per_trial`` full training steps (a warm-up step plus on
 state is allocated on the first) and the validation function if given. An out-of-memory error, recognised by
 type (``torch.OutOfMemoryError``; cuBLAS/cuDNN allocation failures on CUDA) wherever it is raised, marks
 the trial failed: the exception and its frames are dropped, cached memory is released and peak statistics
-reset. Any other exception propagates unchanged. By default two small profiling trials (and, when they
-predict a large batch, a pair near the prediction) seed the search, which then gallops and bisects to the
-exact largest batch; ``seed=None`` probes exponentially from ``low`` instead, ``seed=<int>`` starts from an
-estimate (e.g. the analytic estimator's).
+reset. Any other exception propagates unchanged. By default two small profiling trials seed the search,
+which then goes, trial by trial, to the batch that a fit of the measured peaks says fills the memory, and
+confirms the exact largest batch; ``seed=None`` probes exponentially from ``low`` and bisects instead;
+``seed=<int>`` or ``seed=<MemoryProfile>`` (``profile_memory``, or ``analytic_profile`` of an estimate)
+gallops from the batch it predicts.
 """
 
 from __future__ import annotations
@@ -117,6 +118,18 @@ def cache_key(*, model: Optional[torch.nn.Module] = None, dtype=None, sequence_l
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{_headroom(device)}B"
     parts = [where, model_signature(model) if model is not None else "-", str(dtype), str(sequence_length), extra]
     return "|".join(parts)
+
+
+def analytic_profile(breakdown, micro_batch: int) -> MemoryProfile:
+    """A memory profile from the analytic estimator: ``gpuops.estimate(..., micro_batch=b)``'s activations,
+    logits and temporaries grow with the batch, the rest is fixed. Pass it as ``seed=`` to start the search
+    where the estimate says the memory fills up (the CUDA context and allocator slack count as fixed)."""
+    if not isinstance(micro_batch, int) or micro_batch < 1:
+        raise ValueError(f"analytic_profile: micro_batch must be an int >= 1, got {micro_batch!r}")
+    per_batch = breakdown.activations + breakdown.logits + breakdown.temporaries
+    fixed = breakdown.total_bytes - per_batch
+    per_sample = per_batch / micro_batch
+    return _C.fit_memory_profile([(1, round(fixed + per_sample)), (2, round(fixed + 2 * per_sample))])
 
 
 def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high: Optional[int] = None,

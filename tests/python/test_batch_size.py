@@ -214,3 +214,20 @@ def test_ranks_with_different_budgets_agree_on_the_minimum():
     assert len(agreed) == 1, found
     assert agreed.pop() == min(f[1] for f in found)  # the smallest rank's own maximum
     assert found[1][1] < found[0][1] < found[2][1]
+
+
+def test_a_seed_from_the_analytic_estimator_or_a_profile_finds_the_same_maximum():
+    model = Mlp()
+    optimizer, step = trainer(model)
+    with gpuops.memory_budget(3 << 20):
+        truth = gpuops.find_max_batch_size(step, seed=None, restore=[model, optimizer]).max_batch
+        # A rough analytic breakdown (the estimator's categories, made up here): only the start changes.
+        rough = gpuops.Breakdown(weights=80_000, gradients=80_000, master_weights=0, optimizer_states=160_000,
+                                 activations=8 * 2_000, logits=0, temporaries=8 * 1_000, cuda_context=0,
+                                 allocator_slack=0)
+        profile = gpuops.batch_size.analytic_profile(rough, micro_batch=8)
+        assert profile.per_sample_bytes == 3_000 and profile.fixed_bytes == 320_000
+        seeded = gpuops.find_max_batch_size(step, seed=profile, restore=[model, optimizer])
+        assert seeded.max_batch == truth
+        with pytest.raises(ValueError, match="micro_batch"):
+            gpuops.batch_size.analytic_profile(rough, micro_batch=0)
