@@ -7,6 +7,7 @@
 #include "gpuops/checkpointed_sequential.h"
 #include "gpuops/device.h"
 #include "gpuops/errors.h"
+#include "gpuops/flat_params.h"
 #include "gpuops/estimator.h"
 #include "gpuops/fused_adam.h"
 #include "gpuops/fused_sgd.h"

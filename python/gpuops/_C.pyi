@@ -2,6 +2,8 @@
 
 from typing import Callable, List, Optional, Sequence, Tuple
 
+import torch
+
 class DeviceInfo:
     type: str
     index: int
@@ -109,3 +111,17 @@ def memory_headroom_bytes(device: str = "cpu") -> int: ...
 
 def checkpoint_segment(fn: Callable[[list], list], inputs: list, preserve_rng_state: bool = True,
                        buffers: list = ...) -> list: ...
+
+class FlatBucket:
+    device: str
+    data: "torch.Tensor"
+    grad: "torch.Tensor"
+    slots: list[tuple["torch.Tensor", int, int]]
+
+class FlatParams:
+    buckets: list[FlatBucket]
+    def __init__(self, params: list, alignment_bytes: int = 16, world_size: int = 1) -> None: ...
+    def zero_grad(self) -> None: ...
+    def intact(self) -> bool: ...
+    @staticmethod
+    def shard(flat: "torch.Tensor", rank: int, world_size: int) -> "torch.Tensor": ...

@@ -11,7 +11,7 @@ import torch as _torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C
 from . import optim
-from ._C import DeviceInfo, MemoryStats, device_info
+from ._C import DeviceInfo, FlatParams, MemoryStats, device_info
 from .memory import memory_budget
 from .accumulate import GradAccumulator
 from .amp import GradScaler, clip_grad_norm_
@@ -32,6 +32,7 @@ __all__ = [
     "checkpoint",
     "remove_checkpointing",
     "DeviceInfo",
+    "FlatParams",
     "GradAccumulator",
     "MemoryStats",
     "TrainingState",

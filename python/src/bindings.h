@@ -9,5 +9,6 @@ void bind_memory_budget(pybind11::module_& m);
 void bind_estimator(pybind11::module_& m);
 void bind_checkpoint(pybind11::module_& m);
 void bind_batch_search(pybind11::module_& m);
+void bind_flat_params(pybind11::module_& m);
 
 }  // namespace gpuops::python

@@ -37,4 +37,5 @@ PYBIND11_MODULE(_C, m) {
   gpuops::python::bind_estimator(m);
   gpuops::python::bind_checkpoint(m);
   gpuops::python::bind_batch_search(m);
+  gpuops::python::bind_flat_params(m);
 }

@@ -1,0 +1,59 @@
+#pragma once
+// FlatParams (design §3): parameters gathered by (device, dtype) into one contiguous buffer each, every
+// parameter an alias of its slice, and gradients in a matching flat buffer (every .grad an alias: made with
+// set_, not an autograd view, so that optimizers' zero_grad, which detaches in place, works on them). Unscale,
+// the overflow check, the norm and an optimizer step can then run once per buffer, and a ZeRO shard is a
+// slice [rank * S, (rank + 1) * S) of it.
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+namespace gpuops {
+
+struct FlatParamsOptions {
+  int64_t alignment_bytes = 16;  ///< every parameter starts at a multiple of this (a power of two >= element size)
+  int64_t world_size = 1;        ///< each buffer's length is padded to a multiple of world_size * alignment
+};
+
+class FlatParams {
+ public:
+  /// Where one parameter lives in its bucket.
+  struct Slot {
+    at::Tensor param;
+    int64_t offset = 0;  ///< in elements
+    int64_t numel = 0;
+  };
+  struct Bucket {
+    c10::Device device = c10::Device(c10::kCPU);
+    at::ScalarType dtype = at::kFloat;
+    at::Tensor data;  ///< the parameters' values, padding zero
+    at::Tensor grad;  ///< the gradients, padding zero
+    std::vector<Slot> slots;
+  };
+
+  /// Moves every parameter's values into its bucket and makes it a view of it (the parameter objects, their
+  /// autograd identity and their order in optimizers stay the same); existing gradients are copied into
+  /// the flat gradient buffer, missing ones start at zero. c10::ValueError, with nothing changed, for: an
+  /// empty list, a parameter given twice, one that is not a leaf requiring grad, sparse, or not contiguous,
+  /// or bad options.
+  explicit FlatParams(const std::vector<at::Tensor>& params, FlatParamsOptions options = {});
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+  /// Zeroes the flat gradient buffers and points every .grad back at its view (an optimizer's
+  /// zero_grad(set_to_none=True) drops the views; the next backward would then allocate new gradients).
+  void zero_grad();
+  /// Whether every parameter's .grad and data are still the views of the buffers.
+  bool intact() const;
+  /// The rank-th of world_size equal slices of a bucket's `data` or `grad` buffer (ZeRO's shard).
+  static at::Tensor shard(const at::Tensor& flat, int64_t rank, int64_t world_size);
+
+ private:
+  std::vector<Bucket> buckets_;
+};
+
+}  // namespace gpuops

@@ -1,0 +1,61 @@
+"""gpuops.FlatParams from Python: training through the flat buffers equals training without (our fused AdamW
+and torch's), one clip over the flat gradient equals torch's over the parameters, errors leave things alone."""
+
+import pytest
+import torch
+
+import gpuops
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(9, 17), torch.nn.GELU(), torch.nn.Linear(17, 5))
+
+
+@pytest.mark.parametrize("make_optimizer", [lambda p: gpuops.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+                                            lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1)])
+def test_training_through_flat_buffers_is_bit_identical(make_optimizer):
+    plain, flattened = model(), model()
+    flat = gpuops.FlatParams(list(flattened.parameters()), world_size=2)
+    plain_opt, flat_opt = make_optimizer(plain.parameters()), make_optimizer(flattened.parameters())
+    for _ in range(5):
+        x = torch.randn(8, 9)
+        plain_opt.zero_grad()
+        flat_opt.zero_grad(set_to_none=False)  # keeps the gradient aliases
+        plain(x).square().mean().backward()
+        flattened(x).square().mean().backward()
+        assert flat.intact()
+        plain_opt.step()
+        flat_opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), flattened.parameters()))
+    bucket = flat.buckets[0]
+    assert bucket.data.numel() % (2 * 4) == 0
+    assert sum(gpuops.FlatParams.shard(bucket.grad, r, 2).numel() for r in range(2)) == bucket.grad.numel()
+
+
+def test_one_clip_over_the_flat_gradient_equals_torch_over_the_parameters():
+    plain, flattened = model(), model()
+    flat = gpuops.FlatParams(list(flattened.parameters()))
+    x = torch.randn(8, 9)
+    plain(x).sum().backward()
+    flattened(x).sum().backward()
+    expected = torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.5)
+    bucket = flat.buckets[0]
+    holder = torch.nn.Parameter(bucket.data)  # one tensor whose .grad is the whole flat gradient
+    holder.grad = bucket.grad
+    norm = gpuops.clip_grad_norm_([holder], 0.5)
+    torch.testing.assert_close(norm, expected)
+    for a, b in zip(plain.parameters(), flattened.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_bad_input_is_refused_and_nothing_changes():
+    w = torch.randn(3, 3, requires_grad=True)
+    before = w.data_ptr()
+    with pytest.raises(ValueError, match="given twice"):
+        gpuops.FlatParams([w, w])
+    with pytest.raises(ValueError, match="leaf tensor that requires grad"):
+        gpuops.FlatParams([w, w * 2])
+    with pytest.raises(ValueError, match="alignment_bytes must be a power of two"):
+        gpuops.FlatParams([w], alignment_bytes=12)
+    assert w.data_ptr() == before
