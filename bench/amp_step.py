@@ -52,10 +52,11 @@ def timed(fn, restore, repeats: int, device: str) -> float:
     return statistics.median(samples)
 
 
-def bench_size(n: int, device: str, repeats: int) -> dict:
+def bench_size(n: int, device: str, repeats: int, chunks: int, flat: bool) -> dict:
     results = {}
     for name in ("torch", "gpuops"):
-        params, saved = make_params(n, device)
+        params, saved = make_params(n, device, chunks)
+        flat_params = gpuops.FlatParams(params) if flat and name == "gpuops" else None
 
         def restore():
             for p, g in zip(params, saved):
@@ -77,7 +78,9 @@ def bench_size(n: int, device: str, repeats: int) -> dict:
                 scaler.step(optimizer)
                 scaler.update()
         else:
-            optimizer = gpuops.optim.AdamW(params, lr=1e-3)
+            # --flat: the parameters live in one buffer, and the optimizer steps that buffer (flat state too)
+            stepped = flat_params.flat_parameters() if flat_params is not None else params
+            optimizer = gpuops.optim.AdamW(stepped, lr=1e-3)
             scaler = gpuops.GradScaler(device, init_scale=1024.0, growth_interval=10**9)
 
             def adamw():
@@ -102,13 +105,16 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--params", type=float, nargs="+", default=[1e6, 1e7, 1e8])
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--chunks", type=int, default=8, help="parameter tensors the parameters are split into")
+    parser.add_argument("--flat", action="store_true", help="gpuops: parameters in a FlatParams buffer, stepped as one")
     args = parser.parse_args()
     machine = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or platform.machine()}"
-    print(f"# {datetime.date.today()}, {machine}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"# {datetime.date.today()}, {machine}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{args.chunks} tensors{', gpuops flat' if args.flat else ''}")
     print("| params | step | torch ms | gpuops ms | torch GB/s | gpuops GB/s | bytes/param torch / ours | speed-up |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for n in (int(p) for p in args.params):
-        r = bench_size(n, args.device, args.repeats)
+        r = bench_size(n, args.device, args.repeats, args.chunks, args.flat)
         for step in ("adamw", "amp_step"):
             t_torch, t_ours = r[f"torch_{step}"], r[f"gpuops_{step}"]
             b_torch, b_ours = BYTES[f"torch_{step}"], BYTES[f"gpuops_{step}"]

@@ -44,6 +44,11 @@ class FlatParams {
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
+  /// One leaf tensor per bucket, aliasing the whole buffer, with the flat gradient as its .grad: hand these
+  /// to an optimizer and it steps once per buffer, with its state flat as well (every parameter then shares
+  /// the group options; padding stays zero). The parameters see every update (same storage).
+  std::vector<at::Tensor> flat_parameters() const;
+
   /// Zeroes the flat gradient buffers and points every .grad back at its view (an optimizer's
   /// zero_grad(set_to_none=True) drops the views; the next backward would then allocate new gradients).
   void zero_grad();

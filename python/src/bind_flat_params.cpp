@@ -25,6 +25,8 @@ void bind_flat_params(py::module_& m) {
            }),
            py::arg("params"), py::arg("alignment_bytes") = 16, py::arg("world_size") = 1)
       .def_property_readonly("buckets", &FlatParams::buckets)
+      .def("flat_parameters", &FlatParams::flat_parameters,
+           "One leaf tensor per buffer, its .grad the flat gradient: an optimizer given these steps once per buffer")
       .def("zero_grad", &FlatParams::zero_grad)
       .def("intact", &FlatParams::intact)
       .def_static("shard", &FlatParams::shard, py::arg("flat"), py::arg("rank"), py::arg("world_size"));

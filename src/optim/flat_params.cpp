@@ -71,6 +71,16 @@ FlatParams::FlatParams(const std::vector<at::Tensor>& params, FlatParamsOptions 
   }
 }
 
+std::vector<at::Tensor> FlatParams::flat_parameters() const {
+  std::vector<at::Tensor> flat;
+  for (const auto& bucket : buckets_) {
+    at::Tensor whole = alias(bucket.data, 0, bucket.data).requires_grad_(true);
+    whole.mutable_grad() = alias(bucket.grad, 0, bucket.grad);
+    flat.push_back(whole);
+  }
+  return flat;
+}
+
 void FlatParams::zero_grad() {
   for (auto& bucket : buckets_) {
     bucket.grad.zero_();

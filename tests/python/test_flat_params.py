@@ -59,3 +59,27 @@ def test_bad_input_is_refused_and_nothing_changes():
     with pytest.raises(ValueError, match="alignment_bytes must be a power of two"):
         gpuops.FlatParams([w], alignment_bytes=12)
     assert w.data_ptr() == before
+
+
+def test_an_optimizer_over_the_flat_parameters_steps_once_per_buffer_and_matches():
+    plain, flattened = model(), model()
+    flat = gpuops.FlatParams(list(flattened.parameters()))
+    whole = flat.flat_parameters()
+    assert len(whole) == 1 and whole[0].is_leaf and whole[0].grad is not None
+    plain_opt = gpuops.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.1)
+    flat_opt = gpuops.optim.AdamW(whole, lr=1e-2, weight_decay=0.1)  # its state is one flat buffer too
+    for _ in range(5):
+        x = torch.randn(8, 9)
+        plain_opt.zero_grad()
+        flat.zero_grad()
+        plain(x).square().mean().backward()
+        flattened(x).square().mean().backward()
+        plain_opt.step()
+        flat_opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), flattened.parameters()))
+    state = flat_opt.state[whole[0]]
+    assert state["exp_avg"].shape == whole[0].shape
+    padding = torch.ones_like(flat.buckets[0].data, dtype=torch.bool)
+    for _, offset, numel in flat.buckets[0].slots:
+        padding[offset:offset + numel] = False
+    assert torch.count_nonzero(flat.buckets[0].data[padding]) == 0  # padding stays zero
