@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <gpuops/gpuops.h>
+#include <gpuops/estimator/device_profile.h>
 #include <gpuops/estimator/gpu_catalog.h>
 
 #include "gpt2_lm.h"
@@ -83,7 +84,7 @@ int main(int argc, char** argv) {
     } else {  // each catalog GPU that the GPU at hand can emulate, minus its CUDA context
       const int64_t room = gpuops::memory_headroom_bytes(device);
       for (const auto& gpu : gpuops::estimator::gpu_catalog()) {
-        const int64_t usable = gpu.memory_bytes - (int64_t{512} << 20);
+        const int64_t usable = gpu.memory_bytes - gpuops::estimator::cuda_device().cuda_context_bytes;
         if (usable <= room) targets.push_back({gpu.name, usable});
       }
     }

@@ -150,8 +150,9 @@ def main() -> None:
         if not targets:
             import gpuops
 
-            targets = [(g.name, g.memory_bytes - (512 << 20)) for g in gpuops.gpu_catalog()
-                       if g.memory_bytes - (512 << 20) <= torch.cuda.mem_get_info()[0]]
+            room = gpuops.batch_size._headroom(torch.device("cuda"))  # as the C++ tool: minus a CUDA context
+            targets = [(g["name"], g["memory_bytes"] - gpuops._C.CUDA_CONTEXT_BYTES) for g in gpuops.gpu_catalog()
+                       if g["memory_bytes"] - gpuops._C.CUDA_CONTEXT_BYTES <= room]
         written = tune_python_module(factory, targets, args.out, args.steps, args.module)
     else:
         if not BUILTIN.exists():

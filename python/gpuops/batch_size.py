@@ -48,11 +48,9 @@ def _default_device() -> torch.device:
 
 
 def _headroom(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        cached_unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return free + cached_unused
-    return _C.memory_headroom_bytes("cpu")  # the tightest active memory_budget, -1 without one
+    """CPU: the tightest active memory_budget (-1 without one); CUDA: free memory plus the allocator's unused
+    cache, within its memory fraction (a memory_budget cap)."""
+    return _C.memory_headroom_bytes(str(device))
 
 
 def _trial_runner(step_fn: Callable[[int], object], validate: Optional[Callable[[int], object]], steps: int,
@@ -154,8 +152,7 @@ def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high:
         raise ValueError(f"find_max_batch_size: step_fn must be callable, got {type(step_fn).__name__}")
     if validate is not None and not callable(validate):
         raise ValueError("find_max_batch_size: validate must be callable or None")
-    if seed is not None and not isinstance(seed, (str, int, MemoryProfile)) or seed == "" or \
-            (isinstance(seed, str) and seed != "profile"):
+    if not (seed is None or seed == "profile" or isinstance(seed, (int, MemoryProfile))):
         raise ValueError(f"find_max_batch_size: seed must be 'profile', an int, a MemoryProfile or None, got {seed!r}")
     device = torch.device(device) if device is not None else _default_device()
     options = _C.BatchSearchOptions()

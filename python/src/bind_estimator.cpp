@@ -82,6 +82,7 @@ void bind_estimator(py::module_& m) {
       py::arg("lora_targets"), py::arg("base_dtype"), py::arg("micro_batch"), py::arg("seq_len"),
       py::arg("grad_accum"));
 
+  m.attr("CUDA_CONTEXT_BYTES") = cuda_device().cuda_context_bytes;  // what the estimator assumes
   m.def("gpu_catalog", [] {
     std::vector<py::dict> rows;
     for (const auto& gpu : gpu_catalog()) {

@@ -97,9 +97,9 @@ class Search {
     const TrialOutcome outcome = run_(batch);
     const bool ok = agree(outcome.ok ? 1 : 0) == 1;
     result.trials.push_back({batch, ok, outcome.peak_bytes, outcome.seconds, phase});
-    if (ok) ok_peaks_[k] = outcome.peak_bytes;
     if (ok) {
       best_ok_k = k;
+      ok_peaks_[k] = outcome.peak_bytes;
     } else {
       first_fail_k = first_fail_k ? std::min(*first_fail_k, k) : k;
       TORCH_CHECK_WITH(OutOfMemoryError, k > low_k(), "find_max_batch_size: even the smallest batch, ", batch,
@@ -109,12 +109,10 @@ class Search {
     return ok;
   }
 
-  // peak(b) fitted on the two largest batches that ran, the `skip` largest left out; nullopt without them.
-  std::optional<MemoryProfile> fit_two_largest(size_t skip = 0) const {
-    if (ok_peaks_.size() < 2 + skip) return std::nullopt;
-    auto last = std::prev(ok_peaks_.end());
-    for (size_t i = 0; i < skip; ++i) --last;
-    const auto before = std::prev(last);
+  // peak(b) fitted on the two largest batches that ran; nullopt with fewer than two.
+  std::optional<MemoryProfile> fit_two_largest() const {
+    if (ok_peaks_.size() < 2) return std::nullopt;
+    const auto last = std::prev(ok_peaks_.end()), before = std::prev(last);
     return fit_memory_profile({{before->first * unit(), before->second}, {last->first * unit(), last->second}});
   }
 
@@ -168,14 +166,9 @@ BatchSearchResult search_max_batch(const TrialRunner& run, const BatchSearchOpti
     return r;
   }
   Search s(run, o, agree_min);
-  std::optional<int64_t> start_k;  // where galloping starts
-  if (o.seed) {
-    start_k = s.clamp_k(*o.seed / s.unit());
-  }
-  if (!o.seed && o.profile_seed) {
-    profile_seeded_search(s, o);
-  } else if (start_k) {  // gallop away from the prediction: up while it runs, down while it fails
-    if (s.runs(*start_k, "search")) {
+  if (o.seed) {  // gallop away from the estimate: up while it runs, down while it fails
+    const int64_t start_k = s.clamp_k(*o.seed / s.unit());
+    if (s.runs(start_k, "search")) {
       for (int64_t step = 1; !s.first_fail_k && !s.out_of_budget(); step *= 2) {
         const int64_t k = *s.best_ok_k + step;
         if (s.high_k() && *s.best_ok_k >= *s.high_k()) break;
@@ -183,8 +176,10 @@ BatchSearchResult search_max_batch(const TrialRunner& run, const BatchSearchOpti
       }
     } else {
       for (int64_t step = 1; !s.best_ok_k && !s.out_of_budget(); step *= 2)
-        s.runs(std::max(s.low_k(), *start_k - step), "search");
+        s.runs(std::max(s.low_k(), start_k - step), "search");
     }
+  } else if (o.profile_seed) {
+    profile_seeded_search(s, o);
   } else {  // exponential probing from low
     s.runs(s.low_k(), "search");
     while (!s.first_fail_k && !(s.high_k() && *s.best_ok_k >= *s.high_k()) && !s.out_of_budget())

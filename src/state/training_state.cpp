@@ -32,6 +32,12 @@ volatile std::sig_atomic_t g_signal_seen = 0;
 
 void on_signal(int) { g_signal_seen = 1; }
 
+// The name of a state file; group 1 is its step.
+const std::regex& state_file_name() {
+  static const std::regex pattern(R"(state-(\d+)\.pt)");
+  return pattern;
+}
+
 std::string state_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof name, "state-%012lld.pt", static_cast<long long>(step));
@@ -194,7 +200,7 @@ std::vector<json> read_manifest(const std::string& directory) {
     std::vector<json> found;  // the state files themselves, without checksums
     for (const std::string& name : detail::list_folder(directory)) {
       std::smatch m;
-      if (std::regex_match(name, m, std::regex(R"(state-(\d+)\.pt)")))
+      if (std::regex_match(name, m, state_file_name()))
         found.push_back({{"file", name}, {"step", std::stoll(m[1])}});
     }
     std::sort(found.begin(), found.end(), [](const json& a, const json& b) { return a["step"] < b["step"]; });
@@ -252,7 +258,7 @@ std::string TrainingState::save(const TrainingProgress& progress, const Training
     detail::write_atomically(detail::join_path(directory, "LATEST"), entries.back()["file"].get<std::string>() + "\n");
     for (const std::string& name : detail::list_folder(directory)) {  // states beyond keep, stale temporaries
       const bool listed = std::any_of(entries.begin(), entries.end(), [&](const json& e) { return e["file"] == name; });
-      const bool state = std::regex_match(name, std::regex(R"(state-\d+\.pt)"));
+      const bool state = std::regex_match(name, state_file_name());
       const bool tmp_file = name.rfind('.', 0) == 0 && name.find(".tmp-") != std::string::npos;
       if ((state && !listed) || tmp_file) detail::remove_file(detail::join_path(directory, name));
     }
