@@ -5,7 +5,7 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/Functions.h>
-#include <ATen/Parallel.h>
+#include "../common/cpu_parallel.h"
 
 #include "amp_checks.h"
 #include "gpuops/amp.h"
@@ -116,9 +116,10 @@ at::Tensor grad_norm_cuda(at::TensorList grads, const at::Tensor& inv_scale, con
   at::Tensor sumsq = at::zeros({static_cast<int64_t>(groups.size()) + 1}, found_inf.options());
   int64_t slot = 0;
   for (const auto& [dtype, group] : groups) {
-    at::Tensor partials = at::empty({kernels::grad_sumsq_partials(group.numel)}, found_inf.options());
+    at::Tensor partials =
+        at::empty({kernels::grad_sumsq_partials(group.numel)}, found_inf.options().dtype(at::kDouble));
     kernels::launch_grad_sumsq(group.data, group.numel, detail::grad_dtype(dtype), inv_scale.data_ptr<float>(),
-                               partials.data_ptr<float>(), sumsq.data_ptr<float>() + slot++,
+                               partials.data_ptr<double>(), sumsq.data_ptr<float>() + slot++,
                                found_inf.data_ptr<float>(), stream);
   }
   return sumsq.sum().sqrt().reshape({1});

@@ -3,7 +3,7 @@
 #include <type_traits>
 
 #include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
+#include "../common/cpu_parallel.h"
 
 #include "amp_checks.h"
 #include "gpuops/amp.h"

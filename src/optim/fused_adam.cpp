@@ -3,7 +3,7 @@
 #include <utility>
 
 #include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
+#include "../common/cpu_parallel.h"
 #include <c10/util/Exception.h>
 
 #include "gpuops/fused_adam.h"

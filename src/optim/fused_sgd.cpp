@@ -1,6 +1,6 @@
 // sgd_step_: argument checks, then the CPU loop or the CUDA multi-tensor launcher (same element math).
 #include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
+#include "../common/cpu_parallel.h"
 #include <c10/util/Exception.h>
 
 #include "gpuops/fused_sgd.h"

@@ -8,6 +8,8 @@ import torch
 
 import gpuops
 
+from conftest import DEVICES
+
 
 def params_with_grads(seed, dtype=torch.float32, scale=1.0):
     generator = torch.Generator().manual_seed(seed)
@@ -18,47 +20,51 @@ def params_with_grads(seed, dtype=torch.float32, scale=1.0):
     return params
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("max_norm", [0.5, 1e6])
-def test_clip_grad_norm_matches_torch_in_float64(max_norm):
+def test_clip_grad_norm_matches_torch_in_float64(max_norm, device):
     seed = random.randint(0, 2**31)
     reference = params_with_grads(seed)
-    ours = [torch.nn.Parameter(p.detach().float()) for p in reference]
+    ours = [torch.nn.Parameter(p.detach().float().to(device)) for p in reference]
     for o, r in zip(ours, reference):
-        o.grad = r.grad.float()
+        o.grad = r.grad.float().to(device)
     expected = torch.nn.utils.clip_grad_norm_(reference, max_norm)
     total = gpuops.clip_grad_norm_(ours, max_norm)
-    torch.testing.assert_close(total.double(), expected, rtol=1e-6, atol=0)
+    assert total.device.type == device
+    torch.testing.assert_close(total.double().cpu(), expected, rtol=1e-6, atol=0)
     for o, r in zip(ours, reference):
-        torch.testing.assert_close(o.grad.double(), r.grad, rtol=2e-6, atol=1e-7)
+        torch.testing.assert_close(o.grad.double().cpu(), r.grad, rtol=2e-6, atol=1e-7)
 
 
-def test_norm_is_deterministic_and_flags_overflow_in_16_bit_grads():
-    grads = [torch.randn(100_003).to(torch.bfloat16), torch.randn(77).half()]
-    found = torch.zeros(1)
-    first = torch.ops.gpuops.unscaled_grad_norm_(grads, torch.full((1,), 0.25), found)
-    again = torch.ops.gpuops.unscaled_grad_norm_(grads, torch.full((1,), 0.25), found)
+@pytest.mark.parametrize("device", DEVICES)
+def test_norm_is_deterministic_and_flags_overflow_in_16_bit_grads(device):
+    grads = [torch.randn(100_003).to(torch.bfloat16).to(device), torch.randn(77).half().to(device)]
+    found, quarter = torch.zeros(1, device=device), torch.full((1,), 0.25, device=device)
+    first = torch.ops.gpuops.unscaled_grad_norm_(grads, quarter, found)
+    again = torch.ops.gpuops.unscaled_grad_norm_(grads, quarter, found)
     assert torch.equal(first, again) and found.item() == 0.0
     reference = torch.cat([g.double().flatten() for g in grads]).mul(0.25).norm()
     torch.testing.assert_close(first.double().squeeze(), reference, rtol=1e-6, atol=0)
     grads[1][5] = float("nan")
-    torch.ops.gpuops.unscaled_grad_norm_(grads, torch.ones(1), found)
+    torch.ops.gpuops.unscaled_grad_norm_(grads, torch.ones(1, device=device), found)
     assert found.item() == 1.0
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("optimizer_kind", ["gpuops", "torch"])
-def test_scaler_clip_then_step_equals_torch_unscale_clip_step(optimizer_kind):
+def test_scaler_clip_then_step_equals_torch_unscale_clip_step(optimizer_kind, device):
     torch.manual_seed(random.randint(0, 2**31))
-    model = torch.nn.Sequential(torch.nn.Linear(24, 48), torch.nn.GELU(), torch.nn.Linear(48, 6))
+    model = torch.nn.Sequential(torch.nn.Linear(24, 48), torch.nn.GELU(), torch.nn.Linear(48, 6)).to(device)
     reference = copy.deepcopy(model)
     if optimizer_kind == "gpuops":
         optimizer = gpuops.optim.AdamW(model.parameters(), lr=1e-2)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, foreach=False)
-    scaler = gpuops.GradScaler("cpu", init_scale=2.0**12)
-    ref_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    scaler = gpuops.GradScaler(device, init_scale=2.0**12)
+    ref_scaler = torch.amp.GradScaler(device, init_scale=2.0**12)
     for step in range(8):
-        x = torch.randn(16, 24) * 3
+        x = torch.randn(16, 24, device=device) * 3
         optimizer.zero_grad(set_to_none=True)
         ref_optimizer.zero_grad(set_to_none=True)
         scaler.scale(model(x).square().mean()).backward()

@@ -6,20 +6,23 @@ import torch
 
 import gpuops
 
+from conftest import DEVICES
 
-def model():
+
+def model(device="cpu"):
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(9, 17), torch.nn.GELU(), torch.nn.Linear(17, 5))
+    return torch.nn.Sequential(torch.nn.Linear(9, 17), torch.nn.GELU(), torch.nn.Linear(17, 5)).to(device)
 
 
 @pytest.mark.parametrize("make_optimizer", [lambda p: gpuops.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
                                             lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1)])
-def test_training_through_flat_buffers_is_bit_identical(make_optimizer):
-    plain, flattened = model(), model()
+@pytest.mark.parametrize("device", DEVICES)
+def test_training_through_flat_buffers_is_bit_identical(make_optimizer, device):
+    plain, flattened = model(device), model(device)
     flat = gpuops.FlatParams(list(flattened.parameters()), world_size=2)
     plain_opt, flat_opt = make_optimizer(plain.parameters()), make_optimizer(flattened.parameters())
     for _ in range(5):
-        x = torch.randn(8, 9)
+        x = torch.randn(8, 9, device=device)
         plain_opt.zero_grad()
         flat_opt.zero_grad(set_to_none=False)  # keeps the gradient aliases
         plain(x).square().mean().backward()
@@ -61,15 +64,16 @@ def test_bad_input_is_refused_and_nothing_changes():
     assert w.data_ptr() == before
 
 
-def test_an_optimizer_over_the_flat_parameters_steps_once_per_buffer_and_matches():
-    plain, flattened = model(), model()
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_optimizer_over_the_flat_parameters_steps_once_per_buffer_and_matches(device):
+    plain, flattened = model(device), model(device)
     flat = gpuops.FlatParams(list(flattened.parameters()))
     whole = flat.flat_parameters()
     assert len(whole) == 1 and whole[0].is_leaf and whole[0].grad is not None
     plain_opt = gpuops.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.1)
     flat_opt = gpuops.optim.AdamW(whole, lr=1e-2, weight_decay=0.1)  # its state is one flat buffer too
     for _ in range(5):
-        x = torch.randn(8, 9)
+        x = torch.randn(8, 9, device=device)
         plain_opt.zero_grad()
         flat.zero_grad()
         plain(x).square().mean().backward()

@@ -8,7 +8,7 @@ import torch
 
 import gpuops
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+from conftest import DEVICES
 
 
 def make_model(seed: int) -> torch.nn.Module:

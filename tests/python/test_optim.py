@@ -9,6 +9,8 @@ import torch
 
 import gpuops
 
+from conftest import DEVICES
+
 SHAPES = [(7,), (33, 17), (1000,), (3, 5, 7), (65537,)]
 
 
@@ -16,12 +18,12 @@ def groups(params):
     return [{"params": params[:2]}, {"params": params[2:], "lr": 3e-3, "weight_decay": 0.05}]
 
 
-def run_pair(ours_cls, torch_cls, steps=100, **kwargs):
-    """Same gradients into ours (float32), torch in float64 (the reference) and torch in float32."""
+def run_pair(ours_cls, torch_cls, steps=100, device="cpu", **kwargs):
+    """Same gradients into ours (float32, on device), torch in float64 (the reference) and torch in float32."""
     seed = random.randint(0, 2**31)
     generator = torch.Generator().manual_seed(seed)
     start = [torch.randn(s, dtype=torch.float64, generator=generator) for s in SHAPES]
-    ours = [torch.nn.Parameter(p.float()) for p in start]
+    ours = [torch.nn.Parameter(p.float().to(device)) for p in start]
     ref64 = [torch.nn.Parameter(p.clone()) for p in start]
     ref32 = [torch.nn.Parameter(p.float()) for p in start]
     optimizers = [ours_cls(groups(ours), lr=1e-3, **kwargs), torch_cls(groups(ref64), lr=1e-3, foreach=False, **kwargs),
@@ -29,37 +31,39 @@ def run_pair(ours_cls, torch_cls, steps=100, **kwargs):
     for _ in range(steps):
         for a, b, c in zip(ours, ref64, ref32):
             g = torch.randn(a.shape, dtype=torch.float64, generator=generator)
-            a.grad, b.grad, c.grad = g.float(), g, g.float()
+            a.grad, b.grad, c.grad = g.float().to(device), g, g.float()
         for opt in optimizers:
             opt.step()
     return ours, ref64, ref32, optimizers
 
 
 def norm_rel(xs, ref):
-    return max(((x.double() - r).norm() / r.norm()).item() for x, r in zip(xs, ref))
+    return max(((x.double().cpu() - r).norm() / r.norm()).item() for x, r in zip(xs, ref))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["AdamW", "Adam"])
 @pytest.mark.parametrize("amsgrad", [False, True])
 @pytest.mark.parametrize("maximize", [False, True])
-def test_matches_torch_float64_over_100_steps(name, amsgrad, maximize):
-    ours, ref64, ref32, _ = run_pair(getattr(gpuops.optim, name), getattr(torch.optim, name), amsgrad=amsgrad,
-                                     maximize=maximize)
+def test_matches_torch_float64_over_100_steps(name, amsgrad, maximize, device):
+    ours, ref64, ref32, _ = run_pair(getattr(gpuops.optim, name), getattr(torch.optim, name), device=device,
+                                     amsgrad=amsgrad, maximize=maximize)
     ours_error, torch32_error = norm_rel(ours, ref64), norm_rel(ref32, ref64)
     # float32 cannot do better than torch's own float32 step (decoupled decay rounds 1 - lr*wd every
     # step): within 1e-6, or within 2% of torch float32's own error where that floor is above 1e-6.
     assert ours_error <= max(1e-6, 1.02 * torch32_error), (ours_error, torch32_error)
     for x, r in zip(ours, ref32):  # and element by element, a few float32 roundings from torch's float32
-        torch.testing.assert_close(x, r, rtol=2e-6, atol=1e-6)
+        torch.testing.assert_close(x.cpu(), r, rtol=2e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("kwargs", [dict(momentum=0.0), dict(momentum=0.9), dict(momentum=0.9, nesterov=True),
                                     dict(momentum=0.8, dampening=0.3, maximize=True)])
-def test_sgd_matches_torch_float64_over_100_steps(kwargs):
-    ours, ref64, ref32, _ = run_pair(gpuops.optim.SGD, torch.optim.SGD, **kwargs)
+@pytest.mark.parametrize("device", DEVICES)
+def test_sgd_matches_torch_float64_over_100_steps(kwargs, device):
+    ours, ref64, ref32, _ = run_pair(gpuops.optim.SGD, torch.optim.SGD, device=device, **kwargs)
     assert norm_rel(ours, ref64) <= max(1e-6, 1.02 * norm_rel(ref32, ref64))
     for x, r in zip(ours, ref32):
-        torch.testing.assert_close(x, r, rtol=2e-6, atol=1e-6)
+        torch.testing.assert_close(x.cpu(), r, rtol=2e-6, atol=1e-6)
 
 
 def test_sgd_momentum_buffer_loads_from_torch():
@@ -167,14 +171,15 @@ def test_bad_gradients_are_clear_errors_and_change_nothing():
         sparse_optimizer.step()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("amsgrad", [False, True])
-def test_16_bit_params_step_on_an_fp32_master_copy(dtype, amsgrad):
+def test_16_bit_params_step_on_an_fp32_master_copy(dtype, amsgrad, device):
     """The master follows torch's float32 AdamW fed the same 16-bit gradients (float64 reference); the
     parameter is the master rounded to its dtype."""
     generator = torch.Generator().manual_seed(random.randint(0, 2**31))
     start = [torch.randn(s, generator=generator).to(dtype) for s in SHAPES]
-    ours = [torch.nn.Parameter(p.clone()) for p in start]
+    ours = [torch.nn.Parameter(p.clone().to(device)) for p in start]
     ref64 = [torch.nn.Parameter(p.double()) for p in start]
     ref32 = [torch.nn.Parameter(p.float()) for p in start]
     optimizers = [gpuops.optim.AdamW(groups(ours), lr=1e-3, amsgrad=amsgrad),
@@ -183,7 +188,7 @@ def test_16_bit_params_step_on_an_fp32_master_copy(dtype, amsgrad):
     for _ in range(50):
         for a, b, c in zip(ours, ref64, ref32):
             g = torch.randn(a.shape, generator=generator).to(dtype)  # the gradient a 16-bit model produces
-            a.grad, b.grad, c.grad = g, g.double(), g.float()
+            a.grad, b.grad, c.grad = g.to(device), g.double(), g.float()
         for opt in optimizers:
             opt.step()
     masters = [optimizers[0].state[p]["master_param"] for p in ours]
@@ -191,8 +196,9 @@ def test_16_bit_params_step_on_an_fp32_master_copy(dtype, amsgrad):
     assert all(optimizers[0].state[p]["exp_avg"].dtype == torch.float32 for p in ours)
     assert norm_rel(masters, ref64) <= max(1e-6, 1.02 * norm_rel(ref32, ref64))
     for p, m, r in zip(ours, masters, ref64):
-        assert p.dtype == dtype
-        assert torch.equal(p, m.to(dtype))  # round to nearest even, as .to() does
+        assert p.dtype == dtype and p.device.type == m.device.type == device
+        p = p.cpu()
+        assert torch.equal(p, m.cpu().to(dtype))  # round to nearest even, as .to() does
         eps = torch.finfo(dtype).eps  # the parameter is within its dtype's rounding of the float64 result
         assert ((p.double() - r).abs() <= eps * r.abs() + 1e-6).all()
 
