@@ -37,6 +37,17 @@ struct AdamStep {
   float inv_bias_correction2_sqrt;  ///< 1 / sqrt(1 - beta2^t), rounded once: a multiply, not a divide, per element
 };
 
+/// base^t for a whole t >= 0 by repeated squaring: multiplies only, each rounded as IEEE says on host and
+/// device alike, so both get the same bits (the device's pow is only within 2 ulp of glibc's).
+GPUOPS_HD double whole_power(double base, double t) {
+  double result = 1.0;
+  for (auto n = static_cast<unsigned long long>(t); n != 0; n >>= 1) {
+    if (n & 1) result *= base;
+    base *= base;
+  }
+  return result;
+}
+
 GPUOPS_HD AdamStep make_adam_step(const AdamHyper& h, double t, float grad_factor) {
   AdamStep s;
   s.grad_multiplier = h.maximize ? -grad_factor : grad_factor;
@@ -46,8 +57,8 @@ GPUOPS_HD AdamStep make_adam_step(const AdamHyper& h, double t, float grad_facto
   s.beta2 = static_cast<float>(h.beta2);
   s.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
   s.eps = static_cast<float>(h.eps);
-  s.step_size = static_cast<float>(h.lr / (1.0 - pow(h.beta1, t)));
-  s.inv_bias_correction2_sqrt = static_cast<float>(1.0 / sqrt(1.0 - pow(h.beta2, t)));
+  s.step_size = static_cast<float>(h.lr / (1.0 - whole_power(h.beta1, t)));
+  s.inv_bias_correction2_sqrt = static_cast<float>(1.0 / sqrt(1.0 - whole_power(h.beta2, t)));
   return s;
 }
 

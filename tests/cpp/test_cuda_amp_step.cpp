@@ -120,6 +120,7 @@ TEST(CudaAmpStep, ReplaysFromACudaGraph) {
       graphed_opt(graphed, gpuops::optim::AdamWOptions(1e-3));
   GradScaler eager_scaler(small_scale()), graphed_scaler(small_scale());
   auto static_grads = zero_grads_like(graphed);
+  c10::cuda::device_synchronize();  // the side stream below does not wait for the fills above by itself
   {  // warm-up on a side stream, as capture asks
     c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
     for (int i = 0; i < 2; ++i) {
