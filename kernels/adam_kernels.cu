@@ -6,20 +6,19 @@
 #include "half_convert.cuh"
 #include "multi_tensor.cuh"
 #include "step_counters.cuh"
+#include "step_scalars.cuh"
 
 namespace gpuops::kernels {
 namespace {
 
 enum : int { kParam, kGrad, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kStep };
 
-__global__ void adam_kernel(TensorTable<6> table, math::AdamHyper hyper, const float* grad_scale,
-                            const float* found_inf) {
-  if (found_inf != nullptr && *found_inf != 0.0f) return;
+__global__ void adam_kernel(TensorTable<6> table, math::AdamHyper hyper, StepScalars in) {
+  if (step_skipped(in)) return;
   int64_t begin = 0, end = 0;
   const int tensor = chunk_range(table, begin, end);
   const float step = *static_cast<const float*>(table.data[kStep][tensor]) + 1.0f;
-  const float factor = grad_scale != nullptr ? 1.0f / *grad_scale : 1.0f;
-  const math::AdamStep s = math::make_adam_step(hyper, step, factor);
+  const math::AdamStep s = math::make_adam_step(with_device_lr(hyper, in), step, grad_factor(in));
   float* param = static_cast<float*>(table.data[kParam][tensor]);
   const float* grad = static_cast<const float*>(table.data[kGrad][tensor]);
   float* exp_avg = static_cast<float*>(table.data[kExpAvg][tensor]);
@@ -43,14 +42,12 @@ __global__ void adam_kernel(TensorTable<6> table, math::AdamHyper hyper, const f
 enum : int { kParam16, kGrad16, kMaster, kExpAvgM, kExpAvgSqM, kMaxExpAvgSqM, kStepM };
 
 template <typename T>
-__global__ void adam_master_kernel(TensorTable<7> table, math::AdamHyper hyper, const float* grad_scale,
-                                   const float* found_inf) {
-  if (found_inf != nullptr && *found_inf != 0.0f) return;
+__global__ void adam_master_kernel(TensorTable<7> table, math::AdamHyper hyper, StepScalars in) {
+  if (step_skipped(in)) return;
   int64_t begin = 0, end = 0;
   const int tensor = chunk_range(table, begin, end);
   const float step = *static_cast<const float*>(table.data[kStepM][tensor]) + 1.0f;
-  const float factor = grad_scale != nullptr ? 1.0f / *grad_scale : 1.0f;
-  const math::AdamStep s = math::make_adam_step(hyper, step, factor);
+  const math::AdamStep s = math::make_adam_step(with_device_lr(hyper, in), step, grad_factor(in));
   T* param = static_cast<T*>(table.data[kParam16][tensor]);
   const T* grad = static_cast<const T*>(table.data[kGrad16][tensor]);
   float* master = static_cast<float*>(table.data[kMaster][tensor]);
@@ -77,27 +74,25 @@ __global__ void adam_master_kernel(TensorTable<7> table, math::AdamHyper hyper, 
 }  // namespace
 
 void launch_adam_master_step(const std::vector<void*> (&lists)[7], const std::vector<int64_t>& numel, GradDtype dtype,
-                             const math::AdamHyper& hyper, const float* grad_scale, const float* found_inf,
-                             cudaStream_t stream) {
+                             const math::AdamHyper& hyper, const StepScalars& scalars, cudaStream_t stream) {
   for_each_table<7>(lists, numel, [&](const TensorTable<7>& table, int blocks) {
     if (dtype == GradDtype::BFloat16) {
-      adam_master_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(table, hyper, grad_scale, found_inf);
+      adam_master_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(table, hyper, scalars);
     } else {
-      adam_master_kernel<__half><<<blocks, kThreads, 0, stream>>>(table, hyper, grad_scale, found_inf);
+      adam_master_kernel<__half><<<blocks, kThreads, 0, stream>>>(table, hyper, scalars);
     }
     GPUOPS_CUDA_CHECK(cudaGetLastError());
   });
-  advance_step_counters(lists[kStepM], found_inf, stream);
+  advance_step_counters(lists[kStepM], scalars.found_inf, stream);
 }
 
 void launch_adam_step(const std::vector<void*> (&lists)[6], const std::vector<int64_t>& numel,
-                      const math::AdamHyper& hyper, const float* grad_scale, const float* found_inf,
-                      cudaStream_t stream) {
+                      const math::AdamHyper& hyper, const StepScalars& scalars, cudaStream_t stream) {
   for_each_table<6>(lists, numel, [&](const TensorTable<6>& table, int blocks) {
-    adam_kernel<<<blocks, kThreads, 0, stream>>>(table, hyper, grad_scale, found_inf);
+    adam_kernel<<<blocks, kThreads, 0, stream>>>(table, hyper, scalars);
     GPUOPS_CUDA_CHECK(cudaGetLastError());
   });
-  advance_step_counters(lists[kStep], found_inf, stream);
+  advance_step_counters(lists[kStep], scalars.found_inf, stream);
 }
 
 }  // namespace gpuops::kernels

@@ -11,6 +11,15 @@ namespace gpuops::kernels {
 
 enum class GradDtype { Float32, Float16, BFloat16 };
 
+/// What an optimizer step reads on the device (null: not given): the divisor of the gradients (a loss
+/// scale), the overflow flag (non-zero: change nothing), and the learning rate (replaces the host lr, so
+/// a step captured in a CUDA graph follows an LR schedule that writes the tensor).
+struct StepScalars {
+  const float* grad_scale = nullptr;
+  const float* found_inf = nullptr;
+  const float* lr = nullptr;
+};
+
 /// Multiplies every element of the tensors by *inv_scale in place and sets *found_inf to 1 when any
 /// element was inf or nan. One launch covers many tensors (pointer tables, design §3); all tensors share
 /// `dtype` and live on the current device. Deterministic: found_inf is only ever set to 1.

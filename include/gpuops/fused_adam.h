@@ -17,6 +17,10 @@ struct AdamOptions {
   bool decoupled = true;  ///< AdamW; false: Adam with L2 weight decay
   bool amsgrad = false;
   bool maximize = false;
+  /// When set (float32, one element, on the parameters' device), the step reads the learning rate from it
+  /// on the device instead of using lr: a step captured in a CUDA graph then follows an LR schedule that
+  /// writes this tensor (as torch's capturable optimizers take a tensor lr).
+  std::optional<at::Tensor> lr_tensor;
 };
 
 /// One step for every (param, grad, exp_avg, exp_avg_sq[, max_exp_avg_sq], step) tuple: float32, dense,

@@ -14,6 +14,8 @@ struct SgdOptions {
   double weight_decay = 0.0;
   bool nesterov = false;
   bool maximize = false;
+  /// As AdamOptions::lr_tensor: the learning rate read on the device, replacing lr.
+  std::optional<at::Tensor> lr_tensor;
 };
 
 /// One step for every (param, grad, momentum_buffer, step) tuple (float32, dense, contiguous, one

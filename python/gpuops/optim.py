@@ -2,8 +2,10 @@
 
 ``gpuops.optim.AdamW``, ``Adam`` and ``SGD`` have torch's constructors, ``param_groups`` with per-group
 options, ``zero_grad``, ``state_dict`` keys (``step``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``)
-and work with torch's LR schedulers. They step float16/bfloat16 parameters on an fp32 master copy (state
-``master_param``, with fp32 moments / momentum) and round the result into the parameter. One fused launch per parameter group and device. They declare
+and work with torch's LR schedulers. ``lr`` may be a one-element float32 tensor on the parameters' device:
+the step then reads it on the device, so a step captured in a CUDA graph follows the scheduler. They step
+float16/bfloat16 parameters on an fp32 master copy (state ``master_param``, with fp32 moments / momentum)
+and round the result into the parameter. One fused launch per parameter group and device. They declare
 ``_step_supports_amp_scaling``: a GradScaler (torch's or ours) hands them its scale and overflow flag,
 and the step divides the gradients as it reads them and skips itself on overflow, on the device, with no
 host sync.
@@ -11,7 +13,7 @@ host sync.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, Tuple, Union
 
 import torch
 
@@ -19,6 +21,26 @@ from . import _C  # noqa: F401  (loads libgpuops, which registers torch.ops.gpuo
 
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
+_Lr = Union[float, torch.Tensor]
+
+
+def _check_lr(name: str, lr) -> None:
+    """lr: a float >= 0, or a one-element float32 tensor holding one (read on the device at each step, so a
+    step captured in a CUDA graph follows an LR scheduler, which writes such a tensor in place)."""
+    if isinstance(lr, torch.Tensor):
+        if lr.numel() != 1 or lr.dtype != torch.float32:
+            raise ValueError(f"{name}: a tensor lr must be a one-element float32 tensor, got {lr.dtype} with "
+                             f"{lr.numel()} elements")
+        if not lr.item() >= 0.0:  # once, at construction
+            raise ValueError(f"{name}: lr must be >= 0, got {lr.item()}")
+    elif not lr >= 0.0:
+        raise ValueError(f"{name}: lr must be a float >= 0, got {lr}")
+
+
+def _lr_arguments(group: dict) -> tuple:
+    """(host lr, device lr tensor or None) for the fused ops; a tensor lr replaces the host one."""
+    lr = group["lr"]
+    return (0.0, lr.reshape(1)) if isinstance(lr, torch.Tensor) else (float(lr), None)
 
 
 class _FusedOptimizer(torch.optim.Optimizer):
@@ -69,6 +91,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if len(devices) > 1:
             raise ValueError(f"{name}: param_groups[{index}] has parameters on several devices "
                              f"({sorted(str(d) for d in devices)}); give each device's parameters their own optimizer")
+        lr = group["lr"]
+        if isinstance(lr, torch.Tensor) and (lr.numel() != 1 or lr.dtype != torch.float32):
+            raise ValueError(f"{name}: param_groups[{index}] has a {lr.dtype} lr tensor of {lr.numel()} elements; "
+                             "accepted: a one-element float32 tensor")
+        if isinstance(lr, torch.Tensor) and devices and lr.device not in devices:
+            raise ValueError(f"{name}: param_groups[{index}] has its lr tensor on {lr.device} but its parameters on "
+                             f"{next(iter(devices))}; put the lr tensor on the parameters' device")
 
     def _lists_by_kind(self, group: dict) -> dict:
         """{(device, half): [params, grads, *state lists]} for the parameters of a group that have a gradient;
@@ -111,11 +140,10 @@ class Adam(_FusedOptimizer):
 
     _decoupled = False
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+    def __init__(self, params: Iterable, lr: _Lr = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False):
         name = type(self).__name__
-        if isinstance(lr, torch.Tensor) or not lr >= 0.0:
-            raise ValueError(f"{name}: lr must be a float >= 0, got {lr}")
+        _check_lr(name, lr)
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise ValueError(f"{name}: betas must be in [0, 1), got {betas}")
         if not eps >= 0.0:
@@ -144,8 +172,9 @@ class Adam(_FusedOptimizer):
 
     def _fused_step(self, group, lists, master, grad_scale, found_inf):
         beta1, beta2 = group["betas"]
-        options = (float(group["lr"]), beta1, beta2, group["eps"], group["weight_decay"], self._decoupled,
-                   group["amsgrad"], group["maximize"], grad_scale, found_inf)
+        lr, lr_tensor = _lr_arguments(group)
+        options = (lr, beta1, beta2, group["eps"], group["weight_decay"], self._decoupled, group["amsgrad"],
+                   group["maximize"], grad_scale, found_inf, lr_tensor)
         if master:
             params, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = lists
             torch.ops.gpuops.adam_step_master_(params, grads, masters, exp_avgs, exp_avg_sqs,
@@ -161,7 +190,7 @@ class AdamW(Adam):
 
     _decoupled = True
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+    def __init__(self, params: Iterable, lr: _Lr = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
 
@@ -170,11 +199,10 @@ class SGD(_FusedOptimizer):
     """SGD with momentum, dampening, Nesterov and weight decay, fused. State: torch's ``momentum_buffer``
     plus a ``step`` counter (the buffer starts from the first applied step's gradient)."""
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+    def __init__(self, params: Iterable, lr: _Lr = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False):
         name = type(self).__name__
-        if isinstance(lr, torch.Tensor) or not lr >= 0.0:
-            raise ValueError(f"{name}: lr must be a float >= 0, got {lr}")
+        _check_lr(name, lr)
         if not momentum >= 0.0:
             raise ValueError(f"{name}: momentum must be >= 0, got {momentum}")
         if not weight_decay >= 0.0:
@@ -201,8 +229,9 @@ class SGD(_FusedOptimizer):
         return [state["master_param"], *tensors] if master else tensors
 
     def _fused_step(self, group, lists, master, grad_scale, found_inf):
-        options = (float(group["lr"]), group["momentum"], group["dampening"], group["weight_decay"],
-                   group["nesterov"], group["maximize"], grad_scale, found_inf)
+        lr, lr_tensor = _lr_arguments(group)
+        options = (lr, group["momentum"], group["dampening"], group["weight_decay"], group["nesterov"],
+                   group["maximize"], grad_scale, found_inf, lr_tensor)
         if master:
             params, grads, masters, buffers, steps = lists
             torch.ops.gpuops.sgd_step_master_(params, grads, masters, buffers if group["momentum"] != 0 else [],

@@ -37,11 +37,11 @@ void check_all(at::TensorList params, at::TensorList grads, at::TensorList exp_a
     detail::check_step_lists("adam_step_", params,
                              {{"grads", grads}, {"exp_avgs", exp_avgs}, {"exp_avg_sqs", exp_avg_sqs},
                               {"max_exp_avg_sqs", max_exp_avg_sqs}},
-                             steps, grad_scale, found_inf);
+                             steps, grad_scale, found_inf, options.lr_tensor);
   } else {
     detail::check_step_lists("adam_step_", params,
                              {{"grads", grads}, {"exp_avgs", exp_avgs}, {"exp_avg_sqs", exp_avg_sqs}}, steps,
-                             grad_scale, found_inf);
+                             grad_scale, found_inf, options.lr_tensor);
   }
 }
 
@@ -73,6 +73,13 @@ math::AdamHyper to_hyper(const AdamOptions& o) {
   return {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.decoupled, o.amsgrad, o.maximize};
 }
 
+// The CPU steps' hyper-parameters: a CPU lr tensor is read here (a plain load).
+math::AdamHyper to_cpu_hyper(const AdamOptions& o) {
+  math::AdamHyper hyper = to_hyper(o);
+  if (o.lr_tensor) hyper.lr = *o.lr_tensor->data_ptr<float>();
+  return hyper;
+}
+
 // Unless found_inf is set, runs body(t, constants of tensor t's step) for every tensor, then advances its
 // step counter. CPU tensors: these reads are plain loads, not device-to-host copies.
 template <typename Body>
@@ -80,7 +87,7 @@ void for_each_applied_step(at::TensorList steps, const AdamOptions& options, con
                            const std::optional<at::Tensor>& found_inf, Body body) {
   if (found_inf && *found_inf->data_ptr<float>() != 0.0f) return;
   const float factor = grad_scale ? 1.0f / *grad_scale->data_ptr<float>() : 1.0f;
-  const math::AdamHyper hyper = to_hyper(options);
+  const math::AdamHyper hyper = to_cpu_hyper(options);
   for (size_t t = 0; t < steps.size(); ++t) {
     float* step = steps[t].data_ptr<float>();
     body(t, math::make_adam_step(hyper, *step + 1.0f, factor));
@@ -153,8 +160,9 @@ void adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_a
   std::vector<void*> lists[6];
   const auto numel = detail::pointer_lists<6>(
       lists, {params, grads, exp_avgs, exp_avg_sqs, options.amsgrad ? max_exp_avg_sqs : exp_avg_sqs, steps});
-  kernels::launch_adam_step(lists, numel, to_hyper(options), grad_scale ? grad_scale->data_ptr<float>() : nullptr,
-                            found_inf ? found_inf->data_ptr<float>() : nullptr, c10::cuda::getCurrentCUDAStream());
+  kernels::launch_adam_step(lists, numel, to_hyper(options),
+                            detail::step_scalars(grad_scale, found_inf, options.lr_tensor),
+                            c10::cuda::getCurrentCUDAStream());
 }
 
 void adam_master_cuda(at::TensorList params, at::TensorList grads, at::TensorList masters, at::TensorList exp_avgs,
@@ -168,8 +176,7 @@ void adam_master_cuda(at::TensorList params, at::TensorList grads, at::TensorLis
   const auto dtype =
       params[0].scalar_type() == at::kBFloat16 ? kernels::GradDtype::BFloat16 : kernels::GradDtype::Float16;
   kernels::launch_adam_master_step(lists, numel, dtype, to_hyper(options),
-                                   grad_scale ? grad_scale->data_ptr<float>() : nullptr,
-                                   found_inf ? found_inf->data_ptr<float>() : nullptr,
+                                   detail::step_scalars(grad_scale, found_inf, options.lr_tensor),
                                    c10::cuda::getCurrentCUDAStream());
 }
 #endif

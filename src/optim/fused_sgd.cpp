@@ -31,6 +31,13 @@ math::SgdHyper to_hyper(const SgdOptions& o) {
   return {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize};
 }
 
+// The CPU steps' hyper-parameters: a CPU lr tensor is read here (a plain load).
+math::SgdHyper to_cpu_hyper(const SgdOptions& o) {
+  math::SgdHyper hyper = to_hyper(o);
+  if (o.lr_tensor) hyper.lr = *o.lr_tensor->data_ptr<float>();
+  return hyper;
+}
+
 // Unless found_inf is set, runs body(t, constants of tensor t's step) for every tensor, then advances its
 // step counter. CPU tensors: these reads are plain loads, not device-to-host copies.
 template <typename Body>
@@ -38,7 +45,7 @@ void for_each_applied_step(at::TensorList steps, const SgdOptions& options, cons
                            const std::optional<at::Tensor>& found_inf, Body body) {
   if (found_inf && *found_inf->data_ptr<float>() != 0.0f) return;
   const float factor = grad_scale ? 1.0f / *grad_scale->data_ptr<float>() : 1.0f;
-  const math::SgdHyper hyper = to_hyper(options);
+  const math::SgdHyper hyper = to_cpu_hyper(options);
   for (size_t t = 0; t < steps.size(); ++t) {
     float* step = steps[t].data_ptr<float>();
     body(t, math::make_sgd_step(hyper, *step == 0.0f, factor));
@@ -88,8 +95,9 @@ void sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList buffer
   std::vector<void*> lists[4];
   const auto numel =
       detail::pointer_lists<4>(lists, {params, grads, options.momentum != 0.0 ? buffers : params, steps});
-  kernels::launch_sgd_step(lists, numel, to_hyper(options), grad_scale ? grad_scale->data_ptr<float>() : nullptr,
-                           found_inf ? found_inf->data_ptr<float>() : nullptr, c10::cuda::getCurrentCUDAStream());
+  kernels::launch_sgd_step(lists, numel, to_hyper(options),
+                           detail::step_scalars(grad_scale, found_inf, options.lr_tensor),
+                           c10::cuda::getCurrentCUDAStream());
 }
 
 void sgd_master_cuda(at::TensorList params, at::TensorList grads, at::TensorList masters, at::TensorList buffers,
@@ -102,8 +110,7 @@ void sgd_master_cuda(at::TensorList params, at::TensorList grads, at::TensorList
   const auto dtype =
       params[0].scalar_type() == at::kBFloat16 ? kernels::GradDtype::BFloat16 : kernels::GradDtype::Float16;
   kernels::launch_sgd_master_step(lists, numel, dtype, to_hyper(options),
-                                  grad_scale ? grad_scale->data_ptr<float>() : nullptr,
-                                  found_inf ? found_inf->data_ptr<float>() : nullptr,
+                                  detail::step_scalars(grad_scale, found_inf, options.lr_tensor),
                                   c10::cuda::getCurrentCUDAStream());
 }
 #endif
@@ -116,9 +123,9 @@ void sgd_step_master_(at::TensorList params, at::TensorList grads, at::TensorLis
   check_options(options);
   if (options.momentum != 0.0) {
     detail::check_step_lists("sgd_step_master_", master_params, {{"momentum_buffers", momentum_buffers}}, steps,
-                             grad_scale, found_inf);
+                             grad_scale, found_inf, options.lr_tensor);
   } else {
-    detail::check_step_lists("sgd_step_master_", master_params, {}, steps, grad_scale, found_inf);
+    detail::check_step_lists("sgd_step_master_", master_params, {}, steps, grad_scale, found_inf, options.lr_tensor);
   }
   detail::check_half_lists("sgd_step_master_", params, grads, master_params);
   if (params.empty()) return;
@@ -140,9 +147,9 @@ void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList momen
   check_options(options);
   if (options.momentum != 0.0) {
     detail::check_step_lists("sgd_step_", params, {{"grads", grads}, {"momentum_buffers", momentum_buffers}}, steps,
-                             grad_scale, found_inf);
+                             grad_scale, found_inf, options.lr_tensor);
   } else {
-    detail::check_step_lists("sgd_step_", params, {{"grads", grads}}, steps, grad_scale, found_inf);
+    detail::check_step_lists("sgd_step_", params, {{"grads", grads}}, steps, grad_scale, found_inf, options.lr_tensor);
   }
   if (params.empty()) return;
   const at::Device device = params[0].device();

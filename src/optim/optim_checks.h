@@ -14,10 +14,10 @@ namespace gpuops::optim::detail {
 using NamedList = std::pair<const char*, at::TensorList>;
 
 /// params: dense contiguous float32 on one device; each named list: same length, dtype, device and shape;
-/// steps: one-element float32 counters; grad_scale, found_inf: optional one-element float32 tensors.
+/// steps: one-element float32 counters; grad_scale, found_inf, lr: optional one-element float32 tensors.
 inline void check_step_lists(const char* op, at::TensorList params, std::initializer_list<NamedList> like_params,
                              at::TensorList steps, const std::optional<at::Tensor>& grad_scale,
-                             const std::optional<at::Tensor>& found_inf) {
+                             const std::optional<at::Tensor>& found_inf, const std::optional<at::Tensor>& lr) {
   const size_t n = params.size();
   for (const auto& [name, list] : like_params) {
     TORCH_CHECK_VALUE(list.size() == n, op, ": ", name, " has ", list.size(), " tensors but params has ", n);
@@ -41,11 +41,13 @@ inline void check_step_lists(const char* op, at::TensorList params, std::initial
     TORCH_CHECK_VALUE(steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat && steps[i].device() == device,
                       op, ": steps[", i, "] must be a one-element float32 tensor on ", device);
   }
-  for (const auto& [name, t] : {std::make_pair("grad_scale", grad_scale), std::make_pair("found_inf", found_inf)}) {
-    if (!t) continue;
-    TORCH_CHECK_VALUE(t->numel() == 1 && t->scalar_type() == at::kFloat && t->device() == device, op, ": ", name,
-                      " must be a one-element float32 tensor on ", device, ", got ", t->toString(), " on ",
-                      t->device());
+  for (const auto& [name, t] : {std::make_pair("grad_scale", &grad_scale), std::make_pair("found_inf", &found_inf),
+                                std::make_pair("lr", &lr)}) {
+    if (!*t) continue;
+    const at::Tensor& value = **t;
+    TORCH_CHECK_VALUE(value.numel() == 1 && value.scalar_type() == at::kFloat && value.device() == device, op, ": ",
+                      name, " must be a one-element float32 tensor on ", device, ", got ", value.toString(), " on ",
+                      value.device());
   }
 }
 

@@ -9,34 +9,40 @@ namespace {
 void adam_step_op(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                   at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
                   double eps, double weight_decay, bool decoupled, bool amsgrad, bool maximize,
-                  const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+                  const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+                  const std::optional<at::Tensor>& lr_tensor) {
   gpuops::optim::adam_step_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
-                            {lr, beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize}, grad_scale, found_inf);
+                            {lr, beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize, lr_tensor}, grad_scale,
+                            found_inf);
 }
 
 void adam_step_master_op(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                          at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
                          at::TensorList steps, double lr, double beta1, double beta2, double eps, double weight_decay,
                          bool decoupled, bool amsgrad, bool maximize, const std::optional<at::Tensor>& grad_scale,
-                         const std::optional<at::Tensor>& found_inf) {
+                         const std::optional<at::Tensor>& found_inf, const std::optional<at::Tensor>& lr_tensor) {
   gpuops::optim::adam_step_master_(params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
-                                   {lr, beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize}, grad_scale,
-                                   found_inf);
+                                   {lr, beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize, lr_tensor},
+                                   grad_scale, found_inf);
 }
 
 void sgd_step_op(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, at::TensorList steps,
                  double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
-                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+                 const std::optional<at::Tensor>& lr_tensor) {
   gpuops::optim::sgd_step_(params, grads, momentum_buffers, steps,
-                           {lr, momentum, dampening, weight_decay, nesterov, maximize}, grad_scale, found_inf);
+                           {lr, momentum, dampening, weight_decay, nesterov, maximize, lr_tensor}, grad_scale,
+                           found_inf);
 }
 
 void sgd_step_master_op(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                         at::TensorList momentum_buffers, at::TensorList steps, double lr, double momentum,
                         double dampening, double weight_decay, bool nesterov, bool maximize,
-                        const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+                        const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+                        const std::optional<at::Tensor>& lr_tensor) {
   gpuops::optim::sgd_step_master_(params, grads, master_params, momentum_buffers, steps,
-                                  {lr, momentum, dampening, weight_decay, nesterov, maximize}, grad_scale, found_inf);
+                                  {lr, momentum, dampening, weight_decay, nesterov, maximize, lr_tensor}, grad_scale,
+                                  found_inf);
 }
 
 }  // namespace
@@ -45,22 +51,24 @@ TORCH_LIBRARY_FRAGMENT(gpuops, m) {
   m.def(
       "adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
       "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
-      "float weight_decay, bool decoupled, bool amsgrad, bool maximize, Tensor? grad_scale, Tensor? found_inf) -> ()",
+      "float weight_decay, bool decoupled, bool amsgrad, bool maximize, Tensor? grad_scale, Tensor? found_inf, "
+      "Tensor? lr_tensor=None) -> ()",
       TORCH_FN(adam_step_op));
   m.def(
       "adam_step_master_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_params, Tensor(c!)[] exp_avgs, "
       "Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] steps, float lr, float beta1, "
       "float beta2, float eps, float weight_decay, bool decoupled, bool amsgrad, bool maximize, Tensor? grad_scale, "
-      "Tensor? found_inf) -> ()",
+      "Tensor? found_inf, Tensor? lr_tensor=None) -> ()",
       TORCH_FN(adam_step_master_op));
   m.def(
       "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, float lr, "
       "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, Tensor? grad_scale, "
-      "Tensor? found_inf) -> ()",
+      "Tensor? found_inf, Tensor? lr_tensor=None) -> ()",
       TORCH_FN(sgd_step_op));
   m.def(
       "sgd_step_master_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_params, "
       "Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, float lr, float momentum, float dampening, "
-      "float weight_decay, bool nesterov, bool maximize, Tensor? grad_scale, Tensor? found_inf) -> ()",
+      "float weight_decay, bool nesterov, bool maximize, Tensor? grad_scale, Tensor? found_inf, "
+      "Tensor? lr_tensor=None) -> ()",
       TORCH_FN(sgd_step_master_op));
 }

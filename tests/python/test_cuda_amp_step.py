@@ -104,6 +104,22 @@ def test_steady_state_amp_step_makes_no_host_sync():
     assert not any(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def capture_amp_step(model, optimizer, scaler, warmup):
+    """Warms the step up on a side stream (as torch's capture asks), then captures it once on a static input;
+    returns (graph, static input, static loss, static norm)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for x in warmup:
+            amp_step(model, optimizer, scaler, x)
+    torch.cuda.current_stream().wait_stream(side)
+    static_x = torch.empty_like(warmup[0])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss, static_norm = amp_step(model, optimizer, scaler, static_x)
+    return graph, static_x, static_loss, static_norm
+
+
 def test_the_whole_amp_step_replays_from_a_cuda_graph():
     """Capture zero_grad + forward + backward + clip + step + update once, replay it on fresh inputs (one
     with a NaN), and compare with the same steps run eagerly: same scale, same skips, same parameters."""
@@ -116,19 +132,9 @@ def test_the_whole_amp_step_replays_from_a_cuda_graph():
     warmup = [torch.randn(32, 64, device="cuda") for _ in range(3)]
     inputs = [torch.randn(32, 64, device="cuda") for _ in range(6)]
     inputs[3][5, 7] = float("nan")
-
-    side = torch.cuda.Stream()  # warm-up on a side stream, as torch's graph capture asks
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for x in warmup:
-            amp_step(eager_model, eager_opt, eager_scaler, x)
-            amp_step(graph_model, graph_opt, graph_scaler, x)
-    torch.cuda.current_stream().wait_stream(side)
-
-    static_x = torch.empty_like(inputs[0])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_loss, static_norm = amp_step(graph_model, graph_opt, graph_scaler, static_x)
+    for x in warmup:
+        amp_step(eager_model, eager_opt, eager_scaler, x)
+    graph, static_x, static_loss, static_norm = capture_amp_step(graph_model, graph_opt, graph_scaler, warmup)
     for x in inputs:
         static_x.copy_(x)
         graph.replay()
@@ -139,3 +145,31 @@ def test_the_whole_amp_step_replays_from_a_cuda_graph():
     assert graph_scaler.skipped_steps == eager_scaler.skipped_steps == 1
     for a, b in zip(graph_model.parameters(), eager_model.parameters()):
         assert torch.equal(a, b)  # the same kernels on the same data
+
+
+def test_a_captured_step_follows_the_lr_scheduler():
+    """With its lr in a device tensor, a step captured once uses whatever the scheduler wrote last: the
+    same parameters as eager steps given that lr as a float."""
+    torch.manual_seed(random.randint(0, 2**31))
+    eager_model = amp_model()
+    graph_model = copy.deepcopy(eager_model)
+    lr = torch.tensor(1e-3, device="cuda")
+    graph_opt = gpuops.optim.AdamW(graph_model.parameters(), lr=lr, weight_decay=0.01)
+    eager_opt = gpuops.optim.AdamW(eager_model.parameters(), lr=1e-3, weight_decay=0.01)
+    graph_scaler = gpuops.GradScaler("cuda", init_scale=2.0**12)
+    eager_scaler = gpuops.GradScaler("cuda", init_scale=2.0**12)
+    warmup = [torch.randn(32, 64, device="cuda") for _ in range(3)]
+    for x in warmup:
+        amp_step(eager_model, eager_opt, eager_scaler, x)
+    graph, static_x, _, _ = capture_amp_step(graph_model, graph_opt, graph_scaler, warmup)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(graph_opt, gamma=0.5)
+    for _ in range(5):
+        x = torch.randn(32, 64, device="cuda")
+        eager_opt.param_groups[0]["lr"] = float(lr)
+        static_x.copy_(x)
+        graph.replay()
+        amp_step(eager_model, eager_opt, eager_scaler, x)
+        scheduler.step()
+    assert float(lr) == pytest.approx(1e-3 * 0.5**5)
+    for a, b in zip(graph_model.parameters(), eager_model.parameters()):
+        assert torch.equal(a, b)

@@ -259,3 +259,46 @@ def test_a_float64_parameter_is_refused_before_anything_changes():
     with pytest.raises(ValueError, match=r"param_groups\[1\].*float32, float16 or bfloat16"):
         opt.step()
     assert torch.equal(good, before) and len(opt.state) == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("make", [lambda p, lr: gpuops.optim.AdamW(p, lr=lr, weight_decay=0.1),
+                                  lambda p, lr: gpuops.optim.SGD(p, lr=lr, momentum=0.9, nesterov=True)],
+                         ids=["adamw", "sgd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tensor_lr_is_read_at_each_step_and_follows_a_scheduler(make, dtype, device):
+    """A one-element tensor lr, written in place by torch's scheduler, steps exactly as a float lr of the
+    same (float32) value: the capturable form of the learning rate."""
+    generator = torch.Generator().manual_seed(random.randint(0, 2**31))
+    start = [torch.randn(s, generator=generator).to(dtype) for s in SHAPES]
+    with_tensor = [torch.nn.Parameter(p.clone().to(device)) for p in start]
+    with_float = [torch.nn.Parameter(p.clone().to(device)) for p in start]
+    lr = torch.tensor(0.01, device=device)
+    tensor_opt, float_opt = make(with_tensor, lr), make(with_float, 0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(tensor_opt, step_size=2, gamma=0.3)
+    for _ in range(6):
+        float_opt.param_groups[0]["lr"] = float(lr)  # the float32 value the tensor holds
+        for a, b in zip(with_tensor, with_float):
+            a.grad = torch.randn(a.shape, generator=generator).to(dtype).to(device)
+            b.grad = a.grad.clone()
+        tensor_opt.step()
+        float_opt.step()
+        scheduler.step()
+    assert tensor_opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.01 * 0.3**3)
+    for a, b in zip(with_tensor, with_float):
+        assert torch.equal(a, b)
+
+
+def test_bad_tensor_lrs_are_refused_naming_lr_and_change_nothing():
+    param = torch.nn.Parameter(torch.randn(4))
+    for bad, match in [(torch.tensor(0.1, dtype=torch.float64), "float32"), (torch.tensor([0.1, 0.2]), "one-element"),
+                       (torch.tensor(-0.1), "lr must be >= 0")]:
+        with pytest.raises(ValueError, match=match):
+            gpuops.optim.AdamW([param], lr=bad)
+    optimizer = gpuops.optim.AdamW([param], lr=torch.tensor(0.1))
+    optimizer.param_groups[0]["lr"] = torch.tensor([0.1, 0.1])  # e.g. a hand-edited group
+    param.grad = torch.randn(4)
+    before = param.detach().clone()
+    with pytest.raises(ValueError, match=r"param_groups\[0\] has a torch.float32 lr tensor of 2 elements"):
+        optimizer.step()
+    assert torch.equal(param, before) and len(optimizer.state) == 0
