@@ -15,6 +15,22 @@
 
 namespace gpuops::optim {
 
+/// The learning rate of a capturable group, kept on the parameters' device: made at the group's first step,
+/// written by set_lr (which torch's LR schedulers call), read by the step on the device. A step captured in
+/// a CUDA graph then follows the schedule.
+class DeviceLr {
+ public:
+  /// The float32 tensor on `device` holding `lr`: made on first use, refilled if lr was changed without
+  /// set (options are const during a step).
+  const at::Tensor& on(const at::Device& device, double lr) const;
+  /// Writes lr into the tensor, if there is one (an asynchronous fill on a GPU).
+  void set(double lr);
+
+ private:
+  mutable at::Tensor tensor_;
+  mutable double value_ = 0.0;  ///< what tensor_ holds
+};
+
 /// What the fused optimizers share: the AMP hand-off and the per-group gathering of parameters.
 class FusedOptimizer : public torch::optim::Optimizer {
  public:
@@ -48,12 +64,19 @@ struct AdamWOptions : public torch::optim::OptimizerCloneableOptions<AdamWOption
   TORCH_ARG(double, weight_decay) = 1e-2;
   TORCH_ARG(bool, amsgrad) = false;
   TORCH_ARG(bool, maximize) = false;
+  /// Read lr on the device (DeviceLr) so that a step captured in a CUDA graph follows an LR scheduler.
+  /// Change lr through set_lr then, as the schedulers do: lr(x) alone does not reach a captured graph.
+  TORCH_ARG(bool, capturable) = false;
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
   double get_lr() const override { return lr(); }
-  void set_lr(const double lr) override { this->lr(lr); }
+  void set_lr(const double lr) override {
+    this->lr(lr);
+    device_lr.set(lr);
+  }
+  DeviceLr device_lr;  ///< used when capturable
 };
 
 /// Per-parameter state: the step counter lives on the parameter's device (float32 scalar, advanced only by
@@ -97,12 +120,18 @@ struct SGDOptions : public torch::optim::OptimizerCloneableOptions<SGDOptions> {
   TORCH_ARG(double, weight_decay) = 0;
   TORCH_ARG(bool, nesterov) = false;
   TORCH_ARG(bool, maximize) = false;
+  /// As AdamWOptions::capturable.
+  TORCH_ARG(bool, capturable) = false;
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
   double get_lr() const override { return lr(); }
-  void set_lr(const double lr) override { this->lr(lr); }
+  void set_lr(const double lr) override {
+    this->lr(lr);
+    device_lr.set(lr);
+  }
+  DeviceLr device_lr;  ///< used when capturable
 };
 
 /// Per-parameter state: torch's momentum_buffer plus a device step counter (0: the buffer starts from the

@@ -7,6 +7,7 @@
 
 #include "gpuops/fused_adam.h"
 #include "gpuops/optimizers.h"
+#include "options_archive.h"
 
 namespace gpuops::optim {
 namespace {
@@ -31,6 +32,7 @@ void AdamWOptions::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(capturable);
 }
 
 void AdamWOptions::serialize(torch::serialize::InputArchive& archive) {
@@ -40,6 +42,7 @@ void AdamWOptions::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  detail::read_capturable(archive, *this);
 }
 
 void AdamWParamState::serialize(torch::serialize::OutputArchive& archive) const {
@@ -84,6 +87,7 @@ void AdamW::step_group(size_t index, std::vector<at::Tensor>& params, const std:
   step_options.decoupled = true;
   step_options.amsgrad = o.amsgrad();
   step_options.maximize = o.maximize();
+  if (o.capturable()) step_options.lr_tensor = o.device_lr.on(params[0].device(), o.lr());
   // One fused call per parameter dtype: float32 directly, float16/bfloat16 on their fp32 master copies.
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
   for (const at::Tensor& p : params) by_dtype[p.scalar_type()].push_back(p);

@@ -8,6 +8,22 @@
 
 namespace gpuops::optim {
 
+const at::Tensor& DeviceLr::on(const at::Device& device, double lr) const {
+  if (!tensor_.defined() || tensor_.device() != device) {
+    tensor_ = at::full({1}, lr, at::TensorOptions().dtype(at::kFloat).device(device));
+  } else if (value_ != lr) {
+    tensor_.fill_(lr);
+  }
+  value_ = lr;
+  return tensor_;
+}
+
+void DeviceLr::set(double lr) {
+  if (!tensor_.defined()) return;
+  tensor_.fill_(lr);
+  value_ = lr;
+}
+
 at::Tensor FusedOptimizer::step(LossClosure closure) {
   at::Tensor loss;
   if (closure) {

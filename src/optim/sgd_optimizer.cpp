@@ -7,6 +7,7 @@
 
 #include "gpuops/fused_sgd.h"
 #include "gpuops/optimizers.h"
+#include "options_archive.h"
 
 namespace gpuops::optim {
 namespace {
@@ -31,6 +32,7 @@ void SGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(capturable);
 }
 
 void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
@@ -40,6 +42,7 @@ void SGDOptions::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  detail::read_capturable(archive, *this);
 }
 
 void SGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
@@ -78,6 +81,7 @@ void SGD::step_group(size_t index, std::vector<at::Tensor>& params, const std::o
   step_options.dampening = o.dampening();
   step_options.weight_decay = o.weight_decay();
   step_options.nesterov = o.nesterov();
+  if (o.capturable()) step_options.lr_tensor = o.device_lr.on(params[0].device(), o.lr());
   step_options.maximize = o.maximize();
   // One fused call per parameter dtype: float32 directly, float16/bfloat16 on their fp32 master copies.
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;

@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/optim/schedulers/step_lr.h>
 
 #include "gpuops/grad_scaler.h"
 #include "gpuops/optimizers.h"
@@ -110,14 +111,17 @@ TEST(CudaAmpStep, SteadyStateStepMakesNoHostSync) {
   EXPECT_EQ(scaler.get_scale(), 256.0);
 }
 
-TEST(CudaAmpStep, ReplaysFromACudaGraph) {
+TEST(CudaAmpStep, ReplaysFromACudaGraphFollowingTheLrSchedule) {
   REQUIRE_CUDA();
   const auto start = start_values();
   auto eager = leaves(start, at::kCUDA), graphed = leaves(start, at::kCUDA);
   for (auto* set : {&eager, &graphed})
     for (auto& p : *set) p.mutable_grad() = at::zeros_like(p);
-  gpuops::optim::AdamW eager_opt(eager, gpuops::optim::AdamWOptions(1e-3)),
-      graphed_opt(graphed, gpuops::optim::AdamWOptions(1e-3));
+  // The graphed optimizer reads lr on the device (capturable), so the schedule below reaches the replays;
+  // the eager one is given the float32 value that tensor holds.
+  const double lr = static_cast<float>(1e-3);
+  gpuops::optim::AdamW eager_opt(eager, gpuops::optim::AdamWOptions(lr)),
+      graphed_opt(graphed, gpuops::optim::AdamWOptions(lr).capturable(true));
   GradScaler eager_scaler(small_scale()), graphed_scaler(small_scale());
   auto static_grads = zero_grads_like(graphed);
   c10::cuda::device_synchronize();  // the side stream below does not wait for the fills above by itself
@@ -137,14 +141,19 @@ TEST(CudaAmpStep, ReplaysFromACudaGraph) {
     amp_step(graphed_scaler, graphed_opt, graphed, static_grads);
     graph.capture_end();
   }
+  torch::optim::StepLR schedule(graphed_opt, /*step_size=*/2, /*gamma=*/0.3);
   for (int step = 0; step < 6; ++step) {
+    const double now = graphed_opt.param_groups()[0].options().get_lr();
+    eager_opt.param_groups()[0].options().set_lr(static_cast<float>(now));
     auto grads = scaled_grads(eager, at::kCUDA);
     if (step == 3) grads[1][2][4] = NAN;
     for (size_t i = 0; i < grads.size(); ++i) static_grads[i].copy_(grads[i]);
     graph.replay();
     amp_step(eager_scaler, eager_opt, eager, grads);
     ASSERT_EQ(graphed_scaler.get_scale(), eager_scaler.get_scale()) << step;
+    schedule.step();
   }
+  EXPECT_LT(graphed_opt.param_groups()[0].options().get_lr(), lr * 0.3 * 0.3);
   EXPECT_EQ(graphed_scaler.skipped_steps(), 1);
   EXPECT_EQ(eager_scaler.skipped_steps(), 1);
   for (size_t i = 0; i < eager.size(); ++i) EXPECT_TRUE(at::equal(eager[i], graphed[i])) << i;  // same kernels

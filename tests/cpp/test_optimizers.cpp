@@ -139,6 +139,37 @@ TEST(FusedOptimizers, TorchLrSchedulerDrivesThem) {
   EXPECT_LT(lrs.back(), 0.4 / 3);  // the schedule did decay
 }
 
+// A capturable optimizer reads lr from its device tensor, which torch's scheduler writes through set_lr:
+// it steps exactly as a plain one given that tensor's float32 value each step.
+template <typename Optimizer, typename Options>
+void expect_capturable_follows_the_scheduler(Options options) {
+  const auto init = random_values();
+  auto captured = leaves(init, at::kFloat), plain = leaves(init, at::kFloat);
+  Optimizer ours(captured, Options(options).capturable(true)), reference(plain, options);
+  torch::optim::StepLR schedule(ours, /*step_size=*/2, /*gamma=*/0.3);
+  for (int step = 0; step < 6; ++step) {
+    const double lr = ours.param_groups()[0].options().get_lr();
+    reference.param_groups()[0].options().set_lr(static_cast<float>(lr));  // what the float32 tensor holds
+    const auto grads = random_values();
+    set_grads(captured, grads);
+    set_grads(plain, grads);
+    ours.step();
+    reference.step();
+    schedule.step();
+  }
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(captured[i], plain[i])) << i;
+  std::stringstream saved;  // capturable survives torch::save / load
+  torch::save(ours, saved);
+  Optimizer loaded(leaves(init, at::kFloat), options);
+  torch::load(loaded, saved);
+  EXPECT_TRUE(static_cast<const Options&>(loaded.param_groups()[0].options()).capturable());
+}
+
+TEST(FusedOptimizers, CapturableReadsLrOnTheDeviceAndFollowsTheScheduler) {
+  expect_capturable_follows_the_scheduler<gpuops::optim::AdamW>(gpuops::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  expect_capturable_follows_the_scheduler<gpuops::optim::SGD>(gpuops::optim::SGDOptions(1e-2).momentum(0.9));
+}
+
 TEST(FusedOptimizers, SaveAndLoadResumeBitExactly) {
   const auto init = random_values();
   const auto grads = random_grad_sequence(10);
