@@ -221,7 +221,9 @@ class GradScaler:
         else:  # unscale_() already divided the gradients
             optimizer.grad_scale = None
         found = self._combined_found_inf(state)
-        optimizer.found_inf = found
+        # 0-dim, as torch's scaler hands them: torch's fused optimizers subtract found_inf from their 0-dim
+        # step counters in place, which a one-element [1] tensor cannot broadcast into.
+        optimizer.found_inf = found.reshape(())
         try:
             result = optimizer.step(*args, **kwargs)
         finally:

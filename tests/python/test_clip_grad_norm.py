@@ -51,15 +51,16 @@ def test_norm_is_deterministic_and_flags_overflow_in_16_bit_grads(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("optimizer_kind", ["gpuops", "torch"])
+@pytest.mark.parametrize("optimizer_kind", ["gpuops", "torch", "torch-fused"])
 def test_scaler_clip_then_step_equals_torch_unscale_clip_step(optimizer_kind, device):
     torch.manual_seed(random.randint(0, 2**31))
     model = torch.nn.Sequential(torch.nn.Linear(24, 48), torch.nn.GELU(), torch.nn.Linear(48, 6)).to(device)
     reference = copy.deepcopy(model)
     if optimizer_kind == "gpuops":
         optimizer = gpuops.optim.AdamW(model.parameters(), lr=1e-2)
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    else:  # torch's fused AdamW takes scale / clip_coef from our scaler, as ours does
+        fused = optimizer_kind == "torch-fused"
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False, fused=fused)
     ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, foreach=False)
     scaler = gpuops.GradScaler(device, init_scale=2.0**12)
     ref_scaler = torch.amp.GradScaler(device, init_scale=2.0**12)

@@ -61,6 +61,31 @@ def test_same_scale_and_skipped_steps_as_torch(device):
     assert ours.skipped_steps == len(overflow_steps)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scaler_kind", ["gpuops", "torch"])
+@pytest.mark.parametrize("optimizer_kind", ["gpuops", "torch-fused"])
+def test_scalers_and_fused_optimizers_mix_both_ways(scaler_kind, optimizer_kind, device):
+    """The device hand-off (_step_supports_amp_scaling: the scaler sets grad_scale and found_inf, the
+    optimizer divides and skips) works across the libraries: our scaler drives torch's fused AdamW, torch's
+    drives ours. Same scale history and skipped steps as torch's scaler with torch's for-loop AdamW."""
+    seed = random.randint(0, 2**31)
+    steps, overflow_steps = 12, {3, 7, 8}
+    kwargs = dict(init_scale=2.0**10, growth_interval=3)
+    model, ref_model = make_model(seed).to(device), make_model(seed).to(device)
+    if optimizer_kind == "gpuops":
+        optimizer = gpuops.optim.AdamW(model.parameters(), lr=1e-3)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    scaler = (gpuops.GradScaler if scaler_kind == "gpuops" else torch.amp.GradScaler)(device, **kwargs)
+    ref_optimizer = torch.optim.AdamW(ref_model.parameters(), lr=1e-3, foreach=False)
+    history = scripted_run(scaler, model, optimizer, steps, overflow_steps, seed)
+    ref_history = scripted_run(torch.amp.GradScaler(device, **kwargs), ref_model, ref_optimizer, steps,
+                               overflow_steps, seed)
+    assert [h[:2] for h in history] == [h[:2] for h in ref_history]  # scale after each step, skipped or not
+    for a, b in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_overflow_step_leaves_parameters_and_optimizer_state_bit_identical():
     model = make_model(1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
