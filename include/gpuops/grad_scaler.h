@@ -23,8 +23,9 @@ struct DeviceOrder {
   }
 };
 
-/// torch.amp.GradScaler's constructor arguments and defaults, plus hysteresis (consecutive overflows
-/// before the scale backs off; 1 = torch), min_scale and max_scale (0 = none).
+/// torch.amp.GradScaler's constructor arguments and defaults, plus hysteresis (overflows tolerated
+/// before the scale backs off, the budget restored when the scale grows, as DeepSpeed's default; 1 = torch),
+/// min_scale and max_scale (0 = none).
 struct GradScalerOptions {
   double init_scale = 65536.0;
   double growth_factor = 2.0;

@@ -31,10 +31,11 @@ GPUOPS_HD float unscale_element(float grad, float inv_scale, bool& found_inf) {
   return inv_scale == 1.0f ? grad : grad * inv_scale;
 }
 
-/// The scale update after a step. An overflow resets the growth tracker and, once `hysteresis`
-/// overflows in a row have been seen, multiplies the scale by backoff_factor (not below min_scale);
+/// The scale update after a step. An overflow resets the growth tracker and, once the hysteresis budget
+/// (`hysteresis` overflows) is spent, multiplies the scale by backoff_factor (not below min_scale);
 /// growth_interval clean steps in a row multiply it by growth_factor (not above max_scale, and only if
-/// the result is finite). A clean step restores the hysteresis budget.
+/// the result is finite) and restore the budget. As DeepSpeed's default (consecutive_hysteresis=False):
+/// overflows alternating with clean steps still spend it, so the scale does back off.
 GPUOPS_HD void update_scale(float& scale, int32_t& growth_tracker, int32_t& hysteresis_left, bool found_inf,
                             const ScaleUpdateParams& p) {
   if (found_inf) {
@@ -47,12 +48,12 @@ GPUOPS_HD void update_scale(float& scale, int32_t& growth_tracker, int32_t& hyst
     }
     return;
   }
-  hysteresis_left = p.hysteresis;
   const int32_t successful = growth_tracker + 1;
   if (successful == p.growth_interval) {
     const float grown = scale * p.growth_factor;
     if (is_finite(grown)) scale = grown > p.max_scale ? p.max_scale : grown;
     growth_tracker = 0;
+    hysteresis_left = p.hysteresis;  // restored at growth only, as DeepSpeed's default (not consecutive)
   } else {
     growth_tracker = successful;
   }

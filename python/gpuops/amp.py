@@ -2,8 +2,8 @@
 
 Same constructor, methods and ``state_dict`` keys as torch's, so checkpoints move both ways, plus:
 
-* ``hysteresis`` (DeepSpeed's meaning: overflowing steps tolerated in a row before backing off; 1 is
-  torch's behaviour), ``min_scale`` and ``max_scale``;
+* ``hysteresis`` (DeepSpeed's meaning and default: overflowing steps tolerated before backing off, the
+  budget restored when the scale grows; 1 is torch's behaviour), ``min_scale`` and ``max_scale``;
 * unscaling accepts float32, float16 and bfloat16 gradients (torch's refuses 16-bit ones);
 * ``skipped_steps`` counts the steps that an overflow skipped, on the device (no sync until read), so a
   learning-rate scheduler can stay in step with the optimizer; ``step_applied`` is the last step's flag

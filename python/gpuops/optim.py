@@ -24,17 +24,31 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 _Lr = Union[float, torch.Tensor]
 
 
-def _check_lr(name: str, lr) -> None:
+def _check_lr(where: str, lr, read_tensor: bool) -> None:
     """lr: a float >= 0, or a one-element float32 tensor holding one (read on the device at each step, so a
-    step captured in a CUDA graph follows an LR scheduler, which writes such a tensor in place)."""
+    step captured in a CUDA graph follows an LR scheduler, which writes such a tensor in place). A tensor's
+    value is read only when read_tensor (at construction: reading it at every step would sync)."""
     if isinstance(lr, torch.Tensor):
         if lr.numel() != 1 or lr.dtype != torch.float32:
-            raise ValueError(f"{name}: a tensor lr must be a one-element float32 tensor, got {lr.dtype} with "
+            raise ValueError(f"{where}: a tensor lr must be a one-element float32 tensor, got {lr.dtype} with "
                              f"{lr.numel()} elements")
-        if not lr.item() >= 0.0:  # once, at construction
-            raise ValueError(f"{name}: lr must be >= 0, got {lr.item()}")
+        if read_tensor and not lr.item() >= 0.0:
+            raise ValueError(f"{where}: lr must be >= 0, got {lr.item()}")
     elif not lr >= 0.0:
-        raise ValueError(f"{name}: lr must be a float >= 0, got {lr}")
+        raise ValueError(f"{where}: lr must be a float >= 0, got {lr}")
+
+
+def _is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    """The elements fill one block of memory (contiguous, channels_last, transposed...): the fused steps go
+    over that block linearly, so such a tensor and its gradient and state need the same strides."""
+    if t.numel() == 0:
+        return True
+    expected = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _lr_arguments(group: dict) -> tuple:
@@ -47,11 +61,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
     """What the fused optimizers share: the AMP hand-off and the per-device tensor lists of a group."""
 
     _fp32_state_keys: Tuple[str, ...] = ()  # state kept in float32 for 16-bit parameters
+    # A class attribute, so that copies (deepcopy, pickle) keep the sync-free hand-off to GradScaler.
+    _step_supports_amp_scaling = True
 
     def __init__(self, params: Iterable, defaults: dict):
         defaults = dict(defaults, foreach=None, capturable=True, differentiable=False, fused=True)
         super().__init__(params, defaults)
-        self._step_supports_amp_scaling = True
 
     def _amp_inputs(self, device: torch.device):
         """A GradScaler's scale and overflow flag (set on the optimizer during its step), on `device`."""
@@ -63,19 +78,30 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         # torch casts every floating state tensor to its parameter's dtype; a 16-bit parameter's master copy
         # and its optimizer state stay float32 (and state saved by torch's own 16-bit optimizers is widened).
+        # Older or non-fused torch checkpoints: missing option keys take our defaults (as torch's own
+        # __setstate__ does) and `step` becomes our float32 counter on the parameter's device (torch keeps a
+        # non-fused optimizer's step on the CPU, or as an int before torch 1.12).
         super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
         params = [p for group in self.param_groups for p in group["params"]]
         for index, saved in state_dict["state"].items():
             param = params[index]
+            state = self.state[param]
+            if "step" in state:
+                state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(param.device).reshape(())
             if param.dtype not in _HALF_DTYPES:
                 continue
             for key in self._fp32_state_keys:
                 if saved.get(key) is not None:
-                    self.state[param][key] = saved[key].to(device=param.device, dtype=torch.float32, copy=True)
+                    state[key] = saved[key].to(device=param.device, dtype=torch.float32, copy=True)
 
     def _check_group(self, index: int, group: dict) -> None:
-        """Raises ValueError naming the group when its gradients cannot be stepped (before any state exists)."""
+        """Raises ValueError naming the group when its options or gradients cannot be stepped (before any state
+        exists or any group steps)."""
         name = type(self).__name__
+        self._check_options(f"{name}: param_groups[{index}]", group, read_tensor_lr=False)
         devices = set()
         for param in group["params"]:
             if param.grad is None:
@@ -83,6 +109,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if param.grad.is_sparse:
                 raise ValueError(f"{name}: param_groups[{index}] has a sparse gradient; "
                                  "use a dense one (e.g. nn.Embedding(sparse=False))")
+            if not _is_non_overlapping_and_dense(param) or param.grad.stride() != param.stride():
+                raise ValueError(f"{name}: param_groups[{index}] has a parameter of strides {param.stride()} with a "
+                                 f"gradient of strides {param.grad.stride()}; accepted: dense, non-overlapping "
+                                 "parameters (contiguous, channels_last, transposed) with gradients laid out alike")
             if param.dtype not in (torch.float32, *_HALF_DTYPES) or param.grad.dtype != param.dtype:
                 raise ValueError(f"{name}: param_groups[{index}] has a {param.dtype} parameter with a "
                                  f"{param.grad.dtype} gradient; accepted: float32, float16 or bfloat16 parameters "
@@ -92,9 +122,6 @@ class _FusedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{name}: param_groups[{index}] has parameters on several devices "
                              f"({sorted(str(d) for d in devices)}); give each device's parameters their own optimizer")
         lr = group["lr"]
-        if isinstance(lr, torch.Tensor) and (lr.numel() != 1 or lr.dtype != torch.float32):
-            raise ValueError(f"{name}: param_groups[{index}] has a {lr.dtype} lr tensor of {lr.numel()} elements; "
-                             "accepted: a one-element float32 tensor")
         if isinstance(lr, torch.Tensor) and devices and lr.device not in devices:
             raise ValueError(f"{name}: param_groups[{index}] has its lr tensor on {lr.device} but its parameters on "
                              f"{next(iter(devices))}; put the lr tensor on the parameters' device")
@@ -112,6 +139,19 @@ class _FusedOptimizer(torch.optim.Optimizer):
             for target, value in zip(entry, values):
                 target.append(value)
         return lists
+
+    def _sync_master(self, param: torch.Tensor, state: dict) -> None:
+        """Makes state["master_param"], the fp32 copy a 16-bit parameter steps on, and re-seeds it from the
+        parameter when something else wrote the parameter since the last step (load_state_dict, an EMA swap,
+        an in-place edit: its _version moved; our own step does not move it) and the master no longer rounds
+        to it. Stepping a stale master would silently undo that write. The check reads values (a host sync
+        on a GPU) only after such a write."""
+        versions = self.__dict__.setdefault("_master_versions", {})
+        master = state.get("master_param")
+        if master is None or (versions.get(param) != param._version
+                              and not torch.equal(master.to(param.dtype), param)):
+            state["master_param"] = param.detach().float()
+        versions[param] = param._version
 
     def _step_state(self, param: torch.Tensor, start: float = 0.0) -> dict:
         state = self.state[param]
@@ -142,24 +182,28 @@ class Adam(_FusedOptimizer):
 
     def __init__(self, params: Iterable, lr: _Lr = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False):
-        name = type(self).__name__
-        _check_lr(name, lr)
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
+        self._check_options(type(self).__name__, defaults, read_tensor_lr=True)
+        super().__init__(params, defaults)
+
+    @staticmethod
+    def _check_options(where: str, options: dict, read_tensor_lr: bool) -> None:
+        _check_lr(where, options["lr"], read_tensor_lr)
+        betas = options["betas"]
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"{name}: betas must be in [0, 1), got {betas}")
-        if not eps >= 0.0:
-            raise ValueError(f"{name}: eps must be >= 0, got {eps}")
-        if not weight_decay >= 0.0:
-            raise ValueError(f"{name}: weight_decay must be >= 0, got {weight_decay}")
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                                      maximize=maximize))
+            raise ValueError(f"{where}: betas must be in [0, 1), got {betas}")
+        if not options["eps"] >= 0.0:
+            raise ValueError(f"{where}: eps must be >= 0, got {options['eps']}")
+        if not options["weight_decay"] >= 0.0:
+            raise ValueError(f"{where}: weight_decay must be >= 0, got {options['weight_decay']}")
 
     _fp32_state_keys = ("master_param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
     def _state_tensors(self, param: torch.Tensor, group: dict) -> list:
         state = self._step_state(param)
         master = param.dtype in _HALF_DTYPES
-        if master and "master_param" not in state:
-            state["master_param"] = param.detach().float()  # the fp32 copy the update runs on
+        if master:
+            self._sync_master(param, state)
         like = state["master_param"] if master else param
         for name in ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ()):
             if name not in state:
@@ -201,17 +245,22 @@ class SGD(_FusedOptimizer):
 
     def __init__(self, params: Iterable, lr: _Lr = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False):
-        name = type(self).__name__
-        _check_lr(name, lr)
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
+                        maximize=maximize)
+        self._check_options(type(self).__name__, defaults, read_tensor_lr=True)
+        super().__init__(params, defaults)
+
+    @staticmethod
+    def _check_options(where: str, options: dict, read_tensor_lr: bool) -> None:
+        _check_lr(where, options["lr"], read_tensor_lr)
+        momentum, dampening = options["momentum"], options["dampening"]
         if not momentum >= 0.0:
-            raise ValueError(f"{name}: momentum must be >= 0, got {momentum}")
-        if not weight_decay >= 0.0:
-            raise ValueError(f"{name}: weight_decay must be >= 0, got {weight_decay}")
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError(f"{name}: nesterov needs momentum > 0 and dampening = 0, got momentum={momentum}, "
+            raise ValueError(f"{where}: momentum must be >= 0, got {momentum}")
+        if not options["weight_decay"] >= 0.0:
+            raise ValueError(f"{where}: weight_decay must be >= 0, got {options['weight_decay']}")
+        if options["nesterov"] and (momentum <= 0 or dampening != 0):
+            raise ValueError(f"{where}: nesterov needs momentum > 0 and dampening = 0, got momentum={momentum}, "
                              f"dampening={dampening}")
-        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                                      nesterov=nesterov, maximize=maximize))
 
     _fp32_state_keys = ("master_param", "momentum_buffer")
 
@@ -219,8 +268,8 @@ class SGD(_FusedOptimizer):
         # A momentum buffer loaded from torch's SGD (which keeps no step) is continued, not restarted.
         state = self._step_state(param, start=1.0 if self.state[param].get("momentum_buffer") is not None else 0.0)
         master = param.dtype in _HALF_DTYPES
-        if master and "master_param" not in state:
-            state["master_param"] = param.detach().float()  # the fp32 copy the update runs on
+        if master:
+            self._sync_master(param, state)
         like = state["master_param"] if master else param
         if group["momentum"] != 0 and state.get("momentum_buffer") is None:
             state["momentum_buffer"] = torch.zeros_like(like, memory_format=torch.preserve_format)

@@ -13,7 +13,8 @@ inline void check_scalar_state(const at::Tensor& t, const char* name, at::Scalar
   TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
 }
 
-/// Gradients an AMP op can read: defined, dense, contiguous float32/float16/bfloat16, all on `device`.
+/// Gradients an AMP op can read: defined, dense and non-overlapping (contiguous, channels_last, transposed:
+/// the ops go over the memory block linearly) float32/float16/bfloat16, all on `device`.
 inline void check_grads(const char* op, at::TensorList grads, const at::Device& device) {
   for (size_t i = 0; i < grads.size(); ++i) {
     const auto& g = grads[i];
@@ -24,7 +25,8 @@ inline void check_grads(const char* op, at::TensorList grads, const at::Device& 
                       op, ": grads[", i, "] has dtype ", g.scalar_type(), "; accepted: float32, float16, bfloat16");
     TORCH_CHECK_VALUE(g.device() == device, op, ": grads[", i, "] is on ", g.device(), " but found_inf is on ",
                       device, "; all gradients must share one device");
-    TORCH_CHECK_VALUE(g.is_contiguous(), op, ": grads[", i, "] must be contiguous");
+    TORCH_CHECK_VALUE(g.is_non_overlapping_and_dense(), op, ": grads[", i, "] must be dense and non-overlapping "
+                      "(e.g. contiguous or channels_last), got strides ", g.strides(), " for sizes ", g.sizes());
   }
 }
 

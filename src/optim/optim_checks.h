@@ -13,7 +13,8 @@ namespace gpuops::optim::detail {
 
 using NamedList = std::pair<const char*, at::TensorList>;
 
-/// params: dense contiguous float32 on one device; each named list: same length, dtype, device and shape;
+/// params: dense, non-overlapping float32 on one device (contiguous, channels_last or transposed: the step
+/// goes over the memory block linearly); each named list: same length, dtype, device, shape and strides;
 /// steps: one-element float32 counters; grad_scale, found_inf, lr: optional one-element float32 tensors.
 inline void check_step_lists(const char* op, at::TensorList params, std::initializer_list<NamedList> like_params,
                              at::TensorList steps, const std::optional<at::Tensor>& grad_scale,
@@ -32,8 +33,11 @@ inline void check_step_lists(const char* op, at::TensorList params, std::initial
                       "; accepted: float32");
     TORCH_CHECK_VALUE(t.device() == device, op, ": ", name, "[", i, "] is on ", t.device(), " but params[0] is on ",
                       device, "; one call takes one device");
-    TORCH_CHECK_VALUE(t.sizes() == param.sizes() && t.is_contiguous(), op, ": ", name, "[", i,
-                      "] must be contiguous with the shape of params[", i, "] ", param.sizes(), ", got ", t.sizes());
+    const bool laid_out_alike =
+        t.is_non_overlapping_and_dense() && t.sizes() == param.sizes() && t.strides() == param.strides();
+    TORCH_CHECK_VALUE(laid_out_alike, op, ": ", name, "[", i, "] must be dense and non-overlapping with the sizes ",
+                      "and strides of params[", i, "] ", param.sizes(), " / ", param.strides(), ", got ", t.sizes(),
+                      " / ", t.strides());
   };
   for (size_t i = 0; i < n; ++i) {
     check(params[i], params[i], "params", i);
@@ -52,7 +56,7 @@ inline void check_step_lists(const char* op, at::TensorList params, std::initial
 }
 
 /// The 16-bit side of a master-copy step (the float32 side goes through check_step_lists): params float16
-/// or bfloat16, all one dtype; grads of that dtype; both dense, contiguous, shaped and placed like masters.
+/// or bfloat16, all one dtype; grads of that dtype; both dense, non-overlapping, laid out and placed like masters.
 inline void check_half_lists(const char* op, at::TensorList params, at::TensorList grads, at::TensorList masters) {
   TORCH_CHECK_VALUE(params.size() == masters.size() && grads.size() == masters.size(), op, ": params (",
                     params.size(), "), grads (", grads.size(), ") and master_params (", masters.size(),
@@ -64,8 +68,10 @@ inline void check_half_lists(const char* op, at::TensorList params, at::TensorLi
     TORCH_CHECK_VALUE(dtype == params[0].scalar_type(), op, ": params[", i, "] is ", dtype, " but params[0] is ",
                       params[0].scalar_type(), "; one call takes one dtype");
     for (const auto& [name, t] : {std::make_pair("params", params[i]), std::make_pair("grads", grads[i])}) {
-      TORCH_CHECK_VALUE(t.defined() && t.layout() == at::kStrided && t.is_contiguous(), op, ": ", name, "[", i,
-                        "] must be a dense contiguous tensor");
+      TORCH_CHECK_VALUE(t.defined() && t.layout() == at::kStrided && t.is_non_overlapping_and_dense() &&
+                            t.strides() == masters[i].strides(),
+                        op, ": ", name, "[", i, "] must be dense and non-overlapping with the strides of ",
+                        "master_params[", i, "] ", masters[i].strides(), ", got ", t.strides());
       TORCH_CHECK_VALUE(t.scalar_type() == dtype, op, ": ", name, "[", i, "] has dtype ", t.scalar_type(),
                         "; accepted: the dtype of params[", i, "], ", dtype);
       TORCH_CHECK_VALUE(t.device() == masters[i].device() && t.sizes() == masters[i].sizes(), op, ": ", name, "[",

@@ -299,6 +299,77 @@ def test_bad_tensor_lrs_are_refused_naming_lr_and_change_nothing():
     optimizer.param_groups[0]["lr"] = torch.tensor([0.1, 0.1])  # e.g. a hand-edited group
     param.grad = torch.randn(4)
     before = param.detach().clone()
-    with pytest.raises(ValueError, match=r"param_groups\[0\] has a torch.float32 lr tensor of 2 elements"):
+    with pytest.raises(ValueError, match=r"param_groups\[0\]: a tensor lr must be a one-element float32 tensor"):
         optimizer.step()
     assert torch.equal(param, before) and len(optimizer.state) == 0
+
+
+@pytest.mark.parametrize("make", [lambda p: gpuops.optim.AdamW(p, lr=1e-2), lambda p: gpuops.optim.SGD(p, lr=0.1)],
+                         ids=["adamw", "sgd"])
+def test_a_16_bit_parameter_written_from_outside_is_not_undone_by_its_master(make):
+    """After load_state_dict, an EMA swap or an in-place edit, the next step starts from the parameter as it
+    now is (the master is re-seeded), as torch's optimizers do; an untouched parameter keeps its master."""
+    param = torch.nn.Parameter(torch.randn(6).bfloat16())
+    optimizer = make([param])
+    param.grad = torch.randn(6).bfloat16()
+    optimizer.step()
+    kept = optimizer.state[param]["master_param"]
+    optimizer.step()
+    assert optimizer.state[param]["master_param"] is kept  # nothing wrote the parameter: the master stays
+    with torch.no_grad():
+        param.fill_(5.0)
+    param.grad = torch.zeros(6).bfloat16()
+    optimizer.step()
+    torch.testing.assert_close(param, torch.full((6,), 5.0).bfloat16(), atol=0.05, rtol=0)  # not reverted
+    assert torch.equal(optimizer.state[param]["master_param"].bfloat16(), param)
+
+
+def test_channels_last_and_transposed_parameters_step_like_torch():
+    conv = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    reference = copy.deepcopy(conv)
+    transposed = torch.nn.Parameter(torch.randn(5, 7).t())  # dense, strides (1, 7)
+    reference_transposed = torch.nn.Parameter(transposed.detach().clone())
+    ours = gpuops.optim.AdamW([*conv.parameters(), transposed], lr=1e-2)
+    theirs = torch.optim.AdamW([*reference.parameters(), reference_transposed], lr=1e-2, foreach=False)
+    scaler, ref_scaler = gpuops.GradScaler("cpu", init_scale=256.0), torch.amp.GradScaler("cpu", init_scale=256.0)
+    for _ in range(3):
+        x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+        w = torch.randn(7, 5)
+        for model, extra, optimizer, s in ((conv, transposed, ours, scaler), (reference, reference_transposed, theirs,
+                                                                              ref_scaler)):
+            optimizer.zero_grad()
+            s.scale(model(x).square().mean() + (extra * w).sum()).backward()
+            s.step(optimizer)
+            s.update()
+    assert conv.weight.stride() == reference.weight.stride() and transposed.stride() == (1, 7)
+    for a, b in zip([*conv.parameters(), transposed], [*reference.parameters(), reference_transposed]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_bad_later_group_stops_the_step_before_any_group_moves():
+    good, other = torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(4))
+    optimizer = gpuops.optim.AdamW([good], lr=0.1)
+    optimizer.add_param_group({"params": [other], "betas": (0.9, 1.0)})
+    good.grad, other.grad = torch.randn(4), torch.randn(4)
+    before = good.detach().clone()
+    with pytest.raises(ValueError, match=r"param_groups\[1\]: betas must be in \[0, 1\)"):
+        optimizer.step()
+    assert torch.equal(good, before) and len(optimizer.state) == 0
+
+
+def test_state_saved_by_an_older_torch_loads_and_steps():
+    """torch's own loader repairs old checkpoints (an int step, no maximize key); ours does the same, and keeps
+    step a float32 tensor on the parameter's device."""
+    param = torch.nn.Parameter(torch.randn(5))
+    theirs = torch.optim.AdamW([param], lr=0.1)
+    param.grad = torch.randn(5)
+    theirs.step()
+    saved = copy.deepcopy(theirs.state_dict())
+    saved["state"][0]["step"] = 1  # as torch < 1.12 saved it
+    del saved["param_groups"][0]["maximize"]
+    ours = gpuops.optim.AdamW([param], lr=0.1)
+    ours.load_state_dict(saved)
+    step = ours.state[param]["step"]
+    assert isinstance(step, torch.Tensor) and step.dtype == torch.float32 and step.device == param.device
+    ours.step()
+    assert float(ours.state[param]["step"]) == 2.0 and ours.param_groups[0]["maximize"] is False
