@@ -16,7 +16,7 @@ runs on the device: ``torch.ops.gpuops.unscale_and_check_`` and ``torch.ops.gpuo
 from __future__ import annotations
 
 import enum
-from collections import defaultdict
+from collections import abc, defaultdict
 from typing import Any, Dict, Iterable, Optional, Union
 
 import torch
@@ -36,24 +36,38 @@ def _apply_to_tensors(value, fn):
         return fn(value)
     if isinstance(value, (list, tuple)):
         return type(value)(_apply_to_tensors(v, fn) for v in value)
+    if isinstance(value, abc.Iterable):  # e.g. a generator: a lazy map, as torch's scaler returns
+        return map(lambda v: _apply_to_tensors(v, fn), value)
     raise TypeError(f"GradScaler.scale: outputs must be a tensor or a (nested) list/tuple of tensors, got {type(value)}")
 
 
 def _grads_by_device(optimizer) -> Dict[torch.device, list]:
+    """The dense tensors holding each device's gradients: a sparse gradient is coalesced (so that a norm over
+    its values is right and fp16 duplicates cannot overflow when summed) and stands in by its values."""
     grads: Dict[torch.device, list] = defaultdict(list)
     for group in optimizer.param_groups:
         for param in group["params"]:
-            if param.grad is not None:
+            if param.grad is None:
+                continue
+            if param.grad.is_sparse:
+                if not param.grad.is_coalesced():
+                    param.grad = param.grad.coalesce()
+                grads[param.grad.device].append(param.grad._values())
+            else:
                 grads[param.grad.device].append(param.grad)
     return grads
 
 
-def clip_grad_norm_(parameters, max_norm: float) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` (L2 norm): one deterministic read for the norm, one in-place scaling
-    always on the device, without a host sync (the factor is 1 when the norm is within max_norm). Returns the
-    total norm."""
-    if not max_norm > 0:
-        raise ValueError(f"clip_grad_norm_: max_norm must be > 0, got {max_norm}")
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach: Optional[bool] = None) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` with its signature: for the L2 norm, one deterministic read for the
+    norm and one in-place scaling, always on the device, without a host sync (the factor is 1 when the norm is
+    within max_norm; 0 when max_norm is 0). Other norm types are torch's. ``error_if_nonfinite`` reads the
+    norm on the host, as torch's does; ``foreach`` is accepted and ignored. Returns the total norm."""
+    if float(norm_type) != 2.0:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
+    if not max_norm >= 0:
+        raise ValueError(f"clip_grad_norm_: max_norm must be >= 0, got {max_norm}")
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
     grads: Dict[torch.device, list] = defaultdict(list)
@@ -68,6 +82,9 @@ def clip_grad_norm_(parameters, max_norm: float) -> torch.Tensor:
         norms.append(torch.ops.gpuops.unscaled_grad_norm_(device_grads, ones, torch.zeros(1, device=device)))
     first = next(iter(grads))
     total_norm = torch.stack([n.to(first) for n in norms]).square().sum().sqrt()
+    if error_if_nonfinite and not torch.isfinite(total_norm):
+        raise RuntimeError(f"clip_grad_norm_: the gradients' total norm is {total_norm.item()}, which cannot clip "
+                           "them; pass error_if_nonfinite=False to scale them by it anyway")
     clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0).float().reshape(1)
     for device, device_grads in grads.items():
         torch.ops.gpuops.unscale_and_check_(device_grads, torch.zeros(1, device=device), clip_coef.to(device))
@@ -194,6 +211,9 @@ class GradScaler:
         if "closure" in kwargs:
             raise RuntimeError("GradScaler.step() does not support a closure: compute the loss and backward() "
                                "before calling step()")
+        if self._scale is None:
+            raise RuntimeError("GradScaler.step() before any scale(): scale the loss with scaler.scale(loss) and call "
+                               "backward() first")
         state = self._per_optimizer[id(optimizer)]
         if state["stage"] is _Stage.STEPPED:
             raise RuntimeError("GradScaler.step() was already called for this optimizer since the last update(); "
@@ -252,6 +272,9 @@ class GradScaler:
         gradient_scale = self._gradient_scale(state)
         inv_scale = gradient_scale.double().reciprocal().float()
         grads = _grads_by_device(optimizer)
+        if not grads:
+            raise RuntimeError("GradScaler.clip_grad_norm_: the optimizer has no gradients; call "
+                               "scaler.scale(loss).backward() first")
         norms = []
         for device, device_grads in grads.items():
             found_inf = torch.zeros(1, dtype=torch.float32, device=device)
@@ -276,22 +299,24 @@ class GradScaler:
             return
         if self._scale is None:
             raise RuntimeError("GradScaler.update() before any scale(): nothing to update")
+        found_infs = [f for s in self._per_optimizer.values() for f in s["found_inf_per_device"].values()]
+        found = (torch.stack([f.to(self._scale.device, non_blocking=True) for f in found_infs]).sum(0)
+                 if found_infs else None)
         if new_scale is not None:
             if isinstance(new_scale, torch.Tensor):
-                if new_scale.numel() != 1 or new_scale.dtype != torch.float32:
-                    raise ValueError("GradScaler.update: new_scale must be a float or a one-element float32 tensor")
-                self._scale.copy_(new_scale)
+                if new_scale.numel() != 1 or not new_scale.is_floating_point():
+                    raise ValueError("GradScaler.update: new_scale must be a float or a one-element floating tensor")
+                self._scale.copy_(new_scale.reshape(1))
             else:
                 self._scale.fill_(float(new_scale))
         else:
-            found_infs = [f for s in self._per_optimizer.values() for f in s["found_inf_per_device"].values()]
-            if not found_infs:
+            if found is None:
                 raise RuntimeError("GradScaler.update(): no unscale_() or step() was recorded since the last update; "
                                    "call scaler.step(optimizer) before update()")
-            found = torch.stack([f.to(self._scale.device, non_blocking=True) for f in found_infs]).sum(0)
             torch.ops.gpuops.update_scale_(self._scale, self._growth_tracker, self._hysteresis_left, found,
                                            self._growth_factor, self._backoff_factor, self._growth_interval,
                                            self._hysteresis, self._min_scale, self._max_scale)
+        if found is not None:  # a skipped step counts whoever sets the next scale
             self._skipped += (found > 0).to(torch.int64)
         self._per_optimizer = defaultdict(self._fresh_optimizer_state)
 
@@ -364,6 +389,14 @@ class GradScaler:
                              hysteresis=int(state_dict.get("hysteresis", self._hysteresis)),
                              min_scale=state_dict.get("min_scale", self._min_scale),
                              max_scale=state_dict.get("max_scale", self._max_scale) or None)
+        counters = {}  # every value is read and checked before anything is assigned
+        for key, default in (("_growth_tracker", None), ("_hysteresis_left", checked._hysteresis),
+                             ("_skipped_steps", 0)):
+            value = state_dict.get(key, default)
+            try:
+                counters[key] = int(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"GradScaler.load_state_dict: {key} must be an int, got {value!r}") from None
         self._init_scale = checked._init_scale
         self._growth_factor = checked._growth_factor
         self._backoff_factor = checked._backoff_factor
@@ -371,9 +404,9 @@ class GradScaler:
         self._hysteresis = checked._hysteresis
         self._min_scale = checked._min_scale
         self._max_scale = checked._max_scale
-        self._init_growth_tracker = int(state_dict["_growth_tracker"])
-        self._init_hysteresis_left = int(state_dict.get("_hysteresis_left", self._hysteresis))
-        self._init_skipped = int(state_dict.get("_skipped_steps", 0))
+        self._init_growth_tracker = counters["_growth_tracker"]
+        self._init_hysteresis_left = counters["_hysteresis_left"]
+        self._init_skipped = counters["_skipped_steps"]
         if self._scale is not None:
             self._scale.fill_(self._init_scale)
             self._growth_tracker.fill_(self._init_growth_tracker)

@@ -99,3 +99,29 @@ def test_misuse_and_bad_max_norm():
         scaler.unscale_(optimizer)
     with pytest.raises(ValueError, match="max_norm"):
         gpuops.clip_grad_norm_(model.parameters(), -1.0)
+
+
+def test_torch_signature_drops_in():
+    """norm_type (other types are torch's own), error_if_nonfinite, foreach and max_norm=0 as torch has them."""
+    seed = random.randint(0, 2**31)
+
+    def float32_params_with_grads(seed):
+        params = [torch.nn.Parameter(p.detach().float()) for p in params_with_grads(seed)]
+        for p, source in zip(params, params_with_grads(seed)):
+            p.grad = source.grad.float()
+        return params
+
+    for kwargs in (dict(norm_type=2.0), dict(norm_type=1.0), dict(norm_type=float("inf")), dict(foreach=True)):
+        ours, reference = float32_params_with_grads(seed), float32_params_with_grads(seed)
+        total = gpuops.clip_grad_norm_(ours, 0.5, **kwargs)
+        expected = torch.nn.utils.clip_grad_norm_(reference, 0.5, **kwargs)
+        torch.testing.assert_close(total, expected, rtol=1e-6, atol=0)
+        for o, r in zip(ours, reference):
+            torch.testing.assert_close(o.grad, r.grad, rtol=2e-6, atol=1e-12)
+    zeroed = float32_params_with_grads(seed)
+    gpuops.clip_grad_norm_(zeroed, 0.0)
+    assert all(torch.count_nonzero(p.grad) == 0 for p in zeroed)
+    bad = float32_params_with_grads(seed)
+    bad[1].grad[0, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="error_if_nonfinite=False"):
+        gpuops.clip_grad_norm_(bad, 1.0, error_if_nonfinite=True)

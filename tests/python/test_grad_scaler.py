@@ -149,13 +149,26 @@ def test_misuse_raises_errors_that_say_what_to_do():
             gpuops.GradScaler("cpu", **kwargs)
 
 
-def test_sparse_gradients_are_a_clear_error():
+def test_sparse_gradients_step_torch_optimizers_and_are_refused_by_ours():
+    """As torch's scaler: a sparse gradient is unscaled through its (coalesced) values, so torch's SGD steps
+    on it; our fused optimizers take dense gradients only and say so."""
     embedding = torch.nn.Embedding(10, 4, sparse=True)
-    optimizer = torch.optim.SGD(embedding.parameters(), lr=0.1)
+    reference = copy.deepcopy(embedding)
+    start = embedding.weight.detach().clone()
+    for module, scaler in ((embedding, gpuops.GradScaler("cpu", init_scale=8.0)),
+                           (reference, torch.amp.GradScaler("cpu", init_scale=8.0))):
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+        scaler.scale(module(torch.tensor([1, 2, 2, 7])).square().sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    # torch's scaler leaves float32 duplicates uncoalesced, ours sums them first: the same up to rounding
+    torch.testing.assert_close(embedding.weight, reference.weight, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(embedding.weight, start)  # it did step
+    ours = gpuops.optim.AdamW(embedding.parameters())
     scaler = gpuops.GradScaler("cpu")
-    scaler.scale(embedding(torch.tensor([1, 2])).sum()).backward()
+    scaler.scale(embedding(torch.tensor([1])).sum()).backward()
     with pytest.raises(ValueError, match="sparse"):
-        scaler.unscale_(optimizer)
+        scaler.step(ours)
 
 
 def test_disabled_scaler_is_a_pass_through():
@@ -170,3 +183,25 @@ def test_disabled_scaler_is_a_pass_through():
     scaler.update()
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert scaler.get_scale() == 1.0 and scaler.state_dict() == {}
+
+
+def test_smaller_torch_behaviours():
+    """step() before scale() says what to do; update(new_scale) still counts a skipped step and takes any
+    floating one-element tensor; scale() maps over a generator; a bad state_dict changes nothing."""
+    model = make_model(4)
+    scaler = gpuops.GradScaler("cpu", init_scale=64.0)
+    with pytest.raises(RuntimeError, match=r"before any scale\(\)"):
+        scaler.step(gpuops.optim.AdamW(model.parameters()))
+    optimizer = gpuops.optim.AdamW(model.parameters())
+    scripted_run(scaler, model, optimizer, 1, set(), 4)
+    scaler.scale(model(torch.randn(2, 17)).sum()).backward()
+    next(model.parameters()).grad[0, 0] = float("inf")
+    scaler.step(optimizer)
+    scaler.update(torch.tensor(8.0, dtype=torch.float64))
+    assert scaler.skipped_steps == 1 and scaler.get_scale() == 8.0
+    losses = [torch.ones(()), torch.full((), 2.0)]
+    assert [float(t) for t in scaler.scale(loss for loss in losses)] == [8.0, 16.0]
+    state = scaler.state_dict()
+    with pytest.raises(ValueError, match="_growth_tracker must be an int"):
+        scaler.load_state_dict(dict(state, scale=1.0, _growth_tracker=None))
+    assert scaler.state_dict() == state
