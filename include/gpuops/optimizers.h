@@ -5,8 +5,10 @@
 // step_scaled(): they divide the gradients as they read them and skip themselves on overflow, on the
 // device, without a host sync.
 
+#include <cstdint>
 #include <optional>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include <torch/arg.h>
@@ -49,9 +51,18 @@ class FusedOptimizer : public torch::optim::Optimizer {
   virtual const char* name() const = 0;
   /// Throws c10::ValueError naming the option of param_groups()[index] that is out of range.
   virtual void check_options(size_t index) const = 0;
+  /// The fp32 master a 16-bit parameter steps on: `master` itself, or a fresh copy of the parameter when
+  /// there is none or something else wrote the parameter since the last step (load, an EMA swap, an
+  /// in-place edit: its version moved; our step does not move it) and `master` no longer rounds to it.
+  /// Stepping a stale master would silently undo that write. Values are compared (a host sync on a GPU)
+  /// only after such a write.
+  at::Tensor synced_master(const at::Tensor& param, const at::Tensor& master);
   /// Steps the parameters of param_groups()[index] that have a gradient (all on one device, checked).
   virtual void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                           const std::optional<at::Tensor>& found_inf) = 0;
+
+ private:
+  std::unordered_map<const c10::TensorImpl*, uint32_t> master_versions_;  ///< param version at its last step
 };
 
 /// Options of gpuops::optim::AdamW, named and defaulted as torch::optim::AdamWOptions (+ maximize).

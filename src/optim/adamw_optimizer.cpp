@@ -99,13 +99,12 @@ void AdamW::step_group(size_t index, std::vector<at::Tensor>& params, const std:
       if (!slot) {
         auto fresh = std::make_unique<AdamWParamState>();
         fresh->step(at::zeros({}, p.options().dtype(at::kFloat)));
-        if (master) fresh->master_param(p.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
-        const at::Tensor& like = master ? fresh->master_param() : p;
-        fresh->exp_avg(at::zeros_like(like, at::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(at::zeros_like(like, at::MemoryFormat::Preserve));
+        fresh->exp_avg(at::zeros_like(p, p.options().dtype(at::kFloat), at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(at::zeros_like(p, p.options().dtype(at::kFloat), at::MemoryFormat::Preserve));
         slot = std::move(fresh);
       }
       auto& s = static_cast<AdamWParamState&>(*slot);
+      if (master) s.master_param(synced_master(p, s.master_param()));
       const at::Tensor& like = master ? s.master_param() : p;
       if (o.amsgrad() && !s.max_exp_avg_sq().defined())
         s.max_exp_avg_sq(at::zeros_like(like, at::MemoryFormat::Preserve));

@@ -24,6 +24,18 @@ void DeviceLr::set(double lr) {
   value_ = lr;
 }
 
+at::Tensor FusedOptimizer::synced_master(const at::Tensor& param, const at::Tensor& master) {
+  const c10::TensorImpl* key = param.unsafeGetTensorImpl();
+  const auto seen = master_versions_.find(key);
+  const bool written = seen == master_versions_.end() || seen->second != param._version();
+  at::Tensor result = master;
+  if (!master.defined() || (written && !at::equal(master.to(param.scalar_type()), param))) {
+    result = param.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  }
+  master_versions_[key] = param._version();
+  return result;
+}
+
 at::Tensor FusedOptimizer::step(LossClosure closure) {
   at::Tensor loss;
   if (closure) {

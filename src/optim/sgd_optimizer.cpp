@@ -94,10 +94,10 @@ void SGD::step_group(size_t index, std::vector<at::Tensor>& params, const std::o
       if (!slot) {
         auto fresh = std::make_unique<SGDParamState>();
         fresh->step(at::zeros({}, p.options().dtype(at::kFloat)));
-        if (master) fresh->master_param(p.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
         slot = std::move(fresh);
       }
       auto& s = static_cast<SGDParamState&>(*slot);
+      if (master) s.master_param(synced_master(p, s.master_param()));
       if (o.momentum() != 0 && !s.momentum_buffer().defined()) {
         s.momentum_buffer(at::zeros_like(master ? s.master_param() : p, at::MemoryFormat::Preserve));
         s.step().zero_();  // a new buffer starts from the next applied gradient, as in torch

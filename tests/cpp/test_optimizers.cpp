@@ -170,6 +170,20 @@ TEST(FusedOptimizers, CapturableReadsLrOnTheDeviceAndFollowsTheScheduler) {
   expect_capturable_follows_the_scheduler<gpuops::optim::SGD>(gpuops::optim::SGDOptions(1e-2).momentum(0.9));
 }
 
+TEST(FusedOptimizers, ASixteenBitParameterWrittenFromOutsideIsNotUndoneByItsMaster) {
+  auto w = at::randn({6}).to(at::kBFloat16).requires_grad_(true);
+  gpuops::optim::AdamW optimizer({w}, gpuops::optim::AdamWOptions(1e-2));
+  w.mutable_grad() = at::randn({6}).to(at::kBFloat16);
+  optimizer.step();
+  {
+    at::NoGradGuard no_grad;
+    w.fill_(5.0);  // e.g. model.load_state_dict or an EMA swap
+  }
+  w.mutable_grad() = at::zeros({6}).to(at::kBFloat16);
+  optimizer.step();
+  EXPECT_TRUE(at::allclose(w.to(at::kFloat), at::full({6}, 5.0f), 0, 0.05)) << w;  // not reverted
+}
+
 TEST(FusedOptimizers, SaveAndLoadResumeBitExactly) {
   const auto init = random_values();
   const auto grads = random_grad_sequence(10);
