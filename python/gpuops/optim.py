@@ -109,7 +109,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if param.grad.is_sparse:
                 raise ValueError(f"{name}: param_groups[{index}] has a sparse gradient; "
                                  "use a dense one (e.g. nn.Embedding(sparse=False))")
-            if not _is_non_overlapping_and_dense(param) or param.grad.stride() != param.stride():
+            contiguous = param.is_contiguous() and param.grad.is_contiguous()  # the common case, checked in C++
+            if not contiguous and (not _is_non_overlapping_and_dense(param) or param.grad.stride() != param.stride()):
                 raise ValueError(f"{name}: param_groups[{index}] has a parameter of strides {param.stride()} with a "
                                  f"gradient of strides {param.grad.stride()}; accepted: dense, non-overlapping "
                                  "parameters (contiguous, channels_last, transposed) with gradients laid out alike")

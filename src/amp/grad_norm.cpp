@@ -67,42 +67,39 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) double float_chunk_
   return total;
 }
 
-// Per-chunk partial sums in a fixed layout, added in order: the same norm whatever the thread count.
+// Per-chunk partial sums in a fixed layout (chunks numbered tensor by tensor), added in order: the same norm
+// whatever the thread count. One parallel region for all tensors (common/cpu_parallel.h).
 at::Tensor grad_norm_cpu(at::TensorList grads, const at::Tensor& inv_scale, const at::Tensor& found_inf) {
   const float inv = *inv_scale.data_ptr<float>();
+  int64_t chunks = 0;
+  for (const auto& g : grads) chunks += (g.numel() + kCpuChunk - 1) / kCpuChunk;
+  std::vector<double> partial(chunks, 0.0);
+  std::vector<char> nonfinite(chunks, 0);
+  cpu::for_each_piece(grads, kCpuChunk, [&](int64_t c, size_t t, int64_t begin, int64_t end) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grads[t].scalar_type(), "unscaled_grad_norm_", [&] {
+      const scalar_t* data = grads[t].data_ptr<scalar_t>();
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        int bad = 0;
+        // (the branch is compiled for every dtype, taken for float32 only)
+        partial[c] = float_chunk_sumsq(reinterpret_cast<const float*>(data) + begin, end - begin, inv, bad);
+        nonfinite[c] = bad != 0;
+      } else {
+        double sum = 0.0;
+        bool inf = false;
+        for (int64_t i = begin; i < end; ++i) {
+          const float u = math::unscale_element(static_cast<float>(data[i]), inv, inf);
+          sum += static_cast<double>(u) * u;
+        }
+        partial[c] = sum;
+        nonfinite[c] = inf;
+      }
+    });
+  });
   double total = 0.0;
   bool any_inf = false;
-  for (const auto& g : grads) {
-    const int64_t chunks = (g.numel() + kCpuChunk - 1) / kCpuChunk;
-    std::vector<double> partial(chunks, 0.0);
-    std::vector<char> nonfinite(chunks, 0);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "unscaled_grad_norm_", [&] {
-      const scalar_t* data = g.data_ptr<scalar_t>();
-      at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
-        for (int64_t c = first; c < last; ++c) {
-          const int64_t begin = c * kCpuChunk, end = std::min(g.numel(), (c + 1) * kCpuChunk);
-          if constexpr (std::is_same_v<scalar_t, float>) {
-            int bad = 0;
-            // (the branch is compiled for every dtype, taken for float32 only)
-            partial[c] = float_chunk_sumsq(reinterpret_cast<const float*>(data) + begin, end - begin, inv, bad);
-            nonfinite[c] = bad != 0;
-          } else {
-            double sum = 0.0;
-            bool inf = false;
-            for (int64_t i = begin; i < end; ++i) {
-              const float u = math::unscale_element(static_cast<float>(data[i]), inv, inf);
-              sum += static_cast<double>(u) * u;
-            }
-            partial[c] = sum;
-            nonfinite[c] = inf;
-          }
-        }
-      });
-    });
-    for (int64_t c = 0; c < chunks; ++c) {
-      total += partial[c];
-      any_inf = any_inf || nonfinite[c];
-    }
+  for (int64_t c = 0; c < chunks; ++c) {
+    total += partial[c];
+    any_inf = any_inf || nonfinite[c];
   }
   if (any_inf) found_inf.fill_(1.0f);
   return at::full({1}, static_cast<float>(std::sqrt(total)), found_inf.options());

@@ -44,23 +44,21 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) bool unscale_float_
 void unscale_cpu(at::TensorList grads, const at::Tensor& found_inf, const at::Tensor& inv_scale) {
   const float inv = inv_scale.item<float>();  // CPU tensor: a plain read, not a device sync
   std::atomic<bool> any_inf{false};
-  for (const auto& g : grads) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "unscale_and_check_", [&] {
-      scalar_t* data = g.data_ptr<scalar_t>();
-      at::parallel_for(0, g.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
-        bool local = false;
-        if constexpr (std::is_same_v<scalar_t, float>) {
-          // (compiled for every dtype, taken for float32 only)
-          local = unscale_float_range(reinterpret_cast<float*>(data) + begin, end - begin, inv);
-        } else {
-          for (int64_t i = begin; i < end; ++i) {
-            data[i] = static_cast<scalar_t>(math::unscale_element(static_cast<float>(data[i]), inv, local));
-          }
+  cpu::for_each_piece(grads, 1 << 15, [&](int64_t, size_t t, int64_t begin, int64_t end) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grads[t].scalar_type(), "unscale_and_check_", [&] {
+      scalar_t* data = grads[t].data_ptr<scalar_t>();
+      bool local = false;
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        // (compiled for every dtype, taken for float32 only)
+        local = unscale_float_range(reinterpret_cast<float*>(data) + begin, end - begin, inv);
+      } else {
+        for (int64_t i = begin; i < end; ++i) {
+          data[i] = static_cast<scalar_t>(math::unscale_element(static_cast<float>(data[i]), inv, local));
         }
-        if (local) any_inf.store(true, std::memory_order_relaxed);
-      });
+      }
+      if (local) any_inf.store(true, std::memory_order_relaxed);
     });
-  }
+  });
   if (any_inf.load()) found_inf.fill_(1.0f);
 }
 

@@ -80,37 +80,30 @@ math::AdamHyper to_cpu_hyper(const AdamOptions& o) {
   return hyper;
 }
 
-// Unless found_inf is set, runs body(t, constants of tensor t's step) for every tensor, then advances its
-// step counter. CPU tensors: these reads are plain loads, not device-to-host copies.
+// The CPU step over every tensor's pieces (common/cpu_parallel.h), with this optimizer's per-step constants.
 template <typename Body>
-void for_each_applied_step(at::TensorList steps, const AdamOptions& options, const std::optional<at::Tensor>& grad_scale,
-                           const std::optional<at::Tensor>& found_inf, Body body) {
-  if (found_inf && *found_inf->data_ptr<float>() != 0.0f) return;
-  const float factor = grad_scale ? 1.0f / *grad_scale->data_ptr<float>() : 1.0f;
-  const math::AdamHyper hyper = to_cpu_hyper(options);
-  for (size_t t = 0; t < steps.size(); ++t) {
-    float* step = steps[t].data_ptr<float>();
-    body(t, math::make_adam_step(hyper, *step + 1.0f, factor));
-    *step += 1.0f;
-  }
+void for_each_applied_piece(at::TensorList tensors, at::TensorList steps, const AdamOptions& options,
+                            const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+                            const Body& body) {
+  const auto hyper = to_cpu_hyper(options);
+  auto constants = [&](float step, float factor) { return math::make_adam_step(hyper, step + 1.0f, factor); };
+  cpu::for_each_applied_piece(tensors, steps, grad_scale, found_inf, constants, body);
 }
 
 void adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
               at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  for_each_applied_step(steps, options, grad_scale, found_inf, [&](size_t t, const math::AdamStep& s) {
-    float* param = params[t].data_ptr<float>();
-    const float* grad = grads[t].data_ptr<float>();
-    float* m = exp_avgs[t].data_ptr<float>();
-    float* v = exp_avg_sqs[t].data_ptr<float>();
-    float* vmax = options.amsgrad ? max_exp_avg_sqs[t].data_ptr<float>() : nullptr;
-    at::parallel_for(0, params[t].numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-      if (vmax != nullptr) {
-        adam_amsgrad_range(param + begin, grad + begin, m + begin, v + begin, vmax + begin, end - begin, s);
-      } else {
-        adam_range(param + begin, grad + begin, m + begin, v + begin, end - begin, s);
-      }
-    });
+  for_each_applied_piece(params, steps, options, grad_scale, found_inf,
+                         [&](size_t t, int64_t begin, int64_t end, const math::AdamStep& s) {
+    float* param = params[t].data_ptr<float>() + begin;
+    const float* grad = grads[t].data_ptr<float>() + begin;
+    float* m = exp_avgs[t].data_ptr<float>() + begin;
+    float* v = exp_avg_sqs[t].data_ptr<float>() + begin;
+    if (options.amsgrad) {
+      adam_amsgrad_range(param, grad, m, v, max_exp_avg_sqs[t].data_ptr<float>() + begin, end - begin, s);
+    } else {
+      adam_range(param, grad, m, v, end - begin, s);
+    }
   });
 }
 
@@ -136,18 +129,13 @@ void adam_master_cpu(at::TensorList params, at::TensorList grads, at::TensorList
                      at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
                      const AdamOptions& options, const std::optional<at::Tensor>& grad_scale,
                      const std::optional<at::Tensor>& found_inf) {
-  for_each_applied_step(steps, options, grad_scale, found_inf, [&](size_t t, const math::AdamStep& s) {
-    float* vmax = options.amsgrad ? max_exp_avg_sqs[t].data_ptr<float>() : nullptr;
+  for_each_applied_piece(masters, steps, options, grad_scale, found_inf,
+                         [&](size_t t, int64_t begin, int64_t end, const math::AdamStep& s) {
+    float* vmax = options.amsgrad ? max_exp_avg_sqs[t].data_ptr<float>() + begin : nullptr;
     AT_DISPATCH_REDUCED_FLOATING_TYPES(params[t].scalar_type(), "adam_step_master_", [&] {
-      scalar_t* param = params[t].data_ptr<scalar_t>();
-      const scalar_t* grad = grads[t].data_ptr<scalar_t>();
-      float* master = masters[t].data_ptr<float>();
-      float* m = exp_avgs[t].data_ptr<float>();
-      float* v = exp_avg_sqs[t].data_ptr<float>();
-      at::parallel_for(0, params[t].numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-        adam_master_range(param + begin, grad + begin, master + begin, m + begin, v + begin,
-                          vmax != nullptr ? vmax + begin : nullptr, end - begin, s);
-      });
+      adam_master_range(params[t].data_ptr<scalar_t>() + begin, grads[t].data_ptr<scalar_t>() + begin,
+                        masters[t].data_ptr<float>() + begin, exp_avgs[t].data_ptr<float>() + begin,
+                        exp_avg_sqs[t].data_ptr<float>() + begin, vmax, end - begin, s);
     });
   });
 }

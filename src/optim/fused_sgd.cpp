@@ -38,51 +38,44 @@ math::SgdHyper to_cpu_hyper(const SgdOptions& o) {
   return hyper;
 }
 
-// Unless found_inf is set, runs body(t, constants of tensor t's step) for every tensor, then advances its
-// step counter. CPU tensors: these reads are plain loads, not device-to-host copies.
+// The CPU step over every tensor's pieces (common/cpu_parallel.h), with this optimizer's per-step constants.
 template <typename Body>
-void for_each_applied_step(at::TensorList steps, const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
-                           const std::optional<at::Tensor>& found_inf, Body body) {
-  if (found_inf && *found_inf->data_ptr<float>() != 0.0f) return;
-  const float factor = grad_scale ? 1.0f / *grad_scale->data_ptr<float>() : 1.0f;
-  const math::SgdHyper hyper = to_cpu_hyper(options);
-  for (size_t t = 0; t < steps.size(); ++t) {
-    float* step = steps[t].data_ptr<float>();
-    body(t, math::make_sgd_step(hyper, *step == 0.0f, factor));
-    *step += 1.0f;
-  }
+void for_each_applied_piece(at::TensorList tensors, at::TensorList steps, const SgdOptions& options,
+                            const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
+                            const Body& body) {
+  const auto hyper = to_cpu_hyper(options);
+  auto constants = [&](float step, float factor) { return math::make_sgd_step(hyper, step == 0.0f, factor); };
+  cpu::for_each_applied_piece(tensors, steps, grad_scale, found_inf, constants, body);
 }
 
 void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList buffers, at::TensorList steps,
              const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
              const std::optional<at::Tensor>& found_inf) {
-  for_each_applied_step(steps, options, grad_scale, found_inf, [&](size_t t, const math::SgdStep& s) {
+  for_each_applied_piece(params, steps, options, grad_scale, found_inf,
+                         [&](size_t t, int64_t begin, int64_t end, const math::SgdStep& s) {
     float* param = params[t].data_ptr<float>();
     const float* grad = grads[t].data_ptr<float>();
     float* buf = options.momentum != 0.0 ? buffers[t].data_ptr<float>() : nullptr;
-    at::parallel_for(0, params[t].numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-      float unused = 0.0f;
-      for (int64_t i = begin; i < end; ++i) math::sgd_update(param[i], grad[i], buf ? buf[i] : unused, s);
-    });
+    float unused = 0.0f;
+    for (int64_t i = begin; i < end; ++i) math::sgd_update(param[i], grad[i], buf ? buf[i] : unused, s);
   });
 }
 
 void sgd_master_cpu(at::TensorList params, at::TensorList grads, at::TensorList masters, at::TensorList buffers,
                     at::TensorList steps, const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
                     const std::optional<at::Tensor>& found_inf) {
-  for_each_applied_step(steps, options, grad_scale, found_inf, [&](size_t t, const math::SgdStep& s) {
+  for_each_applied_piece(masters, steps, options, grad_scale, found_inf,
+                         [&](size_t t, int64_t begin, int64_t end, const math::SgdStep& s) {
     float* master = masters[t].data_ptr<float>();
     float* buf = options.momentum != 0.0 ? buffers[t].data_ptr<float>() : nullptr;
     AT_DISPATCH_REDUCED_FLOATING_TYPES(params[t].scalar_type(), "sgd_step_master_", [&] {
       scalar_t* param = params[t].data_ptr<scalar_t>();
       const scalar_t* grad = grads[t].data_ptr<scalar_t>();
-      at::parallel_for(0, params[t].numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-        float unused = 0.0f;
-        for (int64_t i = begin; i < end; ++i) {
-          math::sgd_update(master[i], static_cast<float>(grad[i]), buf ? buf[i] : unused, s);
-          param[i] = static_cast<scalar_t>(master[i]);  // round to nearest even
-        }
-      });
+      float unused = 0.0f;
+      for (int64_t i = begin; i < end; ++i) {
+        math::sgd_update(master[i], static_cast<float>(grad[i]), buf ? buf[i] : unused, s);
+        param[i] = static_cast<scalar_t>(master[i]);  // round to nearest even
+      }
     });
   });
 }
