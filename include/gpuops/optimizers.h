@@ -57,6 +57,8 @@ class FusedOptimizer : public torch::optim::Optimizer {
   /// Stepping a stale master would silently undo that write. Values are compared (a host sync on a GPU)
   /// only after such a write.
   at::Tensor synced_master(const at::Tensor& param, const at::Tensor& master);
+  /// After loading state: every master is checked against its parameter at the next step.
+  void forget_master_versions() { master_versions_.clear(); }
   /// Steps the parameters of param_groups()[index] that have a gradient (all on one device, checked).
   virtual void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                           const std::optional<at::Tensor>& found_inf) = 0;

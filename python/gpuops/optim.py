@@ -82,6 +82,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # __setstate__ does) and `step` becomes our float32 counter on the parameter's device (torch keeps a
         # non-fused optimizer's step on the CPU, or as an int before torch 1.12).
         super().load_state_dict(state_dict)
+        # Loaded masters are checked against their parameters at the next step, whatever the versions say.
+        self.__dict__.pop("_master_versions", None)
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 group.setdefault(key, value)

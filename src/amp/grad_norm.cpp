@@ -5,8 +5,8 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/Functions.h>
-#include "../common/cpu_parallel.h"
 
+#include "../common/cpu_parallel.h"
 #include "amp_checks.h"
 #include "gpuops/amp.h"
 #include "math/amp_math.h"

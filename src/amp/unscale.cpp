@@ -3,8 +3,8 @@
 #include <type_traits>
 
 #include <ATen/Dispatch.h>
-#include "../common/cpu_parallel.h"
 
+#include "../common/cpu_parallel.h"
 #include "amp_checks.h"
 #include "gpuops/amp.h"
 #include "math/amp_math.h"

@@ -130,6 +130,7 @@ void AdamW::save(torch::serialize::OutputArchive& archive) const {
 
 void AdamW::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
+  forget_master_versions();
 }
 
 }  // namespace gpuops::optim

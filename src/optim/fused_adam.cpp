@@ -3,9 +3,9 @@
 #include <utility>
 
 #include <ATen/Dispatch.h>
-#include "../common/cpu_parallel.h"
 #include <c10/util/Exception.h>
 
+#include "../common/cpu_parallel.h"
 #include "gpuops/fused_adam.h"
 #include "math/adam_math.h"
 #include "optim_checks.h"

@@ -1,8 +1,8 @@
 // sgd_step_: argument checks, then the CPU loop or the CUDA multi-tensor launcher (same element math).
 #include <ATen/Dispatch.h>
-#include "../common/cpu_parallel.h"
 #include <c10/util/Exception.h>
 
+#include "../common/cpu_parallel.h"
 #include "gpuops/fused_sgd.h"
 #include "math/sgd_math.h"
 #include "optim_checks.h"

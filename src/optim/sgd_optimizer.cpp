@@ -121,6 +121,7 @@ void SGD::save(torch::serialize::OutputArchive& archive) const {
 
 void SGD::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+  forget_master_versions();
 }
 
 }  // namespace gpuops::optim

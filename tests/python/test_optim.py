@@ -373,3 +373,20 @@ def test_state_saved_by_an_older_torch_loads_and_steps():
     assert isinstance(step, torch.Tensor) and step.dtype == torch.float32 and step.device == param.device
     ours.step()
     assert float(ours.state[param]["step"]) == 2.0 and ours.param_groups[0]["maximize"] is False
+
+
+def test_a_loaded_master_that_no_longer_matches_its_parameter_is_re_seeded():
+    """Loading an older optimizer state into a model that trained on: the parameter is the truth (as for
+    torch's optimizers), so the next step starts from it, not from the loaded master."""
+    param = torch.nn.Parameter(torch.randn(6).bfloat16())
+    optimizer = gpuops.optim.SGD([param], lr=0.5)
+    param.grad = torch.randn(6).bfloat16()
+    optimizer.step()
+    old_state = copy.deepcopy(optimizer.state_dict())
+    param.grad = torch.randn(6).bfloat16()
+    optimizer.step()
+    now = param.detach().clone()
+    optimizer.load_state_dict(old_state)
+    param.grad = torch.zeros(6).bfloat16()
+    optimizer.step()  # a zero gradient: the parameter must not move
+    assert torch.equal(param, now)
