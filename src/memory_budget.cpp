@@ -26,6 +26,14 @@ MemoryStats MemoryBudget::stats() const { return scope_->stats(); }
 
 void MemoryBudget::reset_peak() { scope_->reset_peak(); }
 
+void MemoryBudget::start_trace() { scope_->start_trace(); }
+
+std::vector<int64_t> MemoryBudget::take_trace() { return scope_->take_trace(); }
+
+UnbudgetedScope::UnbudgetedScope() { memory::enter_unbudgeted(); }
+
+UnbudgetedScope::~UnbudgetedScope() { memory::leave_unbudgeted(); }
+
 int64_t memory_headroom_bytes(c10::Device device) {
   TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "memory_headroom_bytes: device must be cpu or cuda, got ",
                     device.str());

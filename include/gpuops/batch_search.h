@@ -1,9 +1,11 @@
 #pragma once
 // OOM-safe batch-size search (design §8) and the profiled memory estimator. The search finds the exact
 // largest batch that runs, in few real trials, in-process. By default it profiles two small batches and then
-// goes, trial by trial, to the batch that a fit of peak(b) = fixed + per_sample * b on the two largest
-// batches that ran says fills the memory (exact once both lie on the final linear piece of the peak), with
-// growth and bisection guards. Seeded by the analytic estimator, it gallops from that batch and bisects;
+// goes, trial by trial, to the batch that a model fitted on the two largest batches that ran says fills the
+// memory: per allocation when the trials report their memory traces (every allocation's bytes-in-use is
+// linear in the batch, so the peak's kinks are known from two small batches), else a fit of
+// peak(b) = fixed + per_sample * b (exact once both lie on the final linear piece of the peak); with growth
+// and bisection guards. Seeded by the analytic estimator, it gallops from that batch and bisects;
 // without a seed it probes exponentially from `low` and bisects. Every trial's outcome is
 // agreed by all ranks before the next, so a rank-local OOM never deadlocks the others.
 
@@ -58,7 +60,10 @@ struct BatchSearchResult {
 
 struct BatchSearchOptions {
   int64_t low = 1;                  ///< smallest batch to consider (>= 1)
-  std::optional<int64_t> high;      ///< largest batch to consider
+  /// Largest batch to consider. Unset: the memory the trials may use in bytes (headroom_bytes, else the
+  /// host's physical memory), since a batch of b samples takes at least b bytes; a step that still runs
+  /// there does not grow with the batch, and the search says so (c10::ValueError) instead of probing on.
+  std::optional<int64_t> high;
   int64_t multiple_of = 1;          ///< only multiples of this are tried (>= 1)
   double margin = 0.0;              ///< recommended = max_batch * (1 - margin), in [0, 1)
   bool profile_seed = true;         ///< profile two small batches and start from the fit's prediction
@@ -67,7 +72,11 @@ struct BatchSearchOptions {
   int64_t steps_per_trial = 2;      ///< a warm-up step plus one full step
   int64_t max_trials = 0;           ///< 0: no limit
   double max_seconds = 0;           ///< 0: no limit
-  std::string cache_file;           ///< JSON results keyed by cache_key; empty: no cache
+  /// JSON results keyed by cache_key; empty: no cache. A regular file or a new name in an existing folder
+  /// (c10::ValueError otherwise, before any trial). An entry's max_batch is taken down to a multiple of
+  /// multiple_of; one that is not an integer >= 1 (or its multiple_of), or gives no batch in [low, high], is
+  /// ignored with a warning and searched again. A cache that cannot be written is a warning, not a lost result.
+  std::string cache_file;
   std::string cache_key;            ///< e.g. "GPU model|model signature|dtype|sequence length"
 };
 
@@ -76,6 +85,9 @@ struct TrialOutcome {
   bool ok = false;
   int64_t peak_bytes = 0;
   double seconds = 0;
+  /// Optional: bytes in use (from the search's start) after each allocation of the trial's last step and
+  /// validation (MemoryBudget::take_trace). Two traces of equal length give the peak at any batch.
+  std::vector<int64_t> trace;
 };
 using TrialRunner = std::function<TrialOutcome(int64_t batch)>;
 /// Minimum of a value over all ranks (identity in one process).

@@ -2,6 +2,7 @@
 // Umbrella header of the torch-free VRAM estimator (design §7).
 
 #include "gpuops/estimator/activations.h"
+#include "gpuops/estimator/checked_int.h"
 #include "gpuops/estimator/device_profile.h"
 #include "gpuops/estimator/estimate.h"
 #include "gpuops/estimator/gpu_catalog.h"
@@ -9,5 +10,6 @@
 #include "gpuops/estimator/memory_breakdown.h"
 #include "gpuops/estimator/model_spec.h"
 #include "gpuops/estimator/presets.h"
+#include "gpuops/estimator/printable.h"
 #include "gpuops/estimator/step_phases.h"
 #include "gpuops/estimator/training_setup.h"

@@ -15,8 +15,8 @@
 namespace gpuops {
 
 struct FlatParamsOptions {
-  int64_t alignment_bytes = 16;  ///< every parameter starts at a multiple of this (a power of two >= element size)
-  int64_t world_size = 1;        ///< each buffer's length is padded to a multiple of world_size * alignment
+  int64_t alignment_bytes = 16;  ///< every parameter starts at a multiple of this (a power of two in [element size, 4096])
+  int64_t world_size = 1;        ///< each buffer's length is padded to a multiple of world_size * alignment; [1, 2^20]
 };
 
 class FlatParams {
@@ -39,7 +39,7 @@ class FlatParams {
   /// autograd identity and their order in optimizers stay the same); existing gradients are copied into
   /// the flat gradient buffer, missing ones start at zero. c10::ValueError, with nothing changed, for: an
   /// empty list, a parameter given twice, one that is not a leaf requiring grad, sparse, or not contiguous,
-  /// or bad options.
+  /// a .grad that is not a dense tensor of its parameter's shape, dtype and device, or bad options.
   explicit FlatParams(const std::vector<at::Tensor>& params, FlatParamsOptions options = {});
 
   const std::vector<Bucket>& buckets() const { return buckets_; }

@@ -2,6 +2,7 @@
 // The fused Adam/AdamW step over lists of tensors (torch.ops.gpuops.adam_step_); the optimizer
 // classes call it once per parameter group and device.
 #include <optional>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
@@ -22,6 +23,12 @@ struct AdamOptions {
   /// writes this tensor (as torch's capturable optimizers take a tensor lr).
   std::optional<at::Tensor> lr_tensor;
 };
+
+/// Throws c10::ValueError unless every option is in range: lr, eps and weight_decay finite and >= 0, betas in
+/// [0, 1). The one rule set of the C++ AdamW, the Python Adam/AdamW (through gpuops._C) and the fused op:
+/// torch's ranges and message text ("Invalid learning rate: -1.0"), plus finiteness, which torch does not
+/// check. `where` starts the message (e.g. "AdamW: param_groups[1]").
+void check_adam_options(const AdamOptions& options, const std::string& where);
 
 /// One step for every (param, grad, exp_avg, exp_avg_sq[, max_exp_avg_sq], step) tuple: float32, dense,
 /// contiguous, one device. grad_scale (float32[1]): divide the gradients by it as they are read (a

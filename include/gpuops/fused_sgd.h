@@ -1,6 +1,7 @@
 #pragma once
 // The fused SGD step over lists of tensors (torch.ops.gpuops.sgd_step_).
 #include <optional>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
@@ -17,6 +18,11 @@ struct SgdOptions {
   /// As AdamOptions::lr_tensor: the learning rate read on the device, replacing lr.
   std::optional<at::Tensor> lr_tensor;
 };
+
+/// Throws c10::ValueError unless every option is in range: lr, momentum and weight_decay finite and >= 0,
+/// dampening in [0, 1], nesterov only with momentum > 0 and dampening 0. Shared by the C++ SGD, the Python
+/// SGD (through gpuops._C) and the fused op, with torch's message text where torch checks.
+void check_sgd_options(const SgdOptions& options, const std::string& where);
 
 /// One step for every (param, grad, momentum_buffer, step) tuple (float32, dense, contiguous, one
 /// device). momentum_buffers may be empty when momentum is 0. A step counter at 0 makes the buffer start

@@ -15,4 +15,5 @@
 #include "gpuops/grad_scaler.h"
 #include "gpuops/memory_budget.h"
 #include "gpuops/optimizers.h"
+#include "gpuops/state_store.h"
 #include "gpuops/training_state.h"

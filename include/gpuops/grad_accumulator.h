@@ -26,6 +26,14 @@ struct GradAccumulatorOptions {
   std::function<void()> on_boundary;   ///< called before each step (e.g. a sharded optimizer reduces)
 };
 
+/// Throws c10::ValueError unless window >= 1 and max_norm (when set) is finite and > 0. The Python
+/// GradAccumulator calls it too (through gpuops._C).
+void check_grad_accumulator_options(const GradAccumulatorOptions& options);
+
+/// Throws c10::ValueError unless loss_sum is one floating value that requires grad and count is a positive
+/// count (amp::check_positive_count) on the CPU or on loss_sum's device. Shared with the Python accumulator.
+void check_micro_batch(const at::Tensor& loss_sum, const at::Tensor& count);
+
 class GradAccumulator {
  public:
   /// `scaler`: an enabled GradScaler for fp16 (the loss is scaled per micro-batch and unscaled once per
@@ -36,7 +44,7 @@ class GradAccumulator {
                   amp::GradScaler* scaler = nullptr);
 
   /// Back-propagates `loss_sum` and adds `count` (> 0) to the window; true when the window completed and
-  /// the optimizer stepped.
+  /// the optimizer stepped. Bad input (check_micro_batch) changes nothing.
   bool backward(const at::Tensor& loss_sum, const at::Tensor& count);
   bool backward(const at::Tensor& loss_sum, double count);
 

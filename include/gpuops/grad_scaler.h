@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -37,9 +39,35 @@ struct GradScalerOptions {
   double max_scale = 0.0;
 };
 
+/// Throws c10::ValueError naming the option out of range: init_scale, min_scale and max_scale finite float32
+/// values with 0 < init_scale, 0 <= min_scale <= init_scale <= max_scale (max_scale 0: none); growth_factor finite
+/// and > 1; backoff_factor in (0, 1); growth_interval and hysteresis in [1, 2^31 - 1]. The one rule set of the C++
+/// and the Python scaler (which calls it through gpuops._C) in constructors, setters and load_state_dict.
+void check_grad_scaler_options(const GradScalerOptions& options, const std::string& where = "GradScaler");
+
+/// The counters a checkpoint carries besides the options.
+struct GradScalerCounters {
+  int64_t growth_tracker = 0;   ///< clean steps since the last change of scale: [0, growth_interval)
+  int64_t hysteresis_left = 1;  ///< overflows still tolerated before backing off: [1, hysteresis]
+  int64_t skipped_steps = 0;    ///< [0, 2^53]
+};
+
 /// The scaler's checkpoint, with torch's names: scale, growth_factor, backoff_factor, growth_interval,
 /// _growth_tracker; plus hysteresis, _hysteresis_left, min_scale, max_scale, _skipped_steps.
 using GradScalerState = std::map<std::string, double>;
+
+/// Reads a checkpoint (ours or torch's keys) into options, whose init_scale is the saved scale, and counters.
+/// Keys it lacks keep `current`'s (`_hysteresis_left`: the loaded hysteresis, `_skipped_steps`: 0). Every value
+/// is checked (the options as check_grad_scaler_options, counters whole numbers in range): c10::ValueError
+/// naming the key. Both scalers' load_state_dict call it before they change anything.
+std::pair<GradScalerOptions, GradScalerCounters> read_grad_scaler_state(const GradScalerState& state,
+                                                                        const GradScalerOptions& current);
+
+/// Checks a gradient divisor or a sample count: one element of a real (not bool or complex) dtype, on the CPU or
+/// on `device` when given; a CPU value must be finite and > 0 (a device value is not read: no sync).
+/// c10::ValueError "<where>: <name> ...".
+void check_positive_count(const at::Tensor& value, const std::string& where, const char* name,
+                          const std::optional<c10::Device>& device = std::nullopt);
 
 class GradScaler {
  public:

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include <c10/core/Device.h>
 
@@ -41,6 +42,12 @@ class MemoryBudget {
   c10::Device device() const { return device_; }
   /// Starts a new peak from the current value.
   void reset_peak();
+  /// Starts recording, at each allocation counted in this scope, its current bytes just after it (the memory
+  /// curve of a training step, one value per allocation; what the batch-size search fits per allocation).
+  /// CPU only: on CUDA the trace stays empty.
+  void start_trace();
+  /// Stops recording and returns the trace (empty when none was started, on CUDA, or past 16M events).
+  std::vector<int64_t> take_trace();
 
   /// Implementation per device kind (CPU counting allocator, CUDA caching-allocator statistics).
   class Scope;
@@ -49,6 +56,17 @@ class MemoryBudget {
   int64_t limit_bytes_;
   c10::Device device_;
   std::unique_ptr<Scope> scope_;
+};
+
+/// RAII: CPU allocations this thread makes while it lives are neither counted nor refused by any budget (what
+/// undoes a measured run, e.g. the batch search putting the model back, must not fail or count under the budget
+/// it measured). Nests. Frees of such memory are not counted either. On CUDA it has no effect.
+class UnbudgetedScope {
+ public:
+  UnbudgetedScope();
+  ~UnbudgetedScope();
+  UnbudgetedScope(const UnbudgetedScope&) = delete;
+  UnbudgetedScope& operator=(const UnbudgetedScope&) = delete;
 };
 
 /// Bytes that allocations on `device` may still take: on the CPU the tightest active budget's limit minus

@@ -57,6 +57,9 @@ class FusedOptimizer : public torch::optim::Optimizer {
   /// Stepping a stale master would silently undo that write. Values are compared (a host sync on a GPU)
   /// only after such a write.
   at::Tensor synced_master(const at::Tensor& param, const at::Tensor& master);
+  /// Throws c10::ValueError when a parameter is listed twice (in one group or in two): it would be stepped
+  /// twice. The constructors call it, and every step (add_param_group may have added one since).
+  void check_unique_params() const;
   /// After loading state: every master is checked against its parameter at the next step.
   void forget_master_versions() { master_versions_.clear(); }
   /// Steps the parameters of param_groups()[index] that have a gradient (all on one device, checked).
@@ -111,10 +114,14 @@ struct AdamWParamState : public torch::optim::OptimizerCloneableParamState<AdamW
 /// ones stepped on an fp32 master copy (design §4) and rounded back.
 class AdamW : public FusedOptimizer {
  public:
+  /// c10::ValueError naming the option out of range (check_adam_options) or a parameter given twice.
   explicit AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdamWOptions defaults = {});
   explicit AdamW(std::vector<at::Tensor> params, AdamWOptions defaults = {});
 
   void save(torch::serialize::OutputArchive& archive) const override;
+  /// Loads an archive of ours or of torch::optim::AdamW, or changes nothing: the group count and sizes,
+  /// every option and every state tensor's shape are checked before the state and options are swapped in.
+  /// c10::ValueError for an archive of another optimizer or model, or for a file that is no optimizer archive.
   void load(torch::serialize::InputArchive& archive) override;
 
  protected:
@@ -164,10 +171,12 @@ struct SGDParamState : public torch::optim::OptimizerCloneableParamState<SGDPara
 /// float16/bfloat16 ones stepped on an fp32 master copy and rounded back.
 class SGD : public FusedOptimizer {
  public:
+  /// c10::ValueError naming the option out of range (check_sgd_options) or a parameter given twice.
   explicit SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults);
   explicit SGD(std::vector<at::Tensor> params, SGDOptions defaults);
 
   void save(torch::serialize::OutputArchive& archive) const override;
+  /// As AdamW::load; takes archives of ours and of torch::optim::SGD (whose momentum buffers are continued).
   void load(torch::serialize::InputArchive& archive) override;
 
  protected:

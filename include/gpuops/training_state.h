@@ -3,11 +3,10 @@
 // checksummed states with a manifest, a LATEST pointer and keep-K, and a stop flag set by SIGTERM/SIGUSR1
 // that every rank agrees on before saving.
 //
-// Folder layout (the same manifest as the Python class): state-<step>.pt (a torch::serialize archive),
-// manifest.json ({"states": [{"file", "bytes", "sha256", "step"}, ...]}, newest last) and LATEST. A save
-// writes a temporary file in the folder, fsyncs it, renames it into place and fsyncs the folder, then
-// replaces the manifest and LATEST the same way, then removes the states beyond keep: a process killed at
-// any moment leaves a manifest that names only complete files.
+// Files: the StateStore protocol (state_store.h), shared with the Python class: each save is a folder
+// state-<step> holding `state.pt` (a torch::serialize archive) and its checksums, renamed into place complete;
+// manifest.json and LATEST index them; keep-K removes older ones only after the new one is durable. A process
+// killed at any moment leaves every state that was complete before.
 
 #include <csignal>
 #include <map>
@@ -68,13 +67,15 @@ class TrainingState {
   TrainingState(const TrainingState&) = delete;
   TrainingState& operator=(const TrainingState&) = delete;
 
-  /// Writes a complete state atomically (RNG states of CPU and every CUDA device included); returns its path.
+  /// Writes a complete state atomically (RNG states of CPU and every CUDA device included); returns its path
+  /// (the state's folder). A failed save leaves nothing behind, and its error names the path.
   /// With a process group only rank 0 writes and every rank returns after it has (a barrier).
   std::string save(const TrainingProgress& progress, const TrainingObjects& objects);
 
   /// Loads the newest good state into the objects; std::nullopt when the folder holds none. A missing,
-  /// truncated or corrupt file is skipped with a warning naming it, and the previous good state is used. A
-  /// good file that does not fit the objects (another model) raises, leaving the objects as they were.
+  /// truncated or corrupt state is skipped with a warning naming it, and the previous good state is used;
+  /// when states exist but none can be used, c10::Error lists each one's problem. A good state that does
+  /// not fit the objects (another model) raises, leaving the objects as they were.
   std::optional<LoadedState> load(const TrainingObjects& objects, bool restore_rng = true);
 
   /// True once a caught signal (on any rank, with a process group: a collective every rank must call) or

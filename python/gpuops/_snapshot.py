@@ -9,6 +9,8 @@ from typing import Sequence
 
 import torch
 
+from . import _C
+
 
 def _copy_into(live, saved) -> None:
     """Copies the tensors of `saved` into the tensors at the same places in `live` (dicts, lists, tuples)."""
@@ -23,19 +25,45 @@ def _copy_into(live, saved) -> None:
             _copy_into(a, b)
 
 
+def _host_copy(t):
+    return None if t is None else t.detach().to("cpu", copy=True)
+
+
 class StateSnapshot:
     """The state of objects with state_dict/load_state_dict, to be put back in place: values are saved to
     host memory and copied back into the very tensors that held them (the state_dicts reference them), so no
-    allocation moves, and state created in between (optimizer moments) is dropped."""
+    allocation moves, and state created in between (optimizer moments) is dropped. A module's parameters'
+    gradients are put back too (None stays None: a trial's gradients do not outlive it).
+
+    ``restore`` allocates nothing under a memory_budget (it runs in ``_C.unbudgeted()`` and loads to the
+    host), so undoing a search cannot fail for the memory the search measured; it puts back every object it
+    can and then raises the first error."""
 
     def __init__(self, objects: Sequence) -> None:
         self.live = [(o, o.state_dict()) for o in objects]
+        self.grads = [(p, _host_copy(p.grad)) for o in objects if isinstance(o, torch.nn.Module)
+                      for p in o.parameters()]
         self.buffer = io.BytesIO()
         torch.save([state for _, state in self.live], self.buffer)
 
     def restore(self) -> None:
-        self.buffer.seek(0)
-        saved = torch.load(self.buffer, weights_only=False)
-        for (obj, live), values in zip(self.live, saved):
-            _copy_into(live, values)
-            obj.load_state_dict(live)
+        first_error = None
+        with _C.unbudgeted():
+            self.buffer.seek(0)
+            saved = torch.load(self.buffer, map_location="cpu", weights_only=False)  # our own bytes
+            for (obj, live), values in zip(self.live, saved):
+                try:
+                    _copy_into(live, values)
+                    obj.load_state_dict(live)
+                except Exception as error:  # noqa: BLE001 - the others are put back first
+                    first_error = first_error or error
+            for p, grad in self.grads:
+                if grad is None:
+                    p.grad = None
+                elif p.grad is not None and p.grad.shape == grad.shape and p.grad.dtype == grad.dtype:
+                    with torch.no_grad():
+                        p.grad.copy_(grad)
+                else:
+                    p.grad = grad.to(p.device)
+        if first_error is not None:
+            raise first_error

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from . import _C
 from .amp import GradScaler
 
 
@@ -31,10 +32,7 @@ class GradAccumulator:
 
     def __init__(self, optimizer: torch.optim.Optimizer, window: int, scaler: Optional[GradScaler] = None, *,
                  max_norm: Optional[float] = None, on_boundary: Optional[Callable[[], None]] = None) -> None:
-        if not isinstance(window, int) or window < 1:
-            raise ValueError(f"GradAccumulator: window must be an int >= 1, got {window!r}")
-        if max_norm is not None and not max_norm > 0:
-            raise ValueError(f"GradAccumulator: max_norm must be > 0 or None, got {max_norm}")
+        _C.check_grad_accumulator_options(window, max_norm)  # the C++ accumulator's rules and messages
         if scaler is not None and not isinstance(scaler, GradScaler):
             raise ValueError("GradAccumulator: scaler must be a gpuops.GradScaler (it folds 1/count into the "
                              f"unscale pass), got {type(scaler).__name__}")
@@ -64,13 +62,13 @@ class GradAccumulator:
         """Back-propagates ``loss_sum`` (the sum of this micro-batch's per-sample losses) and adds ``count``
         (the samples or tokens it covers) to the window. Returns True when this micro-batch completed the
         window and the optimizer stepped."""
-        if loss_sum.numel() != 1:
-            raise ValueError(f"GradAccumulator.backward: loss_sum must be one value, got shape {tuple(loss_sum.shape)}")
+        # gpuops::check_micro_batch: loss_sum one floating value that requires grad; count a finite number > 0
+        # (a device tensor's value is not read: no sync) on the CPU or loss_sum's device.
+        _C.check_micro_batch(loss_sum, count)
         count = torch.as_tensor(count, dtype=torch.float32, device=loss_sum.device).reshape(1)
-        if count.device.type == "cpu" and not count.item() > 0:  # (a device count is not read: no sync)
-            raise ValueError(f"GradAccumulator.backward: count must be > 0, got {count.item()}")
-        self._count = count if self._count is None else self._count + count.to(self._count.device)
+        total = count if self._count is None else self._count + count.to(self._count.device)
         self._scaler_for(loss_sum.device).scale(loss_sum).backward()
+        self._count = total  # only once backward went through: a failed call changes nothing
         self._micro_batches += 1
         if self._micro_batches == self.window:
             self._step()

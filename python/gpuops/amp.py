@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, Optional, Union
 
 import torch
 
-from . import _C  # noqa: F401  (loads libgpuops, which registers torch.ops.gpuops)
+from . import _C  # also loads libgpuops, which registers torch.ops.gpuops
 
 
 class _Stage(enum.Enum):
@@ -97,19 +97,11 @@ class GradScaler:
     def __init__(self, device: str = "cuda", init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True, *,
                  hysteresis: int = 1, min_scale: float = 0.0, max_scale: Optional[float] = None) -> None:
-        if init_scale <= 0:
-            raise ValueError(f"GradScaler: init_scale must be > 0, got {init_scale}")
-        if growth_factor <= 1.0:
-            raise ValueError(f"GradScaler: growth_factor must be > 1, got {growth_factor}")
-        if not 0.0 < backoff_factor < 1.0:
-            raise ValueError(f"GradScaler: backoff_factor must be in (0, 1), got {backoff_factor}")
-        if not isinstance(growth_interval, int) or growth_interval < 1:
-            raise ValueError(f"GradScaler: growth_interval must be an int >= 1, got {growth_interval!r}")
-        if not isinstance(hysteresis, int) or hysteresis < 1:
-            raise ValueError(f"GradScaler: hysteresis must be an int >= 1, got {hysteresis!r}")
-        if min_scale < 0 or (max_scale is not None and max_scale < max(min_scale, 0)):
-            raise ValueError(f"GradScaler: need 0 <= min_scale <= max_scale, got min_scale={min_scale}, "
-                             f"max_scale={max_scale}")
+        # gpuops::amp::check_grad_scaler_options: the C++ scaler's rules and messages (NaN, inf and values
+        # beyond float32 are refused, as is an init_scale outside [min_scale, max_scale]).
+        _C.check_grad_scaler_options("GradScaler", dict(
+            init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
+            growth_interval=growth_interval, hysteresis=hysteresis, min_scale=min_scale, max_scale=max_scale))
         self._device = torch.device(device).type
         self._enabled = enabled
         self._init_scale = float(init_scale)
@@ -129,6 +121,19 @@ class GradScaler:
         self._step_applied: Optional[torch.Tensor] = None
         self._per_optimizer: Dict[int, dict] = defaultdict(self._fresh_optimizer_state)
 
+    def _options(self, **changes) -> dict:
+        options = dict(init_scale=self._init_scale, growth_factor=self._growth_factor,
+                       backoff_factor=self._backoff_factor, growth_interval=self._growth_interval,
+                       hysteresis=self._hysteresis, min_scale=self._min_scale, max_scale=self._max_scale)
+        options.update(changes)
+        return options
+
+    def _checked(self, where: str, **changes) -> dict:
+        """The options with `changes`, checked as the constructor checks them."""
+        options = self._options(**changes)
+        _C.check_grad_scaler_options(where, options)
+        return options
+
     @staticmethod
     def _fresh_optimizer_state() -> dict:
         return {"stage": _Stage.READY, "found_inf_per_device": {}, "divisor": None}
@@ -140,13 +145,15 @@ class GradScaler:
     def set_grad_divisor(self, optimizer: torch.optim.Optimizer, divisor) -> None:
         """Until the next update(), also divide this optimizer's gradients by ``divisor`` (a number or a
         one-element tensor; e.g. the sample or token count of an accumulation window), folded into the same
-        unscale / clip / fused-step pass, so it costs no extra pass and no host sync."""
+        unscale / clip / fused-step pass, so it costs no extra pass and no host sync. It must be a finite float32
+        number > 0 (a device tensor's value is not read: no sync), on the CPU or the scale's device."""
         if self._scale is None:
             raise RuntimeError("GradScaler.set_grad_divisor() before any scale(): scale the loss first")
         state = self._per_optimizer[id(optimizer)]
         if state["stage"] is not _Stage.READY:
             raise RuntimeError("GradScaler.set_grad_divisor() must come before unscale_(), clip_grad_norm_() "
                                "and step() of this step")
+        _C.check_positive_count(divisor, "GradScaler.set_grad_divisor", "divisor", str(self._scale.device))
         divisor = torch.as_tensor(divisor, dtype=torch.float32, device=self._scale.device).reshape(1)
         state["divisor"] = divisor
 
@@ -303,6 +310,7 @@ class GradScaler:
         found = (torch.stack([f.to(self._scale.device, non_blocking=True) for f in found_infs]).sum(0)
                  if found_infs else None)
         if new_scale is not None:
+            _C.check_positive_count(new_scale, "GradScaler.update", "new_scale")
             if isinstance(new_scale, torch.Tensor):
                 if new_scale.numel() != 1 or not new_scale.is_floating_point():
                     raise ValueError("GradScaler.update: new_scale must be a float or a one-element floating tensor")
@@ -345,19 +353,22 @@ class GradScaler:
         return self._growth_factor
 
     def set_growth_factor(self, new_factor: float) -> None:
-        self._growth_factor = float(new_factor)
+        self._growth_factor = float(self._checked("GradScaler.set_growth_factor", growth_factor=new_factor)
+                                    ["growth_factor"])
 
     def get_backoff_factor(self) -> float:
         return self._backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
-        self._backoff_factor = float(new_factor)
+        self._backoff_factor = float(self._checked("GradScaler.set_backoff_factor", backoff_factor=new_factor)
+                                     ["backoff_factor"])
 
     def get_growth_interval(self) -> int:
         return self._growth_interval
 
     def set_growth_interval(self, new_interval: int) -> None:
-        self._growth_interval = int(new_interval)
+        self._growth_interval = int(self._checked("GradScaler.set_growth_interval", growth_interval=new_interval)
+                                    ["growth_interval"])
 
     def is_enabled(self) -> bool:
         return self._enabled
@@ -375,38 +386,23 @@ class GradScaler:
                 "min_scale": self._min_scale, "max_scale": self._max_scale, "_skipped_steps": self.skipped_steps}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Loads ours or torch's state_dict; nothing changes if a key is missing or invalid."""
+        """Loads ours or torch's state_dict; nothing changes if a key is missing or invalid: every value is read and
+        checked first, by gpuops::amp::read_grad_scaler_state (as the C++ scaler's load_state_dict)."""
         if not self._enabled:
             return
-        if len(state_dict) == 0:
-            raise RuntimeError("GradScaler.load_state_dict: the state_dict is empty (it came from a disabled scaler)")
-        missing = [k for k in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
-                   if k not in state_dict]
-        if missing:
-            raise ValueError(f"GradScaler.load_state_dict: missing keys {missing}")
-        checked = GradScaler(self._device, state_dict["scale"], state_dict["growth_factor"],
-                             state_dict["backoff_factor"], int(state_dict["growth_interval"]),
-                             hysteresis=int(state_dict.get("hysteresis", self._hysteresis)),
-                             min_scale=state_dict.get("min_scale", self._min_scale),
-                             max_scale=state_dict.get("max_scale", self._max_scale) or None)
-        counters = {}  # every value is read and checked before anything is assigned
-        for key, default in (("_growth_tracker", None), ("_hysteresis_left", checked._hysteresis),
-                             ("_skipped_steps", 0)):
-            value = state_dict.get(key, default)
-            try:
-                counters[key] = int(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"GradScaler.load_state_dict: {key} must be an int, got {value!r}") from None
-        self._init_scale = checked._init_scale
-        self._growth_factor = checked._growth_factor
-        self._backoff_factor = checked._backoff_factor
-        self._growth_interval = checked._growth_interval
-        self._hysteresis = checked._hysteresis
-        self._min_scale = checked._min_scale
-        self._max_scale = checked._max_scale
-        self._init_growth_tracker = counters["_growth_tracker"]
-        self._init_hysteresis_left = counters["_hysteresis_left"]
-        self._init_skipped = counters["_skipped_steps"]
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"GradScaler.load_state_dict: state_dict must be a dict, got {type(state_dict).__name__}")
+        loaded = _C.read_grad_scaler_state(state_dict, self._options())
+        self._init_scale = float(loaded["init_scale"])
+        self._growth_factor = float(loaded["growth_factor"])
+        self._backoff_factor = float(loaded["backoff_factor"])
+        self._growth_interval = int(loaded["growth_interval"])
+        self._hysteresis = int(loaded["hysteresis"])
+        self._min_scale = float(loaded["min_scale"])
+        self._max_scale = float(loaded["max_scale"])
+        self._init_growth_tracker = int(loaded["_growth_tracker"])
+        self._init_hysteresis_left = int(loaded["_hysteresis_left"])
+        self._init_skipped = int(loaded["_skipped_steps"])
         if self._scale is not None:
             self._scale.fill_(self._init_scale)
             self._growth_tracker.fill_(self._init_growth_tracker)

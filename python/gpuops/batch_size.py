@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import os
 import time
 import traceback
 import warnings
@@ -65,22 +66,26 @@ def _trial_runner(step_fn: Callable[[int], object], validate: Optional[Callable[
         counter.reset_peak()
         start = time.perf_counter()
         try:
-            for _ in range(steps):
+            for i in range(steps):
+                if i == steps - 1:
+                    counter._start_trace()  # the last step's allocations: earlier steps may still create state
                 step_fn(batch)
             if validate is not None:
                 validate(batch)
         except BaseException as error:  # noqa: BLE001 - only OOM is swallowed, the rest re-raised
+            counter._take_trace()
             if not is_out_of_memory(error):
                 raise
             ok = False
             traceback.clear_frames(error.__traceback__)  # the frames hold the trial's activations
         seconds = time.perf_counter() - start
         peak = counter.peak_bytes
+        trace = counter._take_trace() if ok else []
         if not ok:
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        return ok, peak, seconds
+        return ok, peak, seconds, trace
 
     return run
 
@@ -130,6 +135,14 @@ def analytic_profile(breakdown, micro_batch: int) -> MemoryProfile:
     return _C.fit_memory_profile([(1, round(fixed + per_sample)), (2, round(fixed + 2 * per_sample))])
 
 
+def _check_int(name: str, value, minimum: int) -> None:
+    """None, or an int in [minimum, 2**63 - 1] (pybind would raise a TypeError listing the whole signature)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < 2**63:
+        raise ValueError(f"find_max_batch_size: {name} must be an int in [{minimum}, 2**63 - 1], got {value!r}")
+
+
 def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high: Optional[int] = None,
                         seed: Union[str, int, MemoryProfile, None] = "profile", margin: float = 0.0,
                         multiple_of: int = 1, steps_per_trial: int = 2,
@@ -140,8 +153,12 @@ def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high:
                         headroom_bytes: Optional[int] = None) -> BatchSearchResult:
     """The largest batch size ``step_fn(batch)`` runs at without running out of memory.
 
+    ``high``: the largest batch tried; by default the memory the trials may use in bytes (a batch of b samples
+    takes at least b bytes), and a step that still runs there is reported (ValueError: its memory does not
+    grow with the batch) rather than probed forever.
     ``restore``: objects with state_dict/load_state_dict (model, optimizer, scaler) put back as they were
-    after the search (the trials train them); their snapshot lives in host memory outside any budget.
+    after the search (the trials train them), modules' gradients included; their snapshot lives in host memory
+    and is put back outside any budget, also when the search fails (its error is the one raised).
     ``process_group``: a torch.distributed group; every trial's outcome is agreed (the minimum) before the
     next, so all ranks return the same result. ``headroom_bytes``: the memory the trials may use, for the
     profile seed (default: the active memory_budget on the CPU, free memory on CUDA).
@@ -152,8 +169,19 @@ def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high:
         raise ValueError(f"find_max_batch_size: step_fn must be callable, got {type(step_fn).__name__}")
     if validate is not None and not callable(validate):
         raise ValueError("find_max_batch_size: validate must be callable or None")
-    if not (seed is None or seed == "profile" or isinstance(seed, (int, MemoryProfile))):
+    if isinstance(seed, bool) or not (seed is None or isinstance(seed, (int, MemoryProfile)) or seed == "profile"):
         raise ValueError(f"find_max_batch_size: seed must be 'profile', an int, a MemoryProfile or None, got {seed!r}")
+    for name, value, minimum in (("low", low, 1), ("high", high, 1), ("multiple_of", multiple_of, 1),
+                                 ("steps_per_trial", steps_per_trial, 1), ("max_trials", max_trials, 0),
+                                 ("headroom_bytes", headroom_bytes, -1)):
+        _check_int(name, value, minimum)
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        _check_int("seed", seed, 1)
+    for name, value in (("margin", margin), ("max_seconds", max_seconds)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"find_max_batch_size: {name} must be a number, got {value!r}")
+    if cache_file is not None and not isinstance(cache_file, (str, os.PathLike)):
+        raise ValueError(f"find_max_batch_size: cache_file must be a path, got {cache_file!r}")
     device = torch.device(device) if device is not None else _default_device()
     options = _C.BatchSearchOptions()
     options.low, options.high, options.multiple_of, options.margin = low, high, multiple_of, margin
@@ -167,16 +195,24 @@ def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high:
     elif isinstance(seed, int):
         options.seed = seed
     if cache_file is not None:
-        options.cache_file = str(cache_file)
+        options.cache_file = os.fspath(cache_file)
         options.cache_key = cache_key if cache_key is not None else ""
     snapshot = StateSnapshot(list(restore)) if restore else None
     try:
         with memory_budget(None, device) as counter:
-            return _C.search_max_batch(_trial_runner(step_fn, validate, steps_per_trial, counter), options,
-                                       _agreement(process_group, device))
-    finally:
-        if snapshot is not None:
-            snapshot.restore()
+            result = _C.search_max_batch(_trial_runner(step_fn, validate, steps_per_trial, counter), options,
+                                         _agreement(process_group, device))
+    except BaseException as error:
+        if snapshot is not None:  # put the objects back, but the search's own error is the one raised
+            try:
+                snapshot.restore()
+            except Exception as restore_error:  # noqa: BLE001
+                error.add_note(f"find_max_batch_size: restore= also failed: {type(restore_error).__name__}: "
+                               f"{restore_error}")
+        raise
+    if snapshot is not None:
+        snapshot.restore()
+    return result
 
 
 def profile_memory(step_fn: Callable[[int], object], batch_sizes: Sequence[int] = (1, 2), *,
@@ -194,7 +230,7 @@ def profile_memory(step_fn: Callable[[int], object], batch_sizes: Sequence[int] 
     points = []
     for batch in batch_sizes:
         with memory_budget(None, device) as counter:  # each point measured from the same starting state
-            ok, peak, _ = _trial_runner(step_fn, None, steps_per_trial, counter)(batch)
+            ok, peak, _, _ = _trial_runner(step_fn, None, steps_per_trial, counter)(batch)
         if not ok:
             raise torch.OutOfMemoryError(f"profile_memory: batch {batch} runs out of memory; profile smaller "
                                          "batch sizes")

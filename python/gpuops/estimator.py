@@ -46,10 +46,16 @@ def _model_spec(model, config, params) -> _C.ModelSpec:
     if model is not None:
         return _C.model_from_preset(model)
     if params is not None:
-        return _C.model_from_params(str(params))
+        return _C.model_from_params(params)
     if isinstance(config, Mapping):
-        return _C.model_from_config_json(json.dumps(dict(config)), "config")
-    return _C.model_from_config_file(os.fspath(config))
+        try:
+            text = json.dumps(dict(config), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"config: the dict is not a JSON document ({e}); give the fields of a config.json") from None
+        return _C.model_from_config_json(text, "config")
+    if not isinstance(config, (str, bytes, os.PathLike)):
+        raise TypeError(f"config must be a path or a dict, got {type(config).__name__} {config!r}")
+    return _C.model_from_config_file(os.fsencode(config))  # bytes: any file name reaches open()
 
 
 def estimate(
@@ -77,15 +83,21 @@ def estimate(
 
     The architecture is a preset name (``gpuops.presets()``), a Hugging Face ``config.json`` (path or
     dict) or a bare parameter count (``7_000_000_000`` or ``"7B"``). The options are those of
-    ``gpuops estimate``; bad values raise ``ValueError`` naming the argument. ``amp`` says where mixed
+    ``gpuops estimate``; a value of the wrong type raises ``TypeError`` and a bad value ``ValueError``, each
+    naming the argument (integers must be ints: ``micro_batch=2.5`` or ``"2"`` is a TypeError; a setup whose
+    bytes would pass 2**63 is a ValueError naming the size that is too large). ``lora_targets`` is a sequence
+    of names or one comma list (``"q,v"``). ``amp`` says where mixed
     precision keeps its weights: ``"autocast"`` (torch.autocast: fp32 weights) or ``"master-copy"`` (16-bit
     weights and an fp32 master copy); ``optimizer_impl`` is ``"default"`` (torch's for the device),
     ``"for-loop"``, ``"foreach"`` or ``"fused"``.
     """
     spec = _model_spec(model, config, params)
-    items, phase = _C.estimate_memory(spec, device, precision, amp, optimizer, optimizer_impl, zero_stage, num_gpus,
-                                      checkpointing, attention, lora_rank, list(lora_targets), base_dtype,
-                                      micro_batch, seq_len, grad_accum)
+    # Types and ranges are checked in C++ (gpuops._C), each error naming its argument.
+    items, phase = _C.estimate_memory(
+        spec, device, precision=precision, amp=amp, optimizer=optimizer, optimizer_impl=optimizer_impl,
+        zero_stage=zero_stage, num_gpus=num_gpus, checkpointing=checkpointing, attention=attention,
+        lora_rank=lora_rank, lora_targets=lora_targets, base_dtype=base_dtype, micro_batch=micro_batch,
+        seq_len=seq_len, grad_accum=grad_accum)
     return Breakdown(**dict(items), peak_phase=phase)
 
 

@@ -13,29 +13,30 @@ host sync.
 
 from __future__ import annotations
 
+import itertools
 from typing import Dict, Iterable, Tuple, Union
 
 import torch
 
-from . import _C  # noqa: F401  (loads libgpuops, which registers torch.ops.gpuops)
+from . import _C  # also loads libgpuops, which registers torch.ops.gpuops
 
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 _Lr = Union[float, torch.Tensor]
 
 
-def _check_lr(where: str, lr, read_tensor: bool) -> None:
-    """lr: a float >= 0, or a one-element float32 tensor holding one (read on the device at each step, so a
-    step captured in a CUDA graph follows an LR scheduler, which writes such a tensor in place). A tensor's
-    value is read only when read_tensor (at construction: reading it at every step would sync)."""
+def _host_lr(where: str, lr, read_tensor: bool):
+    """The lr value the option checks take. lr: a number, or a one-element float32 tensor holding one (read on
+    the device at each step, so a step captured in a CUDA graph follows an LR scheduler, which writes such a
+    tensor in place). A tensor's value is read only when read_tensor (at construction and load: reading it at
+    every step would sync); else 0.0 stands in for it."""
     if isinstance(lr, torch.Tensor):
-        if lr.numel() != 1 or lr.dtype != torch.float32:
-            raise ValueError(f"{where}: a tensor lr must be a one-element float32 tensor, got {lr.dtype} with "
-                             f"{lr.numel()} elements")
-        if read_tensor and not lr.item() >= 0.0:
-            raise ValueError(f"{where}: lr must be >= 0, got {lr.item()}")
-    elif not lr >= 0.0:
-        raise ValueError(f"{where}: lr must be a float >= 0, got {lr}")
+        if lr.numel() != 1:
+            raise ValueError(f"{where}: Tensor lr must be 1-element, got {lr.numel()} elements")
+        if lr.dtype != torch.float32:
+            raise ValueError(f"{where}: a tensor lr must be a one-element float32 tensor, got {lr.dtype}")
+        return float(lr.item()) if read_tensor else 0.0
+    return lr
 
 
 def _is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
@@ -76,25 +77,82 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 None if found_inf is None else found_inf.to(device, non_blocking=True))
 
     def load_state_dict(self, state_dict: dict) -> None:
-        # torch casts every floating state tensor to its parameter's dtype; a 16-bit parameter's master copy
-        # and its optimizer state stay float32 (and state saved by torch's own 16-bit optimizers is widened).
-        # Older or non-fused torch checkpoints: missing option keys take our defaults (as torch's own
-        # __setstate__ does) and `step` becomes our float32 counter on the parameter's device (torch keeps a
-        # non-fused optimizer's step on the CPU, or as an int before torch 1.12).
-        super().load_state_dict(state_dict)
+        """torch's load_state_dict, transactional: the whole state_dict is checked first (group count and sizes
+        with torch's messages, every group's options as the constructor checks them, every state entry: its key a
+        parameter of a group, ``step`` one finite number >= 0, its tensors floating with the parameter's shape),
+        and a failure after that restores the optimizer as it was. Then, as torch casts every floating state
+        tensor to its parameter's dtype, a 16-bit parameter's master copy and moments are made float32 again
+        (state saved by torch's own 16-bit optimizers is widened). Older or non-fused torch checkpoints: missing
+        option keys take our defaults (as torch's own __setstate__ does) and ``step`` becomes our float32 counter
+        on the parameter's device (torch keeps a non-fused optimizer's step on the CPU, or as an int before
+        torch 1.12)."""
+        id_map = self._checked_id_map(state_dict)
+        before = (self.state, self.param_groups)  # torch's load replaces both objects: restoring them undoes it
+        try:
+            super().load_state_dict(state_dict)
+            for group in self.param_groups:
+                for key, value in self.defaults.items():
+                    group.setdefault(key, value)
+            for key, saved in state_dict["state"].items():
+                self._adapt_loaded_state(id_map[key], saved)
+        except BaseException:
+            self.state, self.param_groups = before
+            raise
         # Loaded masters are checked against their parameters at the next step, whatever the versions say.
         self.__dict__.pop("_master_versions", None)
-        for group in self.param_groups:
-            for key, value in self.defaults.items():
-                group.setdefault(key, value)
-        params = [p for group in self.param_groups for p in group["params"]]
-        for index, saved in state_dict["state"].items():
-            param = params[index]
-            state = self.state[param]
-            if "step" in state:
-                state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(param.device).reshape(())
-            if param.dtype not in _HALF_DTYPES:
-                continue
+
+    def _checked_id_map(self, state_dict) -> dict:
+        """Checks everything load_state_dict will use; returns {saved parameter id: parameter}."""
+        where = f"{type(self).__name__}.load_state_dict"
+        if (not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict)
+                or not isinstance(state_dict.get("param_groups"), (list, tuple))):
+            raise ValueError(f"{where}: expected a dict with 'state' (a dict) and 'param_groups' (a list), as "
+                             f"state_dict() returns; got {type(state_dict).__name__}")
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"loaded state dict has a different number of parameter groups ({len(saved_groups)}, "
+                             f"the optimizer has {len(self.param_groups)})")
+        for index, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            if not isinstance(saved, dict) or not isinstance(saved.get("params"), (list, tuple)):
+                raise ValueError(f"{where}: param_groups[{index}] must be a dict with a 'params' list")
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
+                                 f"optimizer's group (param_groups[{index}]: {len(saved['params'])} saved, "
+                                 f"{len(group['params'])} here)")
+            self._check_options(f"{where}: param_groups[{index}]", {**self.defaults, **saved}, read_tensor_lr=True)
+        id_map = dict(zip(itertools.chain.from_iterable(g["params"] for g in saved_groups),
+                          itertools.chain.from_iterable(g["params"] for g in self.param_groups)))
+        for key, entry in state_dict["state"].items():
+            if key not in id_map:
+                raise ValueError(f"{where}: state has an entry for {key!r}, which is none of the parameter ids "
+                                 f"the param_groups list ({sorted(id_map, key=repr)[:8]}...)")
+            param = id_map[key]
+            if not isinstance(entry, dict):
+                raise ValueError(f"{where}: state[{key!r}] must be a dict, got {type(entry).__name__}")
+            if "step" in entry:
+                step = entry["step"]
+                ok = (isinstance(step, torch.Tensor) and step.numel() == 1) or (
+                    isinstance(step, (int, float)) and not isinstance(step, bool))
+                value = float(step) if ok else None
+                if not ok or not (0.0 <= value < float("inf")):
+                    raise ValueError(f"{where}: state[{key!r}]['step'] must be one finite number >= 0, got {step!r}")
+            for name in self._fp32_state_keys:
+                tensor = entry.get(name)
+                if tensor is None:
+                    continue
+                if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+                    raise ValueError(f"{where}: state[{key!r}][{name!r}] must be a floating tensor, got "
+                                     f"{type(tensor).__name__}")
+                if tensor.shape != param.shape:
+                    raise ValueError(f"{where}: state[{key!r}][{name!r}] has shape {tuple(tensor.shape)} but its "
+                                     f"parameter has shape {tuple(param.shape)}; the state belongs to another model")
+        return id_map
+
+    def _adapt_loaded_state(self, param: torch.Tensor, saved: dict) -> None:
+        state = self.state[param]
+        if "step" in state:
+            state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(param.device).reshape(())
+        if param.dtype in _HALF_DTYPES:
             for key in self._fp32_state_keys:
                 if saved.get(key) is not None:
                     state[key] = saved[key].to(device=param.device, dtype=torch.float32, copy=True)
@@ -133,9 +191,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """{(device, half): [params, grads, *state lists]} for the parameters of a group that have a gradient;
         half is the dtype of float16/bfloat16 parameters, which step on an fp32 master copy (else None)."""
         lists: Dict[tuple, list] = {}
+        seen = set()  # a parameter listed twice in a group (torch warns) is stepped once
         for param in group["params"]:
-            if param.grad is None:
+            if param.grad is None or id(param) in seen:
                 continue
+            seen.add(id(param))
             values = [param, param.grad, *self._state_tensors(param, group)]
             half = param.dtype if param.dtype in _HALF_DTYPES else None  # one launch per 16-bit dtype
             entry = lists.setdefault((param.device, half), [[] for _ in values])
@@ -170,8 +230,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         # Every group is checked before any state is made or any group stepped: a bad group changes nothing.
+        group_of: Dict[int, int] = {}
         for index, group in enumerate(self.param_groups):
             self._check_group(index, group)
+            for param in group["params"]:  # add_param_group refuses this; a hand-edited group may not
+                if group_of.setdefault(id(param), index) != index:
+                    raise ValueError(f"{type(self).__name__}: some parameters appear in more than one parameter "
+                                     f"group (param_groups[{group_of[id(param)]}] and [{index}]); each would be "
+                                     "stepped twice")
         for group in self.param_groups:
             for (device, half), lists in self._lists_by_kind(group).items():
                 self._fused_step(group, lists, half is not None, *self._amp_inputs(device))
@@ -191,14 +257,10 @@ class Adam(_FusedOptimizer):
 
     @staticmethod
     def _check_options(where: str, options: dict, read_tensor_lr: bool) -> None:
-        _check_lr(where, options["lr"], read_tensor_lr)
-        betas = options["betas"]
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"{where}: betas must be in [0, 1), got {betas}")
-        if not options["eps"] >= 0.0:
-            raise ValueError(f"{where}: eps must be >= 0, got {options['eps']}")
-        if not options["weight_decay"] >= 0.0:
-            raise ValueError(f"{where}: weight_decay must be >= 0, got {options['weight_decay']}")
+        """gpuops::optim::check_adam_options, the C++ AdamW's rules: torch's ranges and messages, plus
+        finiteness."""
+        _C.check_adam_options(where, _host_lr(where, options["lr"], read_tensor_lr), options["betas"],
+                              options["eps"], options["weight_decay"])
 
     _fp32_state_keys = ("master_param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
@@ -255,15 +317,10 @@ class SGD(_FusedOptimizer):
 
     @staticmethod
     def _check_options(where: str, options: dict, read_tensor_lr: bool) -> None:
-        _check_lr(where, options["lr"], read_tensor_lr)
-        momentum, dampening = options["momentum"], options["dampening"]
-        if not momentum >= 0.0:
-            raise ValueError(f"{where}: momentum must be >= 0, got {momentum}")
-        if not options["weight_decay"] >= 0.0:
-            raise ValueError(f"{where}: weight_decay must be >= 0, got {options['weight_decay']}")
-        if options["nesterov"] and (momentum <= 0 or dampening != 0):
-            raise ValueError(f"{where}: nesterov needs momentum > 0 and dampening = 0, got momentum={momentum}, "
-                             f"dampening={dampening}")
+        """gpuops::optim::check_sgd_options, the C++ SGD's rules: torch's ranges and messages, plus finiteness
+        and dampening in [0, 1]."""
+        _C.check_sgd_options(where, _host_lr(where, options["lr"], read_tensor_lr), options["momentum"],
+                             options["dampening"], options["weight_decay"], options["nesterov"])
 
     _fp32_state_keys = ("master_param", "momentum_buffer")
 

@@ -10,21 +10,21 @@ signals schedulers send before killing a job.
         if state.should_stop():
             break
 
-Layout of the folder: ``state-<step>.pt`` files, ``manifest.json`` (every kept file with its size and
-SHA-256, newest last) and ``LATEST`` (the newest file's name). A save writes the state to a temporary file
-in the same folder, fsyncs it, renames it into place and fsyncs the folder, then replaces the manifest and
-LATEST the same way, then deletes the states beyond ``keep``. A process killed at any moment therefore
-leaves either the previous manifest or the new one, each naming only complete files. ``load`` checks size
-and checksum, and falls back to the previous good state with a warning naming the bad file.
+Files: one engine, ``gpuops._C.StateStore`` (the C++ ``gpuops::StateStore``, shared with the C++
+``TrainingState``). Each save is a folder ``state-<step>`` holding ``state.pt`` and ``checksums.json`` (size
+and SHA-256 of its files, kept with them), renamed into place only once complete; ``manifest.json`` and
+``LATEST`` index the kept states, and ``keep`` removes older ones only after the new one is durable. A
+process killed at any moment leaves every state that was complete before. ``load`` checks sizes and
+checksums, finds states the manifest misses by scanning the folder, falls back to the previous good state
+with a warning naming the bad one, and reads with ``torch.load(weights_only=True)``: a state file runs no
+code, so a state folder from elsewhere is safe to load. Therefore ``data_position`` and ``extras`` hold
+tensors, numbers, strings, None and dicts, lists and tuples of them (checked at save time).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import random
-import re
 import signal
 import threading
 import warnings
@@ -33,36 +33,28 @@ from typing import Any, Dict, Optional, Sequence
 
 import torch
 
+from . import _C
 from ._snapshot import StateSnapshot
 
-_STATE_NAME = re.compile(r"^state-(\d+)\.pt$")
+_STATE_FILE = "state.pt"
+_FORMAT = 2  # 1: pickled by gpuops <= 0.1 (numpy arrays inside); 2: plain data and tensors only
+_PLAIN = (type(None), bool, int, float, str, torch.Tensor, torch.Size, torch.dtype, torch.device)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, fsync, rename over `path`, fsync the folder."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _check_plain(value, where: str) -> None:
+    """Refuses what ``torch.load(weights_only=True)`` would refuse, naming where it is, at save time."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_plain(key, f"{where} key {key!r}")
+            _check_plain(item, f"{where}[{key!r}]")
+    elif isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        for i, item in enumerate(value):
+            _check_plain(item, f"{where}[{i}]")
+    elif not isinstance(value, _PLAIN) or (isinstance(value, torch.Tensor) and type(value) is not torch.Tensor
+                                           and not isinstance(value, torch.nn.Parameter)):
+        raise TypeError(f"TrainingState.save: {where} is a {type(value).__module__}.{type(value).__qualname__}; a "
+                        "state holds only tensors, numbers, strings, None and dicts, lists and tuples of them, "
+                        "because it is loaded with torch.load(weights_only=True), which runs no code")
 
 
 def _rng_states() -> dict:
@@ -72,7 +64,9 @@ def _rng_states() -> dict:
     try:
         import numpy
 
-        states["numpy"] = numpy.random.get_state()
+        kind, key, pos, has_gauss, cached = numpy.random.get_state()
+        states["numpy"] = {"kind": kind, "key": torch.from_numpy(key.astype("int64")), "pos": int(pos),
+                           "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
     except ImportError:  # numpy is optional
         pass
     return states
@@ -86,7 +80,11 @@ def _restore_rng_states(states: dict) -> None:
     if "numpy" in states:
         import numpy
 
-        numpy.random.set_state(states["numpy"])
+        saved = states["numpy"]
+        if isinstance(saved, dict):
+            key = saved["key"].numpy().astype(numpy.uint32)
+            saved = (saved["kind"], key, saved["pos"], saved["has_gauss"], saved["cached_gaussian"])
+        numpy.random.set_state(saved)
 
 
 class TrainingState:
@@ -101,10 +99,10 @@ class TrainingState:
 
     def __init__(self, directory, keep: int = 3, *, process_group=None,
                  signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
-        if not isinstance(keep, int) or keep < 1:
+        if not isinstance(keep, int) or isinstance(keep, bool) or not 1 <= keep < 2**63:
             raise ValueError(f"TrainingState: keep must be an int >= 1, got {keep!r}")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._store = _C.StateStore(os.fspath(self.directory), keep)  # creates the folder (errors name it)
         self.keep = keep
         self.process_group = process_group
         self._stop_requested = False
@@ -146,116 +144,133 @@ class TrainingState:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ manifest
-    def _manifest_path(self) -> Path:
-        return self.directory / "manifest.json"
-
-    def _read_manifest(self) -> Optional[list]:
-        try:
-            entries = json.loads(self._manifest_path().read_text())["states"]
-            if not all({"file", "bytes", "sha256", "step"} <= set(e) for e in entries):
-                raise ValueError("an entry lacks file, bytes, sha256 or step")
-            return entries
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError) as e:
-            warnings.warn(f"TrainingState: {self._manifest_path()} is unreadable ({e}); scanning {self.directory}")
-            return None
-
-    def _write_manifest(self, entries: list) -> None:
-        _write_atomically(self._manifest_path(), json.dumps({"states": entries}, indent=1).encode())
-        _write_atomically(self.directory / "LATEST", (entries[-1]["file"] + "\n").encode())
-
     # ------------------------------------------------------------------ save / load
     def save(self, *, step: int, model: Optional[torch.nn.Module] = None, optimizer=None, scaler=None,
              epoch: int = 0, data_position: Any = None, extras: Optional[dict] = None) -> Path:
-        """Writes a complete state atomically; returns its path. Only rank 0 writes with a process group."""
-        if not isinstance(step, int) or step < 0:
-            raise ValueError(f"TrainingState.save: step must be an int >= 0, got {step!r}")
-        payload = {"format": 1, "step": step, "epoch": epoch, "data_position": data_position,
+        """Writes a complete state atomically; returns its folder. Only rank 0 writes with a process group.
+        A failed save leaves nothing behind."""
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**18:
+            raise ValueError(f"TrainingState.save: step must be an int in [0, 1e18), got {step!r}")
+        if not isinstance(epoch, int) or isinstance(epoch, bool):
+            raise TypeError(f"TrainingState.save: epoch must be an int, got {epoch!r}")
+        if extras is not None and not isinstance(extras, dict):
+            raise TypeError(f"TrainingState.save: extras must be a dict, got {type(extras).__name__}")
+        _check_plain(data_position, "data_position")
+        _check_plain(extras or {}, "extras")
+        payload = {"format": _FORMAT, "step": step, "epoch": epoch, "data_position": data_position,
                    "extras": extras or {}, "rng": _rng_states(),
                    "model": model.state_dict() if model is not None else None,
                    "optimizer": optimizer.state_dict() if optimizer is not None else None,
                    "scaler": scaler.state_dict() if scaler is not None else None}
-        path = self.directory / f"state-{step:012d}.pt"
-        if self.process_group is not None:
-            import torch.distributed as dist
-
-            if dist.get_rank(self.process_group) != 0:
-                dist.barrier(group=self.process_group)
-                return path
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        with open(tmp, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        entry = {"file": path.name, "bytes": tmp.stat().st_size, "sha256": _sha256(tmp), "step": step}
-        os.replace(tmp, path)
-        _fsync_dir(self.directory)
-        entries = [e for e in (self._read_manifest() or []) if e["file"] != path.name] + [entry]
-        entries.sort(key=lambda e: e["step"])
-        kept = entries[-self.keep:]
-        self._write_manifest(kept)
-        self._remove_unlisted({e["file"] for e in kept})
+        _check_plain(payload, "the state")  # optimizers' and scalers' state dicts, as a last guard
+        path = None
+        if self.process_group is None or self._rank() == 0:
+            pending = self._store.begin(step, [_STATE_FILE], "python")
+            try:
+                torch.save(payload, pending.file_path(_STATE_FILE))
+                stored, notes = self._store.commit(pending)
+            except BaseException:
+                self._store.abort(pending)
+                raise
+            for note in notes:
+                warnings.warn(f"TrainingState: {note}")
+            path = Path(stored.path)
         if self.process_group is not None:
             import torch.distributed as dist
 
             dist.barrier(group=self.process_group)
+        if path is None:  # another rank wrote it
+            path = next((Path(s.path) for s in self._store.states()[0] if s.step == step), self.directory)
         return path
 
-    def _remove_unlisted(self, kept: set) -> None:
-        for file in self.directory.iterdir():
-            stale_state = _STATE_NAME.match(file.name) and file.name not in kept
-            stale_tmp = file.name.startswith(".") and ".tmp-" in file.name
-            if stale_state or stale_tmp:
-                file.unlink(missing_ok=True)
+    def _rank(self) -> int:
+        import torch.distributed as dist
 
-    def _candidates(self) -> list:
-        """(path, expected bytes or None, sha256 or None), newest first."""
-        entries = self._read_manifest()
-        if entries is not None:
-            return [(self.directory / e["file"], e["bytes"], e["sha256"]) for e in reversed(entries)]
-        found = sorted((f for f in self.directory.iterdir() if _STATE_NAME.match(f.name)), reverse=True)
-        return [(f, None, None) for f in found]
+        return dist.get_rank(self.process_group)
 
     def load(self, *, model: Optional[torch.nn.Module] = None, optimizer=None, scaler=None,
              map_location=None, restore_rng: bool = True) -> Optional[dict]:
         """Loads the newest good state into the given objects; returns {"step", "epoch", "data_position",
-        "extras", "path"}, or None when the folder holds no state. A truncated or corrupt file is skipped with
-        a warning naming it, and the previous good state is used."""
-        for path, size, digest in self._candidates():
-            problem = None
-            if not path.exists():
-                problem = "is missing"
-            elif size is not None and path.stat().st_size != size:
-                problem = f"has {path.stat().st_size} bytes, the manifest says {size} (truncated?)"
-            elif digest is not None and _sha256(path) != digest:
-                problem = "does not match its SHA-256 checksum (corrupt)"
-            if problem is None:
-                try:
-                    payload = torch.load(path, map_location=map_location, weights_only=False)
-                    if not isinstance(payload, dict) or payload.get("format") != 1:
-                        raise ValueError("not a gpuops training state")
-                except Exception as e:  # noqa: BLE001 - any unreadable file means: use the previous one
-                    problem = f"cannot be read ({type(e).__name__}: {e})"
-            if problem is not None:
-                warnings.warn(f"TrainingState: {path} {problem}; trying the previous state")
+        "extras", "path"}, or None when the folder holds no state. A truncated, corrupt or unsafe state is
+        skipped with a warning naming it, and the previous good state is used; when states exist but none
+        can be used, RuntimeError lists each one's problem (nothing is changed)."""
+        states, notes = self._store.states()
+        for note in notes:
+            warnings.warn(f"TrainingState: {note}")
+        problems = []
+        for stored in states:
+            problem, unverified = self._store.verify(stored)
+            if not problem and not stored.legacy and stored.writer != "python":
+                problem = (f"{stored.path} was written by the {stored.writer} TrainingState (a state is resumed "
+                           "by the language that wrote it)")
+            payload = None
+            if not problem:
+                if unverified:
+                    warnings.warn(f"TrainingState: {stored.path} has no checksum (no manifest lists it); "
+                                  "loading it unverified")
+                payload, problem = _read_payload(stored.file_path(_STATE_FILE), map_location)
+            if problem:
+                problems.append(problem)
+                warnings.warn(f"TrainingState: {problem}; trying the previous state")
                 continue
-            targets = [o for o in (model, optimizer, scaler) if o is not None]
-            backup = StateSnapshot(targets)
-            try:
-                if model is not None:
-                    model.load_state_dict(payload["model"])
-                if optimizer is not None:
-                    optimizer.load_state_dict(payload["optimizer"])
-                if scaler is not None and payload["scaler"]:  # (a disabled scaler saved {})
-                    scaler.load_state_dict(payload["scaler"])
-            except Exception as e:  # noqa: BLE001 - whatever failed, the objects go back as they were
-                backup.restore()
-                raise ValueError(f"TrainingState.load: {path} does not fit the objects given ({type(e).__name__}: "
-                                 f"{str(e).splitlines()[0]}); nothing was changed") from e
+            self._apply(Path(stored.path), payload, model, optimizer, scaler)
             if restore_rng:
                 _restore_rng_states(payload["rng"])
             return {"step": payload["step"], "epoch": payload["epoch"], "data_position": payload["data_position"],
-                    "extras": payload["extras"], "path": path}
+                    "extras": payload["extras"], "path": Path(stored.path)}
+        if problems:
+            listed = "\n  ".join(problems)
+            raise RuntimeError(f"TrainingState.load: {self.directory} holds {len(problems)} state(s) and none can "
+                               f"be loaded:\n  {listed}\nMove or delete them to start afresh; nothing was changed.")
         return None
+
+    @staticmethod
+    def _apply(path: Path, payload: dict, model, optimizer, scaler) -> None:
+        """Puts the payload into the objects, all or nothing."""
+        targets = [o for o in (model, optimizer, scaler) if o is not None]
+        backup = StateSnapshot(targets)
+        try:
+            if model is not None:
+                model.load_state_dict(payload["model"])
+            if optimizer is not None:
+                optimizer.load_state_dict(payload["optimizer"])
+            if scaler is not None and payload["scaler"]:  # (a disabled scaler saved {})
+                scaler.load_state_dict(payload["scaler"])
+        except Exception as e:  # noqa: BLE001 - whatever failed, the objects go back as they were
+            backup.restore()
+            raise ValueError(f"TrainingState.load: {path} does not fit the objects given ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}); nothing was changed") from e
+
+
+def _read_payload(path: str, map_location):
+    """(payload, None), or (None, why it cannot be used). Never unpickles code (weights_only=True)."""
+    import pickle
+
+    try:
+        with _legacy_numpy_globals():
+            payload = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()
+        detail = next((line for line in first if "GLOBAL" in line or "Unsupported" in line), first[0] if first else "")
+        return None, (f"{path} is refused: it holds pickled objects that torch.load(weights_only=True) does not load "
+                      f"(code could run) ({detail.strip()})")
+    except Exception as e:  # noqa: BLE001 - any unreadable file means: use the previous one
+        return None, f"{path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    keys = {"format", "step", "epoch", "data_position", "extras", "rng", "model", "optimizer", "scaler"}
+    if not isinstance(payload, dict) or payload.get("format") not in (1, _FORMAT) or not keys <= set(payload):
+        return None, f"{path} cannot be read (not a gpuops training state)"
+    return payload, None
+
+
+def _legacy_numpy_globals():
+    """Format-1 states (gpuops <= 0.1) carry numpy's RNG state as an ndarray: allow numpy's array
+    reconstruction, and nothing else, while loading."""
+    import contextlib
+
+    try:
+        import numpy
+    except ImportError:
+        return contextlib.nullcontext()
+    core = getattr(numpy, "_core", None) or numpy.core
+    allowed = [core.multiarray._reconstruct, numpy.ndarray, numpy.dtype, type(numpy.dtype(numpy.uint32))]
+    return torch.serialization.safe_globals(allowed)

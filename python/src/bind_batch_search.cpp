@@ -2,6 +2,7 @@
 // (gpuops/batch_size.py) supplies the trial runner and the agreement over torch.distributed.
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>  // torch::PyWarningHandler
 
 #include "bindings.h"
 #include "gpuops/batch_search.h"
@@ -65,15 +66,21 @@ void bind_batch_search(py::module_& m) {
       .def_readwrite("cache_file", &BatchSearchOptions::cache_file)
       .def_readwrite("cache_key", &BatchSearchOptions::cache_key);
 
-  // run(batch) -> (ok, peak_bytes, seconds); agree_min(value) -> the minimum over ranks, or None.
+  // run(batch) -> (ok, peak_bytes, seconds, trace); agree_min(value) -> the minimum over ranks, or None.
   m.def("search_max_batch",
-        [](const std::function<std::tuple<bool, int64_t, double>(int64_t)>& run, const BatchSearchOptions& options,
-           const std::optional<std::function<int64_t(int64_t)>>& agree_min) {
+        [](const std::function<std::tuple<bool, int64_t, double, std::vector<int64_t>>(int64_t)>& run,
+           const BatchSearchOptions& options, const std::optional<std::function<int64_t(int64_t)>>& agree_min) {
           const TrialRunner runner = [&run](int64_t batch) {
-            const auto [ok, peak, seconds] = run(batch);
-            return TrialOutcome{ok, peak, seconds};
+            auto [ok, peak, seconds, trace] = run(batch);
+            return TrialOutcome{ok, peak, seconds, std::move(trace)};
           };
-          return search_max_batch(runner, options, agree_min ? *agree_min : AgreeMin{});
+          torch::PyWarningHandler warnings;  // TORCH_WARN (a corrupt cache) becomes a Python UserWarning
+          try {
+            return search_max_batch(runner, options, agree_min ? *agree_min : AgreeMin{});
+          } catch (...) {
+            warnings.set_in_exception();
+            throw;
+          }
         },
         py::arg("run"), py::arg("options"), py::arg("agree_min") = py::none());
   m.def("memory_headroom_bytes", [](const std::string& device) { return memory_headroom_bytes(c10::Device(device)); },

@@ -1,5 +1,6 @@
 // gpuops.memory_budget: a context manager over the C++ RAII MemoryBudget.
 #include <optional>
+#include <vector>
 
 #include <pybind11/stl.h>
 
@@ -44,6 +45,11 @@ class PyMemoryBudget {
     TORCH_CHECK(budget_, "memory_budget: reset_peak() needs an active budget (inside the `with` block)");
     budget_->reset_peak();
   }
+  void start_trace() {
+    TORCH_CHECK(budget_, "memory_budget: start_trace() needs an active budget (inside the `with` block)");
+    budget_->start_trace();
+  }
+  std::vector<int64_t> take_trace() { return budget_ ? budget_->take_trace() : std::vector<int64_t>{}; }
   bool active() const { return budget_.has_value(); }
   int64_t limit() const { return limit_; }
   std::string device() const { return device_.str(); }
@@ -53,6 +59,16 @@ class PyMemoryBudget {
   c10::Device device_;
   std::optional<MemoryBudget> budget_;
   MemoryStats last_;
+};
+
+// gpuops._C.unbudgeted(): UnbudgetedScope as a context manager (entered and left on the same thread).
+class PyUnbudgeted {
+ public:
+  void enter() { scope_.emplace(); }
+  void exit() { scope_.reset(); }
+
+ private:
+  std::optional<UnbudgetedScope> scope_;
 };
 
 }  // namespace
@@ -72,11 +88,19 @@ void bind_memory_budget(py::module_& m) {
       .def("__exit__", [](PyMemoryBudget& self, py::args) { self.exit(); })
       .def("stats", &PyMemoryBudget::stats)
       .def("reset_peak", &PyMemoryBudget::reset_peak)
+      .def("_start_trace", &PyMemoryBudget::start_trace,
+           "Records the current bytes after each allocation (CPU), for the batch-size search")
+      .def("_take_trace", &PyMemoryBudget::take_trace, "Stops recording and returns the trace")
       .def_property_readonly("current_bytes", [](const PyMemoryBudget& b) { return b.stats().current_bytes; })
       .def_property_readonly("peak_bytes", [](const PyMemoryBudget& b) { return b.stats().peak_bytes; })
       .def_property_readonly("limit_bytes", &PyMemoryBudget::limit)
       .def_property_readonly("device", &PyMemoryBudget::device)
       .def_property_readonly("active", &PyMemoryBudget::active);
+
+  py::class_<PyUnbudgeted>(m, "unbudgeted", "Within it, CPU allocations of this thread bypass every memory_budget")
+      .def(py::init<>())
+      .def("__enter__", [](PyUnbudgeted& self) { self.enter(); })
+      .def("__exit__", [](PyUnbudgeted& self, py::args) { self.exit(); });
 }
 
 }  // namespace gpuops::python

@@ -38,4 +38,6 @@ PYBIND11_MODULE(_C, m) {
   gpuops::python::bind_checkpoint(m);
   gpuops::python::bind_batch_search(m);
   gpuops::python::bind_flat_params(m);
+  gpuops::python::bind_optim_checks(m);
+  gpuops::python::bind_state_store(m);
 }

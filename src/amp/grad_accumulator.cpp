@@ -1,20 +1,42 @@
 // gpuops::GradAccumulator (grad_accumulator.h), over GradScaler's gradient divisor.
 #include "gpuops/grad_accumulator.h"
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 
+#include "../optim/option_checks.h"
+
 namespace gpuops {
+
+void check_grad_accumulator_options(const GradAccumulatorOptions& o) {
+  gpuops::detail::check_option(o.window >= 1, "GradAccumulator", "Invalid window value", o.window,
+                       "window must be an integer >= 1");
+  if (o.max_norm) {
+    gpuops::detail::check_option(std::isfinite(*o.max_norm) && *o.max_norm > 0, "GradAccumulator", "Invalid max_norm value",
+                         *o.max_norm, "max_norm must be a finite number > 0, or none");
+  }
+}
+
+void check_micro_batch(const at::Tensor& loss_sum, const at::Tensor& count) {
+  const char* where = "GradAccumulator.backward";
+  TORCH_CHECK_VALUE(loss_sum.defined() && loss_sum.numel() == 1 && loss_sum.is_floating_point(), where,
+                    ": loss_sum must be one floating value (the sum of the micro-batch's losses), got ",
+                    loss_sum.defined() ? loss_sum.toString() + " of shape " + c10::str(loss_sum.sizes())
+                                       : std::string("an undefined tensor"));
+  TORCH_CHECK_VALUE(loss_sum.requires_grad(), where, ": loss_sum does not require grad: compute it from the "
+                    "model's output with grad enabled");
+  amp::check_positive_count(count, where, "count", loss_sum.device());
+}
 
 GradAccumulator::GradAccumulator(torch::optim::Optimizer& optimizer, GradAccumulatorOptions options,
                                  amp::GradScaler* scaler)
     : optimizer_(optimizer),
       options_(std::move(options)),
       user_scaler_(scaler != nullptr && scaler->is_enabled() ? scaler : nullptr) {
-  TORCH_CHECK_VALUE(options_.window >= 1, "GradAccumulator: window must be >= 1, got ", options_.window);
-  TORCH_CHECK_VALUE(!options_.max_norm || *options_.max_norm > 0, "GradAccumulator: max_norm must be > 0, got ",
-                    options_.max_norm.value_or(0));
+  check_grad_accumulator_options(options_);
 }
 
 amp::GradScaler& GradAccumulator::scaler() {
@@ -28,23 +50,18 @@ amp::GradScaler& GradAccumulator::scaler() {
 }
 
 bool GradAccumulator::backward(const at::Tensor& loss_sum, const at::Tensor& count) {
-  TORCH_CHECK_VALUE(loss_sum.numel() == 1, "GradAccumulator.backward: loss_sum must be one value, got shape ",
-                    loss_sum.sizes());
-  TORCH_CHECK_VALUE(count.numel() == 1, "GradAccumulator.backward: count must be one value, got shape ",
-                    count.sizes());
+  check_micro_batch(loss_sum, count);
   const at::Tensor c = count.detach().to(loss_sum.device(), at::kFloat).reshape({1});
-  if (c.is_cpu()) {  // (a device count is not read: no sync)
-    TORCH_CHECK_VALUE(c.item<float>() > 0, "GradAccumulator.backward: count must be > 0, got ", c.item<float>());
-  }
-  count_ = count_.defined() ? count_ + c : c;
+  const at::Tensor total = count_.defined() ? count_ + c : c;
   scaler().scale(loss_sum).backward();
+  count_ = total;  // only once backward went through
   if (++micro_batches_ < options_.window) return false;
   step();
   return true;
 }
 
 bool GradAccumulator::backward(const at::Tensor& loss_sum, double count) {
-  return backward(loss_sum, at::scalar_tensor(count, at::kFloat));
+  return backward(loss_sum, at::scalar_tensor(count, at::kDouble));  // checked before any rounding
 }
 
 bool GradAccumulator::flush() {

@@ -2,11 +2,15 @@
 // device-side ops (unscale.cpp, grad_norm.cpp, scale_update.cpp).
 #include "gpuops/grad_scaler.h"
 
+#include <cmath>
+#include <limits>
+
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 
+#include "../optim/option_checks.h"
 #include "gpuops/amp.h"
 #include "gpuops/optimizers.h"
 
@@ -24,24 +28,92 @@ std::map<c10::Device, std::vector<at::Tensor>, DeviceOrder> grads_by_device(cons
   return grads;
 }
 
-void check(const GradScalerOptions& o) {
-  TORCH_CHECK_VALUE(o.init_scale > 0, "GradScaler: init_scale must be > 0, got ", o.init_scale);
-  TORCH_CHECK_VALUE(o.growth_factor > 1, "GradScaler: growth_factor must be > 1, got ", o.growth_factor);
-  TORCH_CHECK_VALUE(o.backoff_factor > 0 && o.backoff_factor < 1, "GradScaler: backoff_factor must be in (0, 1), got ",
-                    o.backoff_factor);
-  TORCH_CHECK_VALUE(o.growth_interval >= 1, "GradScaler: growth_interval must be >= 1, got ", o.growth_interval);
-  TORCH_CHECK_VALUE(o.hysteresis >= 1, "GradScaler: hysteresis must be >= 1, got ", o.hysteresis);
-  TORCH_CHECK_VALUE(o.min_scale >= 0 && (o.max_scale == 0 || o.max_scale >= o.min_scale),
-                    "GradScaler: need 0 <= min_scale <= max_scale (max_scale 0: none), got min_scale=", o.min_scale,
-                    ", max_scale=", o.max_scale);
-}
-
 at::Tensor zero_flag(c10::Device device) { return at::zeros({1}, at::TensorOptions(device).dtype(at::kFloat)); }
 
 }  // namespace
 
+void check_grad_scaler_options(const GradScalerOptions& o, const std::string& where) {
+  using gpuops::detail::check_option;
+  constexpr double max_float = std::numeric_limits<float>::max();
+  constexpr int64_t max_int32 = std::numeric_limits<int32_t>::max();
+  // The scales live in float32 tensors: a double beyond float32 would become inf (or 0) there.
+  check_option(o.init_scale >= std::numeric_limits<float>::denorm_min() && o.init_scale <= max_float, where,
+               "Invalid init_scale value", o.init_scale, "init_scale must be a float32 number > 0, at most 3.4e+38");
+  check_option(std::isfinite(o.growth_factor) && o.growth_factor > 1.0 && o.growth_factor <= max_float, where,
+               "Invalid growth_factor value", o.growth_factor, "growth_factor must be a finite number > 1");
+  check_option(o.backoff_factor > 0.0 && o.backoff_factor < 1.0, where, "Invalid backoff_factor value",
+               o.backoff_factor, "backoff_factor must be in (0, 1)");
+  check_option(o.growth_interval >= 1 && o.growth_interval <= max_int32, where, "Invalid growth_interval value",
+               o.growth_interval, "growth_interval must be an integer in [1, 2147483647]");
+  check_option(o.hysteresis >= 1 && o.hysteresis <= max_int32, where, "Invalid hysteresis value", o.hysteresis,
+               "hysteresis must be an integer in [1, 2147483647]");
+  check_option(o.min_scale >= 0.0 && o.min_scale <= max_float, where, "Invalid min_scale value", o.min_scale,
+               "min_scale must be a float32 number >= 0");
+  check_option(o.max_scale == 0.0 || (o.max_scale >= o.min_scale && o.max_scale <= max_float), where,
+               "Invalid max_scale value", o.max_scale,
+               "max_scale must be 0 (no maximum) or a float32 number >= min_scale=" + gpuops::detail::py_repr(o.min_scale));
+  check_option(o.init_scale >= o.min_scale && (o.max_scale == 0.0 || o.init_scale <= o.max_scale), where,
+               "Invalid init_scale value", o.init_scale,
+               "init_scale must be in [min_scale, max_scale] = [" + gpuops::detail::py_repr(o.min_scale) + ", " +
+                   (o.max_scale == 0.0 ? std::string("inf") : gpuops::detail::py_repr(o.max_scale)) + "]");
+}
+
+std::pair<GradScalerOptions, GradScalerCounters> read_grad_scaler_state(const GradScalerState& state,
+                                                                        const GradScalerOptions& current) {
+  const std::string where = "GradScaler.load_state_dict";
+  TORCH_CHECK_VALUE(!state.empty(), where, ": the state is empty (it came from a disabled scaler)");
+  for (const char* key : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
+    TORCH_CHECK_VALUE(state.count(key), where, ": missing key '", key, "'");
+  const auto get = [&](const char* key, double fallback) {
+    const auto it = state.find(key);
+    return it == state.end() ? fallback : it->second;
+  };
+  // A counter must be a whole number in range before it is cast: a cast of NaN or 1e30 is undefined.
+  const auto integer = [&](const char* key, double fallback, double low, double high) {
+    const double v = get(key, fallback);
+    gpuops::detail::check_option(gpuops::detail::is_integer_in(v, low, high), where, (std::string("Invalid ") + key + " value").c_str(),
+                         v, std::string(key) + " must be an integer in [" + gpuops::detail::py_repr(static_cast<int64_t>(low)) +
+                                ", " + gpuops::detail::py_repr(static_cast<int64_t>(high)) + "]");
+    return static_cast<int64_t>(v);
+  };
+  constexpr double max_int32 = std::numeric_limits<int32_t>::max();
+  GradScalerOptions o = current;
+  o.init_scale = get("scale", 0);
+  o.growth_factor = get("growth_factor", 0);
+  o.backoff_factor = get("backoff_factor", 0);
+  o.growth_interval = integer("growth_interval", 0, 1, max_int32);
+  o.hysteresis = integer("hysteresis", static_cast<double>(current.hysteresis), 1, max_int32);
+  o.min_scale = get("min_scale", current.min_scale);
+  o.max_scale = get("max_scale", current.max_scale);
+  check_grad_scaler_options(o, where);
+  GradScalerCounters c;
+  c.growth_tracker = integer("_growth_tracker", 0, 0, static_cast<double>(o.growth_interval - 1));
+  c.hysteresis_left = integer("_hysteresis_left", static_cast<double>(o.hysteresis), 1, static_cast<double>(o.hysteresis));
+  c.skipped_steps = integer("_skipped_steps", 0, 0, 9007199254740992.0);  // 2^53: exact in the double state
+  return {o, c};
+}
+
+void check_positive_count(const at::Tensor& value, const std::string& where, const char* name,
+                          const std::optional<c10::Device>& device) {
+  TORCH_CHECK_VALUE(value.defined() && value.numel() == 1, where, ": ", name, " must be one number, got ",
+                    value.defined() ? "a tensor of shape " + c10::str(value.sizes()) : std::string("an undefined tensor"));
+  const auto dtype = value.scalar_type();
+  TORCH_CHECK_VALUE(at::isFloatingType(dtype) || (at::isIntegralType(dtype, /*includeBool=*/false)), where, ": ",
+                    name, " must be a real number, got a ", dtype, " tensor");
+  TORCH_CHECK_VALUE(value.is_cpu() || !device || value.device() == *device, where, ": ", name, " is on ",
+                    value.device(), " but must be on the CPU or on ", device ? device->str() : std::string("?"));
+  if (value.is_cpu()) {  // a device value is not read: that would be a host sync
+    const double v = value.item<double>();
+    // The scaler divides by it in float32: it must be a float32 number > 0 there.
+    const bool in_float32 = v >= std::numeric_limits<float>::denorm_min() && v <= std::numeric_limits<float>::max();
+    gpuops::detail::check_option(in_float32, where,
+                         ("Invalid " + std::string(name) + " value").c_str(), v,
+                         std::string(name) + " must be a finite float32 number > 0");
+  }
+}
+
 GradScaler::GradScaler(GradScalerOptions options) : options_(options), init_hysteresis_left_(options.hysteresis) {
-  check(options_);
+  check_grad_scaler_options(options_);
 }
 
 void GradScaler::require_scale(const char* method) const {
@@ -77,8 +149,7 @@ at::Tensor GradScaler::gradient_scale(const PerOptimizer& state) const {
 
 void GradScaler::set_grad_divisor(torch::optim::Optimizer& optimizer, const at::Tensor& divisor) {
   require_scale("set_grad_divisor");
-  TORCH_CHECK_VALUE(divisor.numel() == 1, "GradScaler.set_grad_divisor: divisor must have one element, got ",
-                    divisor.numel());
+  check_positive_count(divisor, "GradScaler.set_grad_divisor", "divisor", scale_.device());
   PerOptimizer& state = per_optimizer_[&optimizer];
   TORCH_CHECK(state.stage == Stage::Ready, "GradScaler.set_grad_divisor() must come before unscale_(), "
               "clip_grad_norm_() and step() of this step");
@@ -217,26 +288,11 @@ GradScalerState GradScaler::state_dict() const {
 
 void GradScaler::load_state_dict(const GradScalerState& state) {
   if (!options_.enabled) return;
-  TORCH_CHECK_VALUE(!state.empty(), "GradScaler.load_state_dict: the state is empty (it came from a disabled scaler)");
-  for (const char* key : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
-    TORCH_CHECK_VALUE(state.count(key), "GradScaler.load_state_dict: missing key '", key, "'");
-  const auto get = [&](const char* key, double fallback) {
-    const auto it = state.find(key);
-    return it == state.end() ? fallback : it->second;
-  };
-  GradScalerOptions loaded = options_;
-  loaded.init_scale = get("scale", 0);
-  loaded.growth_factor = get("growth_factor", 0);
-  loaded.backoff_factor = get("backoff_factor", 0);
-  loaded.growth_interval = static_cast<int64_t>(get("growth_interval", 0));
-  loaded.hysteresis = static_cast<int64_t>(get("hysteresis", static_cast<double>(options_.hysteresis)));
-  loaded.min_scale = get("min_scale", options_.min_scale);
-  loaded.max_scale = get("max_scale", options_.max_scale);
-  check(loaded);  // throws before anything changes
+  const auto [loaded, counters] = read_grad_scaler_state(state, options_);  // throws before anything changes
   options_ = loaded;
-  init_growth_tracker_ = static_cast<int64_t>(get("_growth_tracker", 0));
-  init_hysteresis_left_ = static_cast<int64_t>(get("_hysteresis_left", static_cast<double>(loaded.hysteresis)));
-  init_skipped_ = static_cast<int64_t>(get("_skipped_steps", 0));
+  init_growth_tracker_ = counters.growth_tracker;
+  init_hysteresis_left_ = counters.hysteresis_left;
+  init_skipped_ = counters.skipped_steps;
   if (scale_.defined()) {
     scale_.fill_(options_.init_scale);
     growth_tracker_.fill_(init_growth_tracker_);

@@ -39,7 +39,10 @@ TrialOutcome run_trial(const TrainingStep& step, const std::function<void(int64_
   counter.reset_peak();
   const auto start = std::chrono::steady_clock::now();
   try {
-    for (int64_t i = 0; i < steps; ++i) step(batch);
+    for (int64_t i = 0; i < steps; ++i) {
+      if (i == steps - 1) counter.start_trace();  // the last step: earlier ones may still create state
+      step(batch);
+    }
     if (validate) validate(batch);
     outcome.ok = true;
   } catch (const c10::OutOfMemoryError&) {
@@ -50,7 +53,11 @@ TrialOutcome run_trial(const TrainingStep& step, const std::function<void(int64_
   }
   outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   outcome.peak_bytes = counter.peak_bytes();
-  if (!outcome.ok) release_cached_memory(counter.device());
+  outcome.trace = counter.take_trace();
+  if (!outcome.ok) {
+    outcome.trace.clear();
+    release_cached_memory(counter.device());
+  }
   return outcome;
 }
 

@@ -1,6 +1,8 @@
 // gpuops::checkpoint (checkpoint.h): a custom autograd Node that recomputes its segment in the backward.
 #include "gpuops/checkpoint.h"
 
+#include <optional>
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
@@ -32,6 +34,29 @@ struct AutocastState {
   }
 };
 
+// Copies buffers the segment updates in place and writes them back when it goes out of scope.
+class BufferRestorer {
+ public:
+  explicit BufferRestorer(const std::vector<at::Tensor>& buffers) : buffers_(buffers) {
+    for (const auto& b : buffers) copies_.push_back(b.detach().clone());
+  }
+  ~BufferRestorer() {
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      try {
+        buffers_[i].copy_(copies_[i]);
+      } catch (...) {  // same shape and dtype as when copied: cannot fail short of a device error
+      }
+    }
+  }
+  BufferRestorer(const BufferRestorer&) = delete;
+  BufferRestorer& operator=(const BufferRestorer&) = delete;
+
+ private:
+  const std::vector<at::Tensor>& buffers_;
+  std::vector<at::Tensor> copies_;
+};
+
 struct CheckpointBackward : public torch::autograd::Node {
   SegmentFn fn;
   std::vector<torch::autograd::SavedVariable> inputs;
@@ -53,20 +78,22 @@ struct CheckpointBackward : public torch::autograd::Node {
       if (input_needs_grad[i]) x.requires_grad_(true);
       leaves.push_back(x);
     }
-    std::vector<at::Tensor> buffer_copies;
-    for (const auto& b : options.buffers) buffer_copies.push_back(b.detach().clone());
-
-    const RngState now = options.preserve_rng_state ? RngState::capture() : RngState{};
-    if (options.preserve_rng_state) rng.restore();
+    // The buffers go back after the backward (the recomputation saved them at their current version), and
+    // also when the recomputation or its backward throws: the step changes them once, or not at all.
+    const BufferRestorer buffers(options.buffers);
     std::vector<at::Tensor> outputs;
     {
+      std::optional<detail::RngStateGuard> keep_rng;  // the caller's RNG state back however fn ends
+      if (options.preserve_rng_state) {
+        keep_rng.emplace();
+        rng.restore();
+      }
       c10::AutoGradMode enable_grad(true);
       std::vector<std::unique_ptr<amp::AutocastGuard>> guards;
       for (const auto& a : autocast)
         guards.push_back(std::make_unique<amp::AutocastGuard>(a.device, a.dtype, a.enabled, a.cache));
       outputs = fn(leaves);
     }
-    if (options.preserve_rng_state) now.restore();
     TORCH_CHECK(outputs.size() == slot_of_output.size(), "gpuops::checkpoint: the recomputation returned ",
                 outputs.size(), " outputs, the forward ", slot_of_output.size(), "; the segment must be deterministic "
                 "in its structure");
@@ -79,10 +106,6 @@ struct CheckpointBackward : public torch::autograd::Node {
       }
     }
     if (!roots.empty()) torch::autograd::backward(roots, root_grads);  // parameters' .grad accumulate here
-    {  // after the backward: the recomputation saved the buffers it read, at their current version
-      c10::NoGradGuard no_grad;
-      for (size_t i = 0; i < options.buffers.size(); ++i) options.buffers[i].copy_(buffer_copies[i]);
-    }
     variable_list result;
     for (size_t i = 0; i < leaves.size(); ++i) result.push_back(input_needs_grad[i] ? leaves[i].grad() : at::Tensor());
     return result;

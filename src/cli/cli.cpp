@@ -1,8 +1,13 @@
 // `gpuops` command line: parses arguments with CLI11, builds the estimator inputs, hands the results to
-// report.cpp. Every bad input ends as one "gpuops: error: ..." line and exit status 2.
+// report.cpp. Every bad input ends as one "gpuops: error: ..." line and exit status 2; output that
+// cannot be written, as one line and exit status 1.
 #include "gpuops/cli.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <climits>
+#include <cstring>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -16,24 +21,40 @@ namespace gpuops {
 namespace {
 namespace est = gpuops::estimator;
 
+constexpr int kFailure = 1;
 constexpr int kBadInput = 2;
 constexpr int64_t kDefaultSeq = 2048;
 
+// Integer options are read as text and converted by parse_integer: CLI11 reads them with strtoll in
+// base 0 (so "010" was 8 and "0x10" 16) and clamps values past int64 without a word.
 struct EstimateOptions {
   std::string model, config, params;
   std::string precision = "bf16-mixed", amp = "autocast", optimizer = "adamw", optimizer_impl = "default";
   std::string checkpointing = "none", attention = "sdpa";
   std::string base_dtype = "bf16", device = "cuda", gpu;
-  int zero = 0;
-  int64_t gpus = 1, lora_rank = 0, batch = 1, seq = kDefaultSeq, grad_accum = 1;
+  std::string zero = "0", gpus = "1", lora_rank = "0", batch = "1", seq = std::to_string(kDefaultSeq),
+              grad_accum = "1";
   std::vector<std::string> lora_targets = {"q", "v"};
   bool recommend = false, json = false;
 };
 
+// A decimal integer ([-]digits) that fits int64; ArgumentError naming `option` otherwise.
+int64_t parse_integer(const char* option, const std::string& text) {
+  int64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value, 10);
+  GPUOPS_CHECK_ARG(ec != std::errc::result_out_of_range, "{} '{}' is out of range; accepted: a decimal integer "
+                   "from -9223372036854775808 to 9223372036854775807", option, text);
+  GPUOPS_CHECK_ARG(ec == std::errc() && ptr == end, "{} '{}' is not a decimal integer; accepted: "
+                   "digits, e.g. {} 4", option, text, option);
+  return value;
+}
+
+// One message line: newlines folded, bytes that are not printable UTF-8 escaped.
 std::string one_line(std::string s) {
   std::replace(s.begin(), s.end(), '\n', ' ');
   while (!s.empty() && s.back() == ' ') s.pop_back();
-  return s;
+  return est::printable(s);
 }
 
 // The training setup from the options; `seq_given` false lets short-context models use their maximum.
@@ -43,23 +64,25 @@ est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& m
   s.amp = est::parse_amp_layout(o.amp);
   s.optimizer = est::parse_optimizer(o.optimizer);
   s.optimizer_impl = est::parse_optimizer_impl(o.optimizer_impl);
-  s.zero_stage = o.zero;
-  s.num_gpus = o.gpus;
+  const int64_t zero = parse_integer("--zero", o.zero);
+  GPUOPS_CHECK_ARG(zero >= 0 && zero <= 3, "zero stage {} is not accepted; accepted: 0, 1, 2, 3", zero);
+  s.zero_stage = static_cast<int>(zero);
+  s.num_gpus = parse_integer("--gpus", o.gpus);
   est::parse_checkpointing(o.checkpointing, s);
   s.attention = est::parse_attention(o.attention);
-  s.lora.rank = o.lora_rank;
+  s.lora.rank = parse_integer("--lora-rank", o.lora_rank);
   s.lora.targets = o.lora_targets;
   s.lora.base = est::parse_base_dtype(o.base_dtype);
-  s.micro_batch = o.batch;
-  s.seq_len = o.seq;
-  if (!seq_given && model.learned_positions) s.seq_len = std::min(o.seq, model.max_positions);
-  s.grad_accum = o.grad_accum;
+  s.micro_batch = parse_integer("--batch", o.batch);
+  s.seq_len = parse_integer("--seq", o.seq);
+  if (!seq_given && model.learned_positions) s.seq_len = std::min(s.seq_len, model.max_positions);
+  s.grad_accum = parse_integer("--grad-accum", o.grad_accum);
   est::validate(s, model);
   return s;
 }
 
 cli::Run make_run(std::string label, const est::ModelSpec& model, const est::TrainingSetup& setup,
-                  const EstimateOptions& o) {
+                  const EstimateOptions& o, bool gpu_given) {
   GPUOPS_CHECK_ARG(o.device == "cuda" || o.device == "cpu", "device '{}' is not accepted; accepted: cuda, cpu",
                    o.device);
   cli::Run r;
@@ -70,7 +93,7 @@ cli::Run make_run(std::string label, const est::ModelSpec& model, const est::Tra
   r.breakdown = est::estimate_memory(model, setup, o.device == "cuda" ? est::cuda_device() : est::cpu_device());
   r.recommend = o.recommend;
   r.gpus = o.recommend ? est::recommend(model, setup) : est::fit_catalog(model, setup);
-  if (!o.gpu.empty()) {
+  if (gpu_given) {  // an empty --gpu "" is an error, not "every GPU"
     const est::GpuModel& only = est::find_gpu(o.gpu);
     r.gpus.erase(std::remove_if(r.gpus.begin(), r.gpus.end(), [&](const est::GpuFit& f) { return f.gpu != &only; }),
                  r.gpus.end());
@@ -85,7 +108,7 @@ cli::Run make_run(std::string label, const est::ModelSpec& model, const est::Tra
 }
 
 // No model and no training option: the embedded example, a 7B model as a LoRA and as a full fine-tune.
-std::vector<cli::Run> default_runs(const EstimateOptions& o) {
+std::vector<cli::Run> default_runs(const EstimateOptions& o, bool gpu_given) {
   const est::ModelSpec model = est::preset("llama-2-7b");
   est::TrainingSetup lora;
   lora.precision = est::Precision::Bf16Mixed;
@@ -98,12 +121,26 @@ std::vector<cli::Run> default_runs(const EstimateOptions& o) {
   est::TrainingSetup full = lora;
   full.lora = est::LoraSetup{};
   return {make_run("default example 1/2: LoRA fine-tune of llama-2-7b (rank 16 on q,k,v,o, bf16 frozen base, "
-                   "AdamW, seq 2048, micro-batch 1)", model, lora, o),
+                   "AdamW, seq 2048, micro-batch 1)", model, lora, o, gpu_given),
           make_run("default example 2/2: full fine-tune of llama-2-7b (bf16-mixed, AdamW, seq 2048, micro-batch 1)",
-                   model, full, o)};
+                   model, full, o, gpu_given)};
 }
 
-void emit_json(const nlohmann::json& j, std::ostream& out) { out << j.dump(2) << '\n'; }
+// Names and paths may hold bytes that are not UTF-8: written as U+FFFD rather than failing the dump.
+void emit_json(const nlohmann::json& j, std::ostream& out) {
+  out << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+}
+
+// Output that did not reach its destination (a full disk, a closed pipe) is a failure, not exit 0.
+int finish(int code, std::ostream& out, std::ostream& err) {
+  errno = 0;
+  out.flush();
+  if (out) return code;
+  const int error = errno;
+  err << "gpuops: error: cannot write the output" << (error != 0 ? fmt::format(" ({})", std::strerror(error)) : "")
+      << '\n';
+  return kFailure;
+}
 
 }  // namespace
 
@@ -120,7 +157,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   model->excludes(config)->excludes(params);
   config->excludes(params);
   CLI::Option* seq_option =
-      estimate->add_option("--seq", o.seq, "Sequence length (default 2048, or the model's maximum if smaller)");
+      estimate->add_option("--seq", o.seq, "Sequence length (default 2048, or the model's maximum if smaller)")
+          ->type_name("INT");
   const std::vector<CLI::Option*> training = {
       estimate->add_option("--precision", o.precision, "fp32, fp16-mixed, bf16-mixed or bf16 (pure)")
           ->capture_default_str(),
@@ -130,22 +168,29 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
           ->capture_default_str(),
       estimate->add_option("--optimizer-impl", o.optimizer_impl, "default (torch's for the device), for-loop, "
                            "foreach or fused")->capture_default_str(),
-      estimate->add_option("--zero", o.zero, "ZeRO stage 0-3")->capture_default_str(),
-      estimate->add_option("--gpus", o.gpus, "Data-parallel GPUs (ZeRO divides by this)")->capture_default_str(),
+      estimate->add_option("--zero", o.zero, "ZeRO stage 0-3")->type_name("INT")->capture_default_str(),
+      estimate->add_option("--gpus", o.gpus, "Data-parallel GPUs (ZeRO divides by this)")
+          ->type_name("INT")
+          ->capture_default_str(),
       estimate->add_option("--checkpointing", o.checkpointing, "none, full or every:K")->capture_default_str(),
       estimate->add_option("--attention", o.attention, "eager, sdpa (torch's, as Hugging Face calls it) or flash")->capture_default_str(),
-      estimate->add_option("--lora-rank", o.lora_rank, "LoRA rank, 0 = full fine-tune")->capture_default_str(),
+      estimate->add_option("--lora-rank", o.lora_rank, "LoRA rank, 0 = full fine-tune")
+          ->type_name("INT")
+          ->capture_default_str(),
       estimate->add_option("--lora-targets", o.lora_targets, "Comma list of q,k,v,o,gate,up,down")
           ->delimiter(',')
           ->capture_default_str(),
       estimate->add_option("--base-dtype", o.base_dtype, "Frozen LoRA base: fp16, bf16, int8 or nf4")
           ->capture_default_str(),
-      estimate->add_option("--batch", o.batch, "Micro-batch per GPU")->capture_default_str(),
+      estimate->add_option("--batch", o.batch, "Micro-batch per GPU")->type_name("INT")->capture_default_str(),
       seq_option,
-      estimate->add_option("--grad-accum", o.grad_accum, "Gradient accumulation steps")->capture_default_str(),
+      estimate->add_option("--grad-accum", o.grad_accum, "Gradient accumulation steps")
+          ->type_name("INT")
+          ->capture_default_str(),
   };
   estimate->add_option("--device", o.device, "Profile of the breakdown: cuda or cpu")->capture_default_str();
-  estimate->add_option("--gpu", o.gpu, "Show only this catalog GPU (see `gpuops gpus`)");
+  CLI::Option* gpu_option =
+      estimate->add_option("--gpu", o.gpu, "Show only this catalog GPU (see `gpuops gpus`)");
   estimate->add_flag("--recommend", o.recommend, "Only the GPUs that fit, cheapest first");
   estimate->add_flag("--json", o.json, "One JSON document instead of tables");
 
@@ -167,18 +212,18 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
     if (gpus->parsed()) {
       gpus_json ? emit_json(cli::gpus_json(), out) : cli::print_gpus(out);
-      return 0;
+      return finish(0, out, err);
     }
     if (presets->parsed()) {
       presets_json ? emit_json(cli::presets_json(), out) : cli::print_presets(out);
-      return 0;
+      return finish(0, out, err);
     }
 
     const bool has_model = model->count() + config->count() + params->count() > 0;
     const bool has_training = std::any_of(training.begin(), training.end(), [](CLI::Option* t) { return t->count() > 0; });
     std::vector<cli::Run> runs;
     if (!has_model && !has_training) {
-      runs = default_runs(o);
+      runs = default_runs(o, gpu_option->count() > 0);
     } else {
       est::ModelSpec spec;
       std::string note;
@@ -194,15 +239,15 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       }
       const est::TrainingSetup setup = build_setup(o, spec, seq_option->count() > 0);
       runs.push_back(make_run(fmt::format("{} of {}", setup.lora.rank > 0 ? "LoRA fine-tune" : "full fine-tune",
-                                          spec.name), spec, setup, o));
+                                          spec.name), spec, setup, o, gpu_option->count() > 0));
       if (!note.empty()) runs.back().notes.insert(runs.back().notes.begin(), note);
     }
     o.json ? emit_json(cli::runs_json(runs), out) : cli::print_runs(runs, out);
-    return 0;
+    return finish(0, out, err);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e, out, err);
+    return finish(app.exit(e, out, err), out, err);
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e, out, err);
+    return finish(app.exit(e, out, err), out, err);
   } catch (const CLI::ParseError& e) {
     const std::string where = estimate->parsed() ? " estimate" : gpus->parsed() ? " gpus" : presets->parsed() ? " presets" : "";
     err << "gpuops: error: " << one_line(e.what()) << " (see 'gpuops" << where << " --help' for what is accepted)\n";
@@ -212,7 +257,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     return kBadInput;
   } catch (const std::exception& e) {
     err << "gpuops: error: internal error: " << one_line(e.what()) << '\n';
-    return 1;
+    return kFailure;
+  } catch (...) {
+    err << "gpuops: error: internal error: unknown exception\n";
+    return kFailure;
   }
 }
 

@@ -71,7 +71,7 @@ json setup_json(const est::TrainingSetup& s) {
           {"micro_batch", s.micro_batch},
           {"seq_len", s.seq_len},
           {"grad_accum", s.grad_accum},
-          {"global_batch", s.micro_batch * s.grad_accum * s.num_gpus}};
+          {"global_batch", (est::CheckedInt(s.micro_batch) * s.grad_accum * s.num_gpus).get()}};
 }
 
 }  // namespace
@@ -82,8 +82,8 @@ void print_runs(const std::vector<Run>& runs, std::ostream& out) {
     if (i > 0) fmt::print(out, "\n");
     const int64_t params = est::parameter_count(r.model);
     const int64_t trainable = est::trainable_parameter_count(r.model, r.setup);
-    fmt::print(out, "== {} ==\n", r.label);
-    fmt::print(out, "model: {} ({} parameters, {} trainable)\n", r.model.name, short_count(params),
+    fmt::print(out, "== {} ==\n", est::printable(r.label));  // names and paths may be any bytes
+    fmt::print(out, "model: {} ({} parameters, {} trainable)\n", est::printable(r.model.name), short_count(params),
                short_count(trainable));
     fmt::print(out, "setup: {}\n\n", describe_setup(r.setup));
     fmt::print(out, "{:<22} {:>9}\n", fmt::format("Memory per GPU ({})", r.device), "GiB");
@@ -103,7 +103,7 @@ void print_runs(const std::vector<Run>& runs, std::ostream& out) {
                  f.fits ? "yes" : "no", gib(f.gpu->memory_bytes - f.at_requested.total()), max_b,
                  f.gpu->spot_price_usd_per_hour);
     }
-    for (const auto& n : r.notes) fmt::print(out, "note: {}\n", n);
+    for (const auto& n : r.notes) fmt::print(out, "note: {}\n", est::printable(n));
   }
 }
 

@@ -53,4 +53,22 @@ struct RngState {
   }
 };
 
+/// Puts the generators back as they were at its construction when it goes out of scope, also when an
+/// exception unwinds (a failed recomputation must not leave the replayed RNG state behind).
+class RngStateGuard {
+ public:
+  RngStateGuard() : saved_(RngState::capture()) {}
+  ~RngStateGuard() {
+    try {
+      saved_.restore();
+    } catch (...) {  // a destructor must not throw; set_state of a state it returned does not fail
+    }
+  }
+  RngStateGuard(const RngStateGuard&) = delete;
+  RngStateGuard& operator=(const RngStateGuard&) = delete;
+
+ private:
+  RngState saved_;
+};
+
 }  // namespace gpuops::detail

@@ -58,7 +58,11 @@ int64_t max_micro_batch(const ModelSpec& model, const TrainingSetup& setup, int6
   TrainingSetup s = setup;
   auto fits = [&](int64_t b) {
     s.micro_batch = b;
-    return estimate_memory(model, s, cuda).total() <= memory_bytes;
+    try {
+      return estimate_memory(model, s, cuda).total() <= memory_bytes;
+    } catch (const SizeOverflow&) {  // more than 2^63 bytes: fits in no memory
+      return false;
+    }
   };
   if (!fits(1)) return 0;
   // Memory grows monotonically with the micro-batch: double until it fails, then bisect.

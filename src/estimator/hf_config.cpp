@@ -1,7 +1,12 @@
 #include "gpuops/estimator/hf_config.h"
 
-#include <fstream>
-#include <sstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -12,6 +17,9 @@ namespace gpuops::estimator {
 namespace {
 
 using nlohmann::json;
+
+// A config.json is a few kB; anything this large is not one (and would be read into memory whole).
+constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
 
 // Typed access to config keys; every failure names the config and the key.
 class Config {
@@ -29,11 +37,7 @@ class Config {
     return has(key) ? positive_value(key) : fallback;
   }
   int64_t non_negative_or(const char* key, int64_t fallback) const {
-    if (!has(key)) return fallback;
-    const json& v = j_.at(key);
-    GPUOPS_CHECK_ARG(v.is_number_integer() && v.get<int64_t>() >= 0,
-                     "config '{}': key '{}' must be an integer >= 0, got {}", name_, key, v.dump());
-    return v.get<int64_t>();
+    return has(key) ? integer_value(key, 0) : fallback;
   }
   bool boolean_or(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
@@ -66,10 +70,16 @@ class Config {
   }
 
  private:
-  int64_t positive_value(const char* key) const {
+  int64_t positive_value(const char* key) const { return integer_value(key, 1); }
+  // An integer from `min` to 2^63 - 1 (an unsigned JSON integer above that would wrap in get<int64_t>).
+  int64_t integer_value(const char* key, int64_t min) const {
     const json& v = j_.at(key);
-    GPUOPS_CHECK_ARG(v.is_number_integer() && v.get<int64_t>() > 0,
-                     "config '{}': key '{}' must be an integer > 0, got {}", name_, key, v.dump());
+    const bool in_range = v.is_number_integer() && (v.is_number_unsigned()
+                                                         ? v.get<uint64_t>() <= uint64_t{INT64_MAX}
+                                                         : v.get<int64_t>() >= min);
+    GPUOPS_CHECK_ARG(in_range && v.get<int64_t>() >= min,
+                     "config '{}': key '{}' must be an integer from {} to 9223372036854775807, got {}", name_, key,
+                     min, v.dump());
     return v.get<int64_t>();
   }
   const json& j_;
@@ -148,7 +158,7 @@ ModelSpec model_from_hf_config(std::string_view json_text, std::string name) {
   json j;
   try {
     j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers such as 1e400
     throw ArgumentError(fmt::format("config '{}' is not valid JSON: {}", name, e.what()));
   }
   GPUOPS_CHECK_ARG(j.is_object(), "config '{}' must be a JSON object, got {}", name, j.type_name());
@@ -176,13 +186,37 @@ ModelSpec model_from_hf_config(std::string_view json_text, std::string name) {
 }
 
 ModelSpec model_from_hf_config_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  GPUOPS_CHECK_ARG(in.good(), "config '{}' cannot be read (missing file or no permission); give the path of "
-                   "a Hugging Face config.json", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  GPUOPS_CHECK_ARG(!in.bad(), "config '{}' cannot be read; give the path of a Hugging Face config.json", path);
-  return model_from_hf_config(text.str(), path);
+  // Opened without blocking and checked before reading: a FIFO would block the open (or the read)
+  // forever, a directory reads as nothing, a device as endless bytes.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  GPUOPS_CHECK_ARG(fd >= 0, "config '{}' cannot be read ({}); give the path of a Hugging Face config.json", path,
+                   std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  GPUOPS_CHECK_ARG(::fstat(fd, &st) == 0, "config '{}' cannot be read ({}); give the path of a Hugging Face "
+                   "config.json", path, std::strerror(errno));
+  GPUOPS_CHECK_ARG(!S_ISDIR(st.st_mode), "config '{}' is a directory; give the path of its config.json file", path);
+  GPUOPS_CHECK_ARG(S_ISREG(st.st_mode), "config '{}' is not a regular file (a FIFO, socket or device); give the "
+                   "path of a Hugging Face config.json", path);
+  GPUOPS_CHECK_ARG(st.st_size <= kMaxConfigBytes, "config '{}' is {} bytes; accepted: a config.json of at most {} "
+                   "bytes", path, static_cast<int64_t>(st.st_size), kMaxConfigBytes);
+  std::string text;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    GPUOPS_CHECK_ARG(n >= 0, "config '{}' cannot be read ({}); give the path of a Hugging Face config.json", path,
+                     std::strerror(errno));
+    if (n == 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+    GPUOPS_CHECK_ARG(static_cast<int64_t>(text.size()) <= kMaxConfigBytes,
+                     "config '{}' is larger than {} bytes; accepted: a config.json of at most that", path,
+                     kMaxConfigBytes);
+  }
+  return model_from_hf_config(text, path);
 }
 
 }  // namespace gpuops::estimator

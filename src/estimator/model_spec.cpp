@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include <fmt/format.h>
@@ -13,10 +14,14 @@
 namespace gpuops::estimator {
 namespace {
 
+using C = CheckedInt;
+
 int64_t norm_params(const ModelSpec& s) {
   // LayerNorm has weight and bias; RMSNorm only a weight.
-  return s.norm == NormKind::LayerNorm ? 2 * s.hidden_size : s.hidden_size;
+  return s.norm == NormKind::LayerNorm ? (2 * C(s.hidden_size)).get() : s.hidden_size;
 }
+
+int64_t elements(const LinearShape& l) { return (C(l.in_features) * l.out_features).get(); }
 
 }  // namespace
 
@@ -32,8 +37,8 @@ std::vector<std::string> projection_names(const ModelSpec& spec) {
 
 LinearShape projection_shape(const ModelSpec& s, std::string_view name) {
   const int64_t h = s.hidden_size;
-  const int64_t q_width = s.num_heads * effective_head_dim(s);
-  const int64_t kv_width = s.num_kv_heads * effective_head_dim(s);
+  const int64_t q_width = (C(s.num_heads) * effective_head_dim(s)).get();
+  const int64_t kv_width = (C(s.num_kv_heads) * effective_head_dim(s)).get();
   const bool qkv_bias = s.linear_bias || s.qkv_bias;
   // GPT-2's fused c_attn is counted as three h x h projections: same parameters, and LoRA on "q"/"v"
   // then means the q and v thirds.
@@ -51,24 +56,27 @@ LinearShape projection_shape(const ModelSpec& s, std::string_view name) {
 ParameterGroups parameter_groups(const ModelSpec& s) {
   ParameterGroups g;
   if (s.family == ModelFamily::ParamsOnly) return g;
-  const int64_t h = s.hidden_size;
+  const C h = s.hidden_size;
   g.num_layers = s.num_layers;
-  g.embeddings = s.vocab_size * h;
-  if (s.learned_positions) g.embeddings += s.max_positions * h;
-  g.embeddings += s.type_vocab_size * h;
-  if (s.family == ModelFamily::Encoder) g.embeddings += 2 * h;  // BERT's embedding LayerNorm
-  for (const char* p : {"q", "k", "v", "o"}) g.attention_per_layer += projection_shape(s, p).parameters();
+  C embeddings = C(s.vocab_size) * h + C(s.type_vocab_size) * h;
+  if (s.learned_positions) embeddings += C(s.max_positions) * h;
+  if (s.family == ModelFamily::Encoder) embeddings += 2 * h;  // BERT's embedding LayerNorm
+  g.embeddings = embeddings.get();
+  C attention = 0, mlp = 0;
+  for (const char* p : {"q", "k", "v", "o"}) attention += projection_shape(s, p).parameters();
   for (const auto& p : projection_names(s))
-    if (p == "gate" || p == "up" || p == "down") g.mlp_per_layer += projection_shape(s, p).parameters();
-  g.norms_per_layer = 2 * norm_params(s);
+    if (p == "gate" || p == "up" || p == "down") mlp += projection_shape(s, p).parameters();
+  g.attention_per_layer = attention.get();
+  g.mlp_per_layer = mlp.get();
+  g.norms_per_layer = (2 * C(norm_params(s))).get();
   if (s.family == ModelFamily::Decoder) {
     g.final_norm = norm_params(s);
-    g.head = s.tied_embeddings ? 0 : s.vocab_size * h;  // lm_head has no bias in GPT-2/Llama/Mistral
+    g.head = s.tied_embeddings ? 0 : (C(s.vocab_size) * h).get();  // lm_head has no bias in GPT-2/Llama/Mistral
   } else if (s.masked_lm_head) {
     // cls.predictions: transform dense (h x h + bias), LayerNorm, decoder tied to the embeddings + bias V.
-    g.head = h * h + h + 2 * h + s.vocab_size;
+    g.head = (h * h + h + 2 * h + s.vocab_size).get();
   } else {
-    g.head = h * h + h;  // BertModel's pooler
+    g.head = (h * h + h).get();  // BertModel's pooler
   }
   return g;
 }
@@ -79,27 +87,22 @@ int64_t parameter_tensor_count(const ModelSpec& s) {
   int64_t embeddings = 1 + (s.learned_positions ? 1 : 0) + (s.type_vocab_size > 0 ? 1 : 0);
   if (s.family == ModelFamily::Encoder) embeddings += 2;  // embedding LayerNorm
   const int64_t qkv = s.fused_qkv ? 1 : 3, mlp = s.mlp == MlpKind::SwiGlu ? 3 : 2;
-  int64_t per_layer = qkv + 1 + mlp + 2 * per_norm;
-  if (s.linear_bias) per_layer += qkv + 1 + mlp;
-  else if (s.qkv_bias) per_layer += qkv;
+  const int64_t per_layer = qkv + 1 + mlp + 2 * per_norm + (s.linear_bias ? qkv + 1 + mlp : s.qkv_bias ? qkv : 0);
   int64_t rest = 0;
   if (s.family == ModelFamily::Decoder) rest = per_norm + (s.tied_embeddings ? 0 : 1);
   else rest = s.masked_lm_head ? 5 : 2;  // MLM: dense w+b, LayerNorm w+b, decoder bias; else pooler w+b
-  return embeddings + s.num_layers * per_layer + rest;
+  return (C(s.num_layers) * per_layer + embeddings + rest).get();
 }
 
 int64_t largest_parameter_tensor(const ModelSpec& s) {
   if (s.family == ModelFamily::ParamsOnly) return 0;
-  int64_t largest = s.vocab_size * s.hidden_size;
-  if (s.learned_positions) largest = std::max(largest, s.max_positions * s.hidden_size);
-  for (const auto& p : projection_names(s)) {
-    const LinearShape l = projection_shape(s, p);
-    largest = std::max(largest, l.in_features * l.out_features);
-  }
+  int64_t largest = (C(s.vocab_size) * s.hidden_size).get();
+  if (s.learned_positions) largest = std::max(largest, (C(s.max_positions) * s.hidden_size).get());
+  for (const auto& p : projection_names(s)) largest = std::max(largest, elements(projection_shape(s, p)));
   if (s.fused_qkv) {
-    int64_t qkv = 0;
-    for (const char* p : {"q", "k", "v"}) qkv += projection_shape(s, p).in_features * projection_shape(s, p).out_features;
-    largest = std::max(largest, qkv);
+    C qkv = 0;
+    for (const char* p : {"q", "k", "v"}) qkv += elements(projection_shape(s, p));
+    largest = std::max(largest, qkv.get());
   }
   return largest;
 }
@@ -110,6 +113,10 @@ int64_t parameter_count(const ModelSpec& spec) {
 }
 
 void validate(const ModelSpec& s) {
+  GPUOPS_CHECK_ARG(s.family == ModelFamily::Decoder || s.family == ModelFamily::Encoder ||
+                       s.family == ModelFamily::ParamsOnly,
+                   "model '{}': family {} is not a ModelFamily; accepted: Decoder, Encoder, ParamsOnly", s.name,
+                   static_cast<int>(s.family));
   if (s.family == ModelFamily::ParamsOnly) {
     GPUOPS_CHECK_ARG(s.explicit_param_count > 0, "model parameter count must be > 0, got {}",
                      s.explicit_param_count);
@@ -136,38 +143,77 @@ void validate(const ModelSpec& s) {
                    s.type_vocab_size);
   GPUOPS_CHECK_ARG(!s.masked_lm_head || s.family == ModelFamily::Encoder,
                    "model '{}': masked_lm_head applies to encoder models only", s.name);
+  GPUOPS_CHECK_ARG(s.mlp == MlpKind::Gelu || s.mlp == MlpKind::SwiGlu,
+                   "model '{}': mlp {} is not an MlpKind; accepted: Gelu, SwiGlu", s.name, static_cast<int>(s.mlp));
+  GPUOPS_CHECK_ARG(s.norm == NormKind::LayerNorm || s.norm == NormKind::RmsNorm,
+                   "model '{}': norm {} is not a NormKind; accepted: LayerNorm, RmsNorm", s.name,
+                   static_cast<int>(s.norm));
+  // Sizes that count more than 2^63 - 1 parameters (or tensors) cannot be estimated.
+  try {
+    parameter_count(s);
+    parameter_tensor_count(s);
+    largest_parameter_tensor(s);
+  } catch (const SizeOverflow&) {
+    throw ArgumentError(fmt::format(
+        "model '{}': its parameter count overflows 64 bits (vocab_size {}, hidden_size {}, num_layers {}, "
+        "num_heads {}, head_dim {}, intermediate_size {}, max_positions {}, type_vocab_size {}); accepted: sizes "
+        "whose parameter count is below 2^63", s.name, s.vocab_size, s.hidden_size, s.num_layers, s.num_heads,
+        effective_head_dim(s), s.intermediate_size, s.max_positions, s.type_vocab_size));
+  }
 }
 
+namespace {
+
+// Length of the longest prefix of `t` from `i` that is decimal digits.
+size_t digits_from(std::string_view t, size_t i) {
+  size_t n = 0;
+  while (i + n < t.size() && std::isdigit(static_cast<unsigned char>(t[i + n]))) ++n;
+  return n;
+}
+
+// True when `t` is digits [. digits] [e [+-] digits]: plain decimal, so that std::stod's extras (hex,
+// inf, nan, leading spaces and signs) are refused instead of read ("0x10" is not 16 parameters).
+bool is_decimal_number(std::string_view t) {
+  size_t i = digits_from(t, 0);
+  size_t mantissa = i;
+  if (i < t.size() && t[i] == '.') {
+    const size_t fraction = digits_from(t, i + 1);
+    mantissa += fraction;
+    i += 1 + fraction;
+  }
+  if (mantissa == 0) return false;
+  if (i < t.size() && (t[i] == 'e' || t[i] == 'E')) {
+    ++i;
+    if (i < t.size() && (t[i] == '+' || t[i] == '-')) ++i;
+    const size_t exponent = digits_from(t, i);
+    if (exponent == 0) return false;
+    i += exponent;
+  }
+  return i == t.size();
+}
+
+}  // namespace
+
 int64_t parse_param_count(std::string_view text) {
-  const std::string t(text);
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(t, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  std::string_view number = text;
   double scale = 1;
-  bool ok = used > 0;
-  if (ok && used < t.size()) {
-    // One suffix letter, case-insensitive: k, M, B (or G), T.
-    const std::string rest = t.substr(used);
-    if (rest.size() != 1) {
-      ok = false;
-    } else {
-      switch (std::tolower(static_cast<unsigned char>(rest[0]))) {
-        case 'k': scale = 1e3; break;
-        case 'm': scale = 1e6; break;
-        case 'b': case 'g': scale = 1e9; break;
-        case 't': scale = 1e12; break;
-        default: ok = false;
-      }
+  if (!number.empty()) {  // one suffix letter, case-insensitive: k, M, B (or G), T
+    switch (std::tolower(static_cast<unsigned char>(number.back()))) {
+      case 'k': scale = 1e3; break;
+      case 'm': scale = 1e6; break;
+      case 'b': case 'g': scale = 1e9; break;
+      case 't': scale = 1e12; break;
+      default: scale = 0;
     }
+    if (scale != 0) number.remove_suffix(1);
+    else scale = 1;
   }
-  const double count = value * scale;
-  ok = ok && std::isfinite(count) && count >= 1 && count < 9.0e18;
-  GPUOPS_CHECK_ARG(ok, "params '{}' is not a parameter count; accepted: a number >= 1 with an optional "
-                   "suffix k, M, B or T (e.g. 7B, 125M, 6738415616)", text);
+  const bool ok = is_decimal_number(number);
+  const double count = ok ? std::strtod(std::string(number).c_str(), nullptr) * scale : 0;  // 1e999: inf
+  // 2^63 is the first double past int64's range.
+  GPUOPS_CHECK_ARG(ok && std::isfinite(count) && count >= 1 && count < 9223372036854775808.0,
+                   "params '{}' is not a parameter count; accepted: a decimal number from 1 to 2^63 - 1 with an "
+                   "optional suffix k, M, B or T (e.g. 7B, 125M, 6738415616)", text);
   return static_cast<int64_t>(std::llround(count));
 }
 

@@ -65,6 +65,15 @@ std::string_view name_of(const Names<E, N>& names, E value) {
   return "?";
 }
 
+// An enum field holds one of its named values (a C++ caller can cast any integer into it).
+template <typename E, size_t N>
+void check_enum(const Names<E, N>& names, E value, const char* argument) {
+  std::vector<std::string_view> accepted;
+  for (const auto& [v, name] : names) accepted.push_back(name);
+  GPUOPS_CHECK_ARG(name_of(names, value) != "?", "{} {} is out of range; accepted: {}", argument,
+                   static_cast<int64_t>(value), fmt::join(accepted, ", "));
+}
+
 }  // namespace
 
 Precision parse_precision(std::string_view t) { return parse_name(kPrecisions, t, "precision"); }
@@ -120,10 +129,25 @@ bool runs_in_16_bits(const TrainingSetup& s) {
 }
 
 void validate(const TrainingSetup& s, const ModelSpec& m) {
+  check_enum(kPrecisions, s.precision, "precision");
+  check_enum(kAmpLayouts, s.amp, "amp");
+  check_enum(kOptimizers, s.optimizer, "optimizer");
+  check_enum(kOptimizerImpls, s.optimizer_impl, "optimizer-impl");
+  check_enum(kAttention, s.attention, "attention");
+  check_enum(kBaseDtypes, s.lora.base, "base-dtype");
+  GPUOPS_CHECK_ARG(s.checkpoint == CheckpointKind::None || s.checkpoint == CheckpointKind::Full ||
+                       s.checkpoint == CheckpointKind::EveryK,
+                   "checkpointing {} is out of range; accepted: none, full, every:K", static_cast<int>(s.checkpoint));
   GPUOPS_CHECK_ARG(s.micro_batch >= 1, "batch (micro-batch per GPU) must be >= 1, got {}", s.micro_batch);
   GPUOPS_CHECK_ARG(s.seq_len >= 1, "seq (sequence length) must be >= 1, got {}", s.seq_len);
   GPUOPS_CHECK_ARG(s.grad_accum >= 1, "grad-accum must be >= 1, got {}", s.grad_accum);
   GPUOPS_CHECK_ARG(s.num_gpus >= 1, "gpus (data-parallel world size) must be >= 1, got {}", s.num_gpus);
+  try {  // the report's global batch
+    (CheckedInt(s.micro_batch) * s.grad_accum * s.num_gpus).get();
+  } catch (const SizeOverflow&) {
+    throw ArgumentError(fmt::format("global batch (batch {} x grad-accum {} x gpus {}) overflows 64 bits; accepted: "
+                                    "a product below 2^63", s.micro_batch, s.grad_accum, s.num_gpus));
+  }
   GPUOPS_CHECK_ARG(s.zero_stage >= 0 && s.zero_stage <= 3, "zero stage {} is not accepted; accepted: 0, 1, 2, 3",
                    s.zero_stage);
   GPUOPS_CHECK_ARG(s.amp == AmpLayout::Autocast || is_mixed(s.precision),

@@ -28,7 +28,14 @@ struct ScopeCounters {
   int64_t peak = 0;
   int64_t allocations = 0;
   int64_t failed = 0;
+  bool tracing = false;
+  bool trace_overflow = false;
+  std::vector<int64_t> trace;  // current bytes after each allocation while tracing
 };
+
+constexpr size_t kMaxTraceEvents = size_t{1} << 24;  // 128 MiB of trace at most; past it the trace is dropped
+
+thread_local int unbudgeted_depth = 0;  // UnbudgetedScope nesting of this thread
 using ScopeList = std::vector<std::shared_ptr<ScopeCounters>>;
 
 // One live allocation made while scopes were active: the real allocation and the scopes it counts in.
@@ -46,7 +53,7 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     std::unique_lock<std::mutex> lock(mutex_);
     c10::Allocator* underlying = underlying_;
-    if (!scopes_ || n == 0) {
+    if (!scopes_ || n == 0 || unbudgeted_depth > 0) {
       lock.unlock();
       return underlying->allocate(n);
     }
@@ -66,6 +73,13 @@ class CountingAllocator final : public c10::Allocator {
       scope->current += bytes;
       scope->peak = std::max(scope->peak, scope->current);
       ++scope->allocations;
+      if (scope->tracing) {
+        if (scope->trace.size() < kMaxTraceEvents) {
+          scope->trace.push_back(scope->current);
+        } else {
+          scope->trace_overflow = true;
+        }
+      }
     }
     const c10::Device device = inner.device();
     records_.emplace(data, Record{std::move(inner), bytes, scopes_});
@@ -155,6 +169,23 @@ class CountingAllocator final : public c10::Allocator {
     scope.peak = scope.current;
   }
 
+  void start_trace(ScopeCounters& scope) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    scope.trace.clear();
+    scope.trace_overflow = false;
+    scope.tracing = true;
+  }
+
+  std::vector<int64_t> take_trace(ScopeCounters& scope) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<int64_t> trace;
+    if (!scope.trace_overflow) trace.swap(scope.trace);
+    scope.trace = {};
+    scope.tracing = false;
+    scope.trace_overflow = false;
+    return trace;
+  }
+
  private:
   mutable std::mutex mutex_;
   c10::Allocator* underlying_ = c10::GetAllocator(c10::kCPU);
@@ -180,12 +211,18 @@ class CpuScope final : public MemoryBudget::Scope {
   ~CpuScope() override { counting_allocator().pop(counters_); }
   MemoryStats stats() const override { return counting_allocator().stats(*counters_); }
   void reset_peak() override { counting_allocator().reset_peak(*counters_); }
+  void start_trace() override { counting_allocator().start_trace(*counters_); }
+  std::vector<int64_t> take_trace() override { return counting_allocator().take_trace(*counters_); }
 
  private:
   std::shared_ptr<ScopeCounters> counters_;
 };
 
 }  // namespace
+
+void enter_unbudgeted() { ++unbudgeted_depth; }
+
+void leave_unbudgeted() { --unbudgeted_depth; }
 
 int64_t cpu_headroom_bytes() { return counting_allocator().headroom(); }
 

@@ -1,6 +1,7 @@
 #pragma once
 // The device-specific half of MemoryBudget: one Scope per active budget.
 #include <memory>
+#include <vector>
 
 #include "gpuops/memory_budget.h"
 
@@ -11,6 +12,8 @@ class MemoryBudget::Scope {
   virtual ~Scope() = default;
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak() = 0;
+  virtual void start_trace() {}  // devices without an allocation hook record nothing
+  virtual std::vector<int64_t> take_trace() { return {}; }
 };
 
 namespace memory {
@@ -19,6 +22,10 @@ namespace memory {
 std::unique_ptr<MemoryBudget::Scope> make_cpu_scope(int64_t limit_bytes);
 /// Reads and caps the CUDA caching allocator (cuda_scope.cpp; an error in builds without CUDA).
 std::unique_ptr<MemoryBudget::Scope> make_cuda_scope(int64_t limit_bytes, c10::Device device);
+
+/// UnbudgetedScope: the calling thread's allocations bypass the CPU budgets while depth > 0.
+void enter_unbudgeted();
+void leave_unbudgeted();
 
 /// memory_headroom_bytes for each device kind.
 int64_t cpu_headroom_bytes();

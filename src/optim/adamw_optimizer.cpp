@@ -12,13 +12,55 @@
 namespace gpuops::optim {
 namespace {
 
-void check(const AdamWOptions& o, const char* where) {
-  const auto [beta1, beta2] = o.betas();
-  TORCH_CHECK_VALUE(o.lr() >= 0, "AdamW: ", where, " lr must be >= 0, got ", o.lr());
-  TORCH_CHECK_VALUE(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "AdamW: ", where,
-                    " betas must be in [0, 1), got (", beta1, ", ", beta2, ")");
-  TORCH_CHECK_VALUE(o.eps() >= 0, "AdamW: ", where, " eps must be >= 0, got ", o.eps());
-  TORCH_CHECK_VALUE(o.weight_decay() >= 0, "AdamW: ", where, " weight_decay must be >= 0, got ", o.weight_decay());
+AdamOptions step_options_of(const AdamWOptions& o) {
+  AdamOptions step_options;
+  step_options.lr = o.lr();
+  std::tie(step_options.beta1, step_options.beta2) = o.betas();
+  step_options.eps = o.eps();
+  step_options.weight_decay = o.weight_decay();
+  step_options.decoupled = true;
+  step_options.amsgrad = o.amsgrad();
+  step_options.maximize = o.maximize();
+  return step_options;
+}
+
+void check(const AdamWOptions& o, const std::string& where) { check_adam_options(step_options_of(o), where); }
+
+constexpr const char* kWho = "an AdamW";
+
+// Options of an archive saved by our AdamW or torch::optim::AdamW (which has no maximize and capturable).
+AdamWOptions read_options(detail::Entry& e) {
+  AdamWOptions o(e.number(e.required("lr", kWho), "lr"));
+  const c10::IValue betas = e.required("betas", kWho);
+  TORCH_CHECK_VALUE(betas.isTuple() && betas.toTupleRef().elements().size() == 2, e.where,
+                    ": 'betas' must be a pair of numbers, got ", betas.tagKind());
+  const auto& pair = betas.toTupleRef().elements();
+  o.betas({e.number(pair[0], "betas"), e.number(pair[1], "betas")});
+  o.eps(e.number(e.required("eps", kWho), "eps"));
+  o.weight_decay(e.number(e.required("weight_decay", kWho), "weight_decay"));
+  o.amsgrad(e.flag(e.required("amsgrad", kWho), "amsgrad"));
+  o.maximize(e.flag(e.get("maximize"), "maximize"));
+  o.capturable(e.flag(e.get("capturable"), "capturable"));
+  check(o, e.where);
+  return o;
+}
+
+// A parameter's state from our archive or torch::optim::AdamW's (an int64 step, no master copy).
+std::unique_ptr<torch::optim::OptimizerParamState> read_state(detail::Entry& e, const at::Tensor& param) {
+  auto step = e.step(param);
+  auto exp_avg = e.tensor_like("exp_avg", param);
+  auto exp_avg_sq = e.tensor_like("exp_avg_sq", param);
+  TORCH_CHECK_VALUE(step && exp_avg && exp_avg_sq, e.where, ": an AdamW state needs 'step', 'exp_avg' and "
+                    "'exp_avg_sq'");
+  auto s = std::make_unique<AdamWParamState>();
+  s->step(*step);
+  s->exp_avg(*exp_avg);
+  s->exp_avg_sq(*exp_avg_sq);
+  if (auto max_exp_avg_sq = e.tensor_like("max_exp_avg_sq", param)) s->max_exp_avg_sq(*max_exp_avg_sq);
+  if (param.scalar_type() != at::kFloat) {  // a float32 parameter steps without one
+    if (auto master = e.tensor_like("master_param", param)) s->master_param(*master);
+  }
+  return s;
 }
 
 }  // namespace
@@ -63,7 +105,9 @@ void AdamWParamState::serialize(torch::serialize::InputArchive& archive) {
 
 AdamW::AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdamWOptions defaults)
     : FusedOptimizer(param_groups, std::make_unique<AdamWOptions>(defaults)) {
-  check(defaults, "defaults:");
+  check(defaults, name());
+  for (size_t i = 0; i < param_groups_.size(); ++i) check_options(i);
+  check_unique_params();
 }
 
 AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions defaults)
@@ -73,20 +117,13 @@ const char* AdamW::name() const { return "AdamW"; }
 
 void AdamW::check_options(size_t index) const {
   check(static_cast<const AdamWOptions&>(param_groups_[index].options()),
-        ("param_groups[" + std::to_string(index) + "]").c_str());
+        std::string(name()) + ": param_groups[" + std::to_string(index) + "]");
 }
 
 void AdamW::step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf) {
   const auto& o = static_cast<const AdamWOptions&>(param_groups_[index].options());
-  AdamOptions step_options;
-  step_options.lr = o.lr();
-  std::tie(step_options.beta1, step_options.beta2) = o.betas();
-  step_options.eps = o.eps();
-  step_options.weight_decay = o.weight_decay();
-  step_options.decoupled = true;
-  step_options.amsgrad = o.amsgrad();
-  step_options.maximize = o.maximize();
+  AdamOptions step_options = step_options_of(o);
   if (o.capturable()) step_options.lr_tensor = o.device_lr.on(params[0].device(), o.lr());
   // One fused call per parameter dtype: float32 directly, float16/bfloat16 on their fp32 master copies.
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
@@ -129,7 +166,7 @@ void AdamW::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void AdamW::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
+  detail::load_checked<AdamWOptions>(*this, archive, "AdamW.load", read_options, read_state);
   forget_master_versions();
 }
 

@@ -24,14 +24,23 @@ at::Tensor alias(const at::Tensor& flat, int64_t offset, const at::Tensor& like)
 
 }  // namespace
 
+// Accepted ranges: past them the padding alone would be gigabytes (alignment_bytes * world_size per buffer).
+constexpr int64_t kMaxAlignmentBytes = 4096;
+constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+
 FlatParams::FlatParams(const std::vector<at::Tensor>& params, FlatParamsOptions options) {
   TORCH_CHECK_VALUE(!params.empty(), "FlatParams: params must not be empty");
-  TORCH_CHECK_VALUE(options.alignment_bytes >= 1 && (options.alignment_bytes & (options.alignment_bytes - 1)) == 0,
-                    "FlatParams: alignment_bytes must be a power of two, got ", options.alignment_bytes);
-  TORCH_CHECK_VALUE(options.world_size >= 1, "FlatParams: world_size must be >= 1, got ", options.world_size);
-  // Every check first: a failed construction leaves the parameters as they were.
+  TORCH_CHECK_VALUE(options.alignment_bytes >= 1 && options.alignment_bytes <= kMaxAlignmentBytes &&
+                        (options.alignment_bytes & (options.alignment_bytes - 1)) == 0,
+                    "FlatParams: alignment_bytes must be a power of two in [1, ", kMaxAlignmentBytes, "], got ",
+                    options.alignment_bytes);
+  TORCH_CHECK_VALUE(options.world_size >= 1 && options.world_size <= kMaxWorldSize,
+                    "FlatParams: world_size must be in [1, ", kMaxWorldSize, "], got ", options.world_size);
+  // Every check first, then every allocation and copy, and only then are the parameters changed: a failed
+  // construction leaves them as they were.
   std::set<const void*> seen;
   std::map<std::pair<std::string, at::ScalarType>, size_t> bucket_of;
+  std::vector<Bucket> buckets;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     TORCH_CHECK_VALUE(p.defined() && p.is_leaf() && p.requires_grad(), "FlatParams: params[", i,
@@ -41,14 +50,22 @@ FlatParams::FlatParams(const std::vector<at::Tensor>& params, FlatParamsOptions 
     TORCH_CHECK_VALUE(options.alignment_bytes >= static_cast<int64_t>(p.element_size()), "FlatParams: alignment_bytes (",
                       options.alignment_bytes, ") must be at least the element size of params[", i, "] (",
                       p.element_size(), ")");
+    if (const at::Tensor& g = p.grad(); g.defined()) {
+      TORCH_CHECK_VALUE(g.layout() == at::kStrided && g.sizes() == p.sizes() && g.scalar_type() == p.scalar_type() &&
+                            g.device() == p.device(),
+                        "FlatParams: params[", i, "].grad must be a dense tensor of the parameter's shape ", p.sizes(),
+                        ", dtype ", p.scalar_type(), " and device ", p.device(), ", got ",
+                        g.layout() == at::kStrided ? "" : "a sparse tensor of ", "shape ", g.sizes(), ", dtype ",
+                        g.scalar_type(), " on ", g.device());
+    }
     const auto key = std::make_pair(p.device().str(), p.scalar_type());
     if (!bucket_of.count(key)) {
-      bucket_of[key] = buckets_.size();
-      buckets_.push_back({p.device(), p.scalar_type(), {}, {}, {}});
+      bucket_of[key] = buckets.size();
+      buckets.push_back({p.device(), p.scalar_type(), {}, {}, {}});
     }
-    buckets_[bucket_of[key]].slots.push_back({p, 0, p.numel()});
+    buckets[bucket_of[key]].slots.push_back({p, 0, p.numel()});
   }
-  for (auto& bucket : buckets_) {
+  for (auto& bucket : buckets) {  // allocate and fill every buffer; no parameter changes yet
     const int64_t align = options.alignment_bytes / static_cast<int64_t>(c10::elementSize(bucket.dtype));
     int64_t offset = 0;
     for (auto& slot : bucket.slots) {
@@ -61,14 +78,18 @@ FlatParams::FlatParams(const std::vector<at::Tensor>& params, FlatParamsOptions 
     bucket.grad = at::zeros({total}, tensor_options);
     c10::NoGradGuard no_grad;
     for (auto& slot : bucket.slots) {
-      auto data_view = alias(bucket.data, slot.offset, slot.param);
-      data_view.copy_(slot.param);
-      slot.param.set_data(data_view);
-      auto grad_view = alias(bucket.grad, slot.offset, slot.param);
-      if (slot.param.grad().defined()) grad_view.copy_(slot.param.grad());
-      slot.param.mutable_grad() = grad_view;
+      alias(bucket.data, slot.offset, slot.param).copy_(slot.param);
+      if (slot.param.grad().defined()) alias(bucket.grad, slot.offset, slot.param).copy_(slot.param.grad());
     }
   }
+  c10::NoGradGuard no_grad;
+  for (auto& bucket : buckets) {  // the swap: views made and installed, nothing here allocates a buffer
+    for (auto& slot : bucket.slots) {
+      slot.param.set_data(alias(bucket.data, slot.offset, slot.param));
+      slot.param.mutable_grad() = alias(bucket.grad, slot.offset, slot.param);
+    }
+  }
+  buckets_ = std::move(buckets);
 }
 
 std::vector<at::Tensor> FlatParams::flat_parameters() const {

@@ -9,6 +9,7 @@
 #include "gpuops/fused_adam.h"
 #include "math/adam_math.h"
 #include "optim_checks.h"
+#include "option_checks.h"
 
 #ifdef GPUOPS_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -19,20 +20,27 @@
 #endif
 
 namespace gpuops::optim {
-namespace {
 
-void check_hyper(const AdamOptions& o) {
-  TORCH_CHECK_VALUE(o.lr >= 0.0, "adam_step_: lr must be >= 0, got ", o.lr);
-  TORCH_CHECK_VALUE(o.beta1 >= 0.0 && o.beta1 < 1.0, "adam_step_: betas[0] must be in [0, 1), got ", o.beta1);
-  TORCH_CHECK_VALUE(o.beta2 >= 0.0 && o.beta2 < 1.0, "adam_step_: betas[1] must be in [0, 1), got ", o.beta2);
-  TORCH_CHECK_VALUE(o.eps >= 0.0, "adam_step_: eps must be >= 0, got ", o.eps);
-  TORCH_CHECK_VALUE(o.weight_decay >= 0.0, "adam_step_: weight_decay must be >= 0, got ", o.weight_decay);
+void check_adam_options(const AdamOptions& o, const std::string& where) {
+  using gpuops::detail::check_option;
+  check_option(std::isfinite(o.lr) && o.lr >= 0.0, where, "Invalid learning rate", o.lr,
+               "lr must be a finite number >= 0");
+  check_option(o.beta1 >= 0.0 && o.beta1 < 1.0, where, "Invalid beta parameter at index 0", o.beta1,
+               "betas[0] must be in [0, 1)");
+  check_option(o.beta2 >= 0.0 && o.beta2 < 1.0, where, "Invalid beta parameter at index 1", o.beta2,
+               "betas[1] must be in [0, 1)");
+  check_option(std::isfinite(o.eps) && o.eps >= 0.0, where, "Invalid epsilon value", o.eps,
+               "eps must be a finite number >= 0");
+  check_option(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0, where, "Invalid weight_decay value",
+               o.weight_decay, "weight_decay must be a finite number >= 0");
 }
+
+namespace {
 
 void check_all(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  check_hyper(options);
+  check_adam_options(options, "adam_step_");
   if (options.amsgrad) {
     detail::check_step_lists("adam_step_", params,
                              {{"grads", grads}, {"exp_avgs", exp_avgs}, {"exp_avg_sqs", exp_avg_sqs},

@@ -1,5 +1,7 @@
 // The torch::optim::Optimizer side of the fused optimizers: closure, per-group gathering, checks before
 // anything changes.
+#include <unordered_map>
+
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -36,6 +38,18 @@ at::Tensor FusedOptimizer::synced_master(const at::Tensor& param, const at::Tens
   return result;
 }
 
+void FusedOptimizer::check_unique_params() const {
+  std::unordered_map<const c10::TensorImpl*, size_t> group_of;
+  for (size_t i = 0; i < param_groups_.size(); ++i) {
+    for (const at::Tensor& p : param_groups_[i].params()) {
+      const auto [seen, fresh] = group_of.emplace(p.unsafeGetTensorImpl(), i);
+      TORCH_CHECK_VALUE(fresh, name(), ": a parameter of shape ", p.sizes(), " is listed twice (in param_groups[",
+                        seen->second, "] and param_groups[", i, "]); it would be stepped twice: give each "
+                        "parameter once");
+    }
+  }
+}
+
 at::Tensor FusedOptimizer::step(LossClosure closure) {
   at::Tensor loss;
   if (closure) {
@@ -49,6 +63,7 @@ at::Tensor FusedOptimizer::step(LossClosure closure) {
 void FusedOptimizer::step_scaled(const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   c10::NoGradGuard no_grad;
   // Check every group first: a failed step leaves every parameter and state as it was.
+  check_unique_params();
   std::vector<std::vector<at::Tensor>> with_grad(param_groups_.size());
   std::vector<std::optional<c10::Device>> devices(param_groups_.size());
   for (size_t i = 0; i < param_groups_.size(); ++i) {

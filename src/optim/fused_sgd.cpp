@@ -6,6 +6,7 @@
 #include "gpuops/fused_sgd.h"
 #include "math/sgd_math.h"
 #include "optim_checks.h"
+#include "option_checks.h"
 
 #ifdef GPUOPS_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -17,15 +18,6 @@
 
 namespace gpuops::optim {
 namespace {
-
-void check_options(const SgdOptions& o) {
-  TORCH_CHECK_VALUE(o.lr >= 0.0, "sgd_step_: lr must be >= 0, got ", o.lr);
-  TORCH_CHECK_VALUE(o.momentum >= 0.0, "sgd_step_: momentum must be >= 0, got ", o.momentum);
-  TORCH_CHECK_VALUE(o.weight_decay >= 0.0, "sgd_step_: weight_decay must be >= 0, got ", o.weight_decay);
-  TORCH_CHECK_VALUE(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0),
-                    "sgd_step_: nesterov needs momentum > 0 and dampening = 0, got momentum=", o.momentum,
-                    ", dampening=", o.dampening);
-}
 
 math::SgdHyper to_hyper(const SgdOptions& o) {
   return {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize};
@@ -110,10 +102,25 @@ void sgd_master_cuda(at::TensorList params, at::TensorList grads, at::TensorList
 
 }  // namespace
 
+void check_sgd_options(const SgdOptions& o, const std::string& where) {
+  using gpuops::detail::check_option;
+  check_option(std::isfinite(o.lr) && o.lr >= 0.0, where, "Invalid learning rate", o.lr,
+               "lr must be a finite number >= 0");
+  check_option(std::isfinite(o.momentum) && o.momentum >= 0.0, where, "Invalid momentum value", o.momentum,
+               "momentum must be a finite number >= 0");
+  check_option(o.dampening >= 0.0 && o.dampening <= 1.0, where, "Invalid dampening value", o.dampening,
+               "dampening must be in [0, 1]");
+  check_option(std::isfinite(o.weight_decay) && o.weight_decay >= 0.0, where, "Invalid weight_decay value",
+               o.weight_decay, "weight_decay must be a finite number >= 0");
+  TORCH_CHECK_VALUE(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0), where,
+                    ": Nesterov momentum requires a momentum and zero dampening (got momentum=",
+                    gpuops::detail::py_repr(o.momentum), ", dampening=", gpuops::detail::py_repr(o.dampening), ")");
+}
+
 void sgd_step_master_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                       at::TensorList momentum_buffers, at::TensorList steps, const SgdOptions& options,
                       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  check_options(options);
+  check_sgd_options(options, "sgd_step_master_");
   if (options.momentum != 0.0) {
     detail::check_step_lists("sgd_step_master_", master_params, {{"momentum_buffers", momentum_buffers}}, steps,
                              grad_scale, found_inf, options.lr_tensor);
@@ -137,7 +144,7 @@ void sgd_step_master_(at::TensorList params, at::TensorList grads, at::TensorLis
 void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, at::TensorList steps,
                const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
                const std::optional<at::Tensor>& found_inf) {
-  check_options(options);
+  check_sgd_options(options, "sgd_step_");
   if (options.momentum != 0.0) {
     detail::check_step_lists("sgd_step_", params, {{"grads", grads}, {"momentum_buffers", momentum_buffers}}, steps,
                              grad_scale, found_inf, options.lr_tensor);

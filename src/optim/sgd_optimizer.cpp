@@ -12,13 +12,46 @@
 namespace gpuops::optim {
 namespace {
 
-void check(const SGDOptions& o, const char* where) {
-  TORCH_CHECK_VALUE(o.lr() >= 0, "SGD: ", where, " lr must be >= 0, got ", o.lr());
-  TORCH_CHECK_VALUE(o.momentum() >= 0, "SGD: ", where, " momentum must be >= 0, got ", o.momentum());
-  TORCH_CHECK_VALUE(o.weight_decay() >= 0, "SGD: ", where, " weight_decay must be >= 0, got ", o.weight_decay());
-  TORCH_CHECK_VALUE(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0), "SGD: ", where,
-                    " nesterov needs momentum > 0 and dampening = 0, got momentum=", o.momentum(),
-                    ", dampening=", o.dampening());
+SgdOptions step_options_of(const SGDOptions& o) {
+  SgdOptions step_options;
+  step_options.lr = o.lr();
+  step_options.momentum = o.momentum();
+  step_options.dampening = o.dampening();
+  step_options.weight_decay = o.weight_decay();
+  step_options.nesterov = o.nesterov();
+  step_options.maximize = o.maximize();
+  return step_options;
+}
+
+void check(const SGDOptions& o, const std::string& where) { check_sgd_options(step_options_of(o), where); }
+
+constexpr const char* kWho = "an SGD";
+
+// Options of an archive saved by our SGD or torch::optim::SGD (which has no maximize and capturable).
+SGDOptions read_options(detail::Entry& e) {
+  SGDOptions o(e.number(e.required("lr", kWho), "lr"));
+  o.momentum(e.number(e.required("momentum", kWho), "momentum"));
+  o.dampening(e.number(e.required("dampening", kWho), "dampening"));
+  o.weight_decay(e.number(e.required("weight_decay", kWho), "weight_decay"));
+  o.nesterov(e.flag(e.required("nesterov", kWho), "nesterov"));
+  o.maximize(e.flag(e.get("maximize"), "maximize"));
+  o.capturable(e.flag(e.get("capturable"), "capturable"));
+  check(o, e.where);
+  return o;
+}
+
+// A parameter's state from our archive or torch::optim::SGD's, which keeps no step: a loaded momentum
+// buffer is continued (step 1), not restarted from the next gradient, as the Python SGD does.
+std::unique_ptr<torch::optim::OptimizerParamState> read_state(detail::Entry& e, const at::Tensor& param) {
+  auto buffer = e.tensor_like("momentum_buffer", param);
+  auto step = e.step(param);
+  auto s = std::make_unique<SGDParamState>();
+  if (buffer) s->momentum_buffer(*buffer);
+  s->step(step ? *step : at::full({}, buffer ? 1.0 : 0.0, param.options().dtype(at::kFloat)));
+  if (param.scalar_type() != at::kFloat) {
+    if (auto master = e.tensor_like("master_param", param)) s->master_param(*master);
+  }
+  return s;
 }
 
 }  // namespace
@@ -59,7 +92,9 @@ void SGDParamState::serialize(torch::serialize::InputArchive& archive) {
 
 SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
     : FusedOptimizer(param_groups, std::make_unique<SGDOptions>(defaults)) {
-  check(defaults, "defaults:");
+  check(defaults, name());
+  for (size_t i = 0; i < param_groups_.size(); ++i) check_options(i);
+  check_unique_params();
 }
 
 SGD::SGD(std::vector<at::Tensor> params, SGDOptions defaults)
@@ -69,20 +104,14 @@ const char* SGD::name() const { return "SGD"; }
 
 void SGD::check_options(size_t index) const {
   check(static_cast<const SGDOptions&>(param_groups_[index].options()),
-        ("param_groups[" + std::to_string(index) + "]").c_str());
+        std::string(name()) + ": param_groups[" + std::to_string(index) + "]");
 }
 
 void SGD::step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                      const std::optional<at::Tensor>& found_inf) {
   const auto& o = static_cast<const SGDOptions&>(param_groups_[index].options());
-  SgdOptions step_options;
-  step_options.lr = o.lr();
-  step_options.momentum = o.momentum();
-  step_options.dampening = o.dampening();
-  step_options.weight_decay = o.weight_decay();
-  step_options.nesterov = o.nesterov();
+  SgdOptions step_options = step_options_of(o);
   if (o.capturable()) step_options.lr_tensor = o.device_lr.on(params[0].device(), o.lr());
-  step_options.maximize = o.maximize();
   // One fused call per parameter dtype: float32 directly, float16/bfloat16 on their fp32 master copies.
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
   for (const at::Tensor& p : params) by_dtype[p.scalar_type()].push_back(p);
@@ -120,7 +149,7 @@ void SGD::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void SGD::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+  detail::load_checked<SGDOptions>(*this, archive, "SGD.load", read_options, read_state);
   forget_master_versions();
 }
 

@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 
 #include <openssl/evp.h>
@@ -17,15 +16,12 @@
 #include <c10/util/Exception.h>
 
 namespace gpuops::detail {
-namespace {
 
 std::string parent_of(const std::string& path) {
   const auto slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
 }
-
-}  // namespace
 
 std::string join_path(const std::string& directory, const std::string& name) {
   return directory.empty() || directory.back() == '/' ? directory + name : directory + "/" + name;
@@ -83,24 +79,85 @@ std::string temporary_name(const std::string& path) {
 
 void write_atomically(const std::string& path, const std::string& data) {
   const std::string tmp = temporary_name(path);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(data.data(), static_cast<std::streamsize>(data.size()));
-    TORCH_CHECK(out.good(), "cannot write ", tmp);
+  try {
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    TORCH_CHECK(fd >= 0, "cannot create ", tmp, ": ", std::strerror(errno));
+    size_t written = 0;
+    int error = 0;
+    while (written < data.size() && error == 0) {
+      const ssize_t n = ::write(fd, data.data() + written, data.size() - written);
+      if (n < 0 && errno != EINTR) error = errno;
+      if (n > 0) written += static_cast<size_t>(n);
+    }
+    if (error == 0 && ::fsync(fd) != 0) error = errno;
+    if (::close(fd) != 0 && error == 0) error = errno;
+    TORCH_CHECK(error == 0, "cannot write ", tmp, ": ", std::strerror(error));
+    commit_file(tmp, path);
+  } catch (...) {
+    remove_file(tmp);  // a failed write leaves nothing behind
+    throw;
   }
-  fsync_path(tmp);
-  commit_file(tmp, path);
+}
+
+PathKind path_kind(const std::string& path) {
+  struct stat info {};
+  if (::lstat(path.c_str(), &info) != 0) return {};
+  PathKind kind;
+  kind.exists = true;
+  kind.regular = S_ISREG(info.st_mode);
+  kind.folder = S_ISDIR(info.st_mode);
+  kind.bytes = static_cast<int64_t>(info.st_size);
+  return kind;
+}
+
+std::string read_small_file(const std::string& path, int64_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "cannot read ", path, ": ", std::strerror(errno));
+  std::string data;
+  struct stat info {};
+  const bool regular = ::fstat(fd, &info) == 0 && S_ISREG(info.st_mode);
+  if (regular && info.st_size <= max_bytes) {
+    data.resize(static_cast<size_t>(info.st_size));
+    size_t got = 0;
+    while (got < data.size()) {
+      const ssize_t n = ::read(fd, data.data() + got, data.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    data.resize(got);
+  }
+  ::close(fd);
+  TORCH_CHECK(regular, path, " is not a regular file");
+  TORCH_CHECK(info.st_size <= max_bytes, path, " has ", info.st_size, " bytes, more than the ", max_bytes, " expected");
+  return data;
+}
+
+void remove_folder(const std::string& path) {
+  for (const std::string& name : list_folder(path)) ::unlink(join_path(path, name).c_str());
+  ::rmdir(path.c_str());
 }
 
 std::string sha256_of_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.good(), "cannot read ", path);
+  // No links, and a FIFO or device must not block or stream forever: open without following or waiting,
+  // then insist on a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "cannot read ", path, ": ", std::strerror(errno));
+  std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* f) {
+    ::close(*f);
+    delete f;
+  });
+  struct stat info {};
+  TORCH_CHECK(::fstat(fd, &info) == 0 && S_ISREG(info.st_mode), path, " is not a regular file");
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> context(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   TORCH_CHECK(context && EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) == 1, "SHA-256 unavailable");
   std::string block(1 << 20, '\0');
-  while (in) {
-    in.read(block.data(), static_cast<std::streamsize>(block.size()));
-    EVP_DigestUpdate(context.get(), block.data(), static_cast<size_t>(in.gcount()));
+  for (;;) {
+    const ssize_t n = ::read(fd, block.data(), block.size());
+    if (n < 0 && errno == EINTR) continue;
+    TORCH_CHECK(n >= 0, "cannot read ", path, ": ", std::strerror(errno));
+    if (n == 0) break;
+    EVP_DigestUpdate(context.get(), block.data(), static_cast<size_t>(n));
   }
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;

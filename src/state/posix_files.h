@@ -9,6 +9,9 @@
 
 namespace gpuops::detail {
 
+/// The folder part of a path ("." when it has none).
+std::string parent_of(const std::string& path);
+
 /// `directory/name`.
 std::string join_path(const std::string& directory, const std::string& name);
 
@@ -24,19 +27,34 @@ int64_t file_size(const std::string& path);
 /// Removes a file; a missing one is fine.
 void remove_file(const std::string& path);
 
+/// What lstat says of a path (links are not followed).
+struct PathKind {
+  bool exists = false, regular = false, folder = false;
+  int64_t bytes = -1;
+};
+PathKind path_kind(const std::string& path);
+
+/// The bytes of a small regular file (a manifest, a checksums file); c10::Error naming it for a link, FIFO,
+/// device, a file over `max_bytes` or a read error.
+std::string read_small_file(const std::string& path, int64_t max_bytes);
+
+/// Removes a folder and the files in it (one level: the store's folders hold no subfolders).
+void remove_folder(const std::string& path);
+
 /// fsyncs `path` (a file or a folder); c10::Error naming it on failure.
 void fsync_path(const std::string& path);
 
-/// Renames a complete, fsynced temporary file over `path` and fsyncs the folder.
+/// Renames a complete, fsynced temporary file (or folder) to `path` and fsyncs the parent folder.
 void commit_file(const std::string& tmp_path, const std::string& path);
 
 /// Writes `data` to a temporary file next to `path`, fsyncs it, renames it over `path`, fsyncs the folder.
+/// On failure (a full disk, an unwritable folder) the temporary file is removed and c10::Error names it.
 void write_atomically(const std::string& path, const std::string& data);
 
 /// The temporary name a write to `path` by this process uses: ".<name>.tmp-<pid>" in the same folder.
 std::string temporary_name(const std::string& path);
 
-/// Hex SHA-256 of a file's bytes, read in blocks.
+/// Hex SHA-256 of a regular file's bytes, read in blocks; c10::Error for a link, FIFO, device or folder.
 std::string sha256_of_file(const std::string& path);
 
 }  // namespace gpuops::detail

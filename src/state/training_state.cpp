@@ -1,17 +1,15 @@
-// gpuops::TrainingState (training_state.h): save/load through torch::serialize archives, the manifest in
-// nlohmann-json, the stop flag from signals, agreement over a c10d backend.
+// gpuops::TrainingState (training_state.h): torch::serialize archives written and read through the StateStore
+// file protocol (state_store.h), the stop flag from signals, agreement over a c10d backend.
 #include "gpuops/training_state.h"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
-#include <regex>
 #include <sstream>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -21,8 +19,7 @@
 #include "../common/rng_state.h"
 #include "posix_files.h"
 #include "gpuops/grad_scaler.h"
-
-using json = nlohmann::json;
+#include "gpuops/state_store.h"
 
 namespace gpuops {
 namespace {
@@ -31,18 +28,6 @@ constexpr int64_t kFormat = 1;
 volatile std::sig_atomic_t g_signal_seen = 0;
 
 void on_signal(int) { g_signal_seen = 1; }
-
-// The name of a state file; group 1 is its step.
-const std::regex& state_file_name() {
-  static const std::regex pattern(R"(state-(\d+)\.pt)");
-  return pattern;
-}
-
-std::string state_name(int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "state-%012lld.pt", static_cast<long long>(step));
-  return name;
-}
 
 void write_rng(torch::serialize::OutputArchive& archive) {
   const auto rng = detail::RngState::capture();
@@ -185,115 +170,88 @@ bool TrainingState::should_stop() {
 
 namespace {
 
-std::vector<json> read_manifest(const std::string& directory) {
-  const std::string path = detail::join_path(directory, "manifest.json");
-  std::ifstream in(path);
-  if (!in) return {};
-  try {
-    auto entries = json::parse(in).at("states").get<std::vector<json>>();
-    for (const auto& e : entries)
-      for (const char* key : {"file", "bytes", "sha256", "step"})
-        if (!e.contains(key)) throw std::runtime_error(std::string("an entry lacks ") + key);
-    return entries;
-  } catch (const std::exception& e) {
-    TORCH_WARN("TrainingState: ", path, " is unreadable (", e.what(), "); scanning ", directory);
-    std::vector<json> found;  // the state files themselves, without checksums
-    for (const std::string& name : detail::list_folder(directory)) {
-      std::smatch m;
-      if (std::regex_match(name, m, state_file_name()))
-        found.push_back({{"file", name}, {"step", std::stoll(m[1])}});
-    }
-    std::sort(found.begin(), found.end(), [](const json& a, const json& b) { return a["step"] < b["step"]; });
-    return found;
+constexpr const char* kStateFile = "state.pt";
+
+torch::serialize::OutputArchive make_archive(const TrainingProgress& progress, const TrainingObjects& objects) {
+  torch::serialize::OutputArchive archive, extras, rng;
+  archive.write("format", c10::IValue(kFormat));
+  archive.write("step", c10::IValue(progress.step));
+  archive.write("epoch", c10::IValue(progress.epoch));
+  archive.write("data_position", c10::IValue(progress.data_position));
+  for (const auto& [key, value] : progress.extras) extras.write(key, value);
+  archive.write("extras", extras);
+  write_rng(rng);
+  archive.write("rng", rng);
+  if (objects.model) {
+    torch::serialize::OutputArchive model;
+    objects.model->save(model);
+    archive.write("model", model);
   }
+  if (objects.optimizer) {
+    torch::serialize::OutputArchive optimizer;
+    objects.optimizer->save(optimizer);
+    archive.write("optimizer", optimizer);
+  }
+  if (objects.scaler) {
+    torch::serialize::OutputArchive scaler;
+    for (const auto& [key, value] : objects.scaler->state_dict()) scaler.write(key, c10::IValue(value));
+    archive.write("scaler", scaler);
+  }
+  return archive;
 }
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 }  // namespace
 
 std::string TrainingState::save(const TrainingProgress& progress, const TrainingObjects& objects) {
   TORCH_CHECK_VALUE(progress.step >= 0, "TrainingState::save: step must be >= 0, got ", progress.step);
-  const std::string& directory = directory_;
-  const std::string path = detail::join_path(directory, state_name(progress.step));
   const bool writer = !options_.process_group || options_.process_group->getRank() == 0;
+  std::string path;
   if (writer) {
-    torch::serialize::OutputArchive archive, extras, rng;
-    archive.write("format", c10::IValue(kFormat));
-    archive.write("step", c10::IValue(progress.step));
-    archive.write("epoch", c10::IValue(progress.epoch));
-    archive.write("data_position", c10::IValue(progress.data_position));
-    for (const auto& [key, value] : progress.extras) extras.write(key, value);
-    archive.write("extras", extras);
-    write_rng(rng);
-    archive.write("rng", rng);
-    if (objects.model) {
-      torch::serialize::OutputArchive model;
-      objects.model->save(model);
-      archive.write("model", model);
+    const StateStore store(directory_, options_.keep);
+    const PendingState pending = store.begin(progress.step, {kStateFile}, "cpp");
+    try {
+      const std::string file = pending.file_path(kStateFile);
+      try {
+        make_archive(progress, objects).save_to(file);
+      } catch (const c10::Error& e) {
+        TORCH_CHECK(false, "TrainingState::save: cannot write ", file, " (", first_line(e.what_without_backtrace()), ")");
+      }
+    } catch (...) {
+      store.abort(pending);
+      throw;
     }
-    if (objects.optimizer) {
-      torch::serialize::OutputArchive optimizer;
-      objects.optimizer->save(optimizer);
-      archive.write("optimizer", optimizer);
-    }
-    if (objects.scaler) {
-      torch::serialize::OutputArchive scaler;
-      for (const auto& [key, value] : objects.scaler->state_dict()) scaler.write(key, c10::IValue(value));
-      archive.write("scaler", scaler);
-    }
-    const std::string tmp = detail::temporary_name(path);
-    archive.save_to(tmp);
-    detail::fsync_path(tmp);
-    const json entry = {{"file", state_name(progress.step)}, {"bytes", detail::file_size(tmp)},
-                        {"sha256", detail::sha256_of_file(tmp)}, {"step", progress.step}};
-    detail::commit_file(tmp, path);
-
-    auto entries = read_manifest(directory);
-    entries.erase(std::remove_if(entries.begin(), entries.end(),
-                                 [&](const json& e) { return e["file"] == entry["file"] || !e.contains("sha256"); }),
-                  entries.end());
-    entries.push_back(entry);
-    std::stable_sort(entries.begin(), entries.end(), [](const json& a, const json& b) { return a["step"] < b["step"]; });
-    if (static_cast<int64_t>(entries.size()) > options_.keep) entries.erase(entries.begin(), entries.end() - options_.keep);
-    detail::write_atomically(detail::join_path(directory, "manifest.json"), json{{"states", entries}}.dump(1));
-    detail::write_atomically(detail::join_path(directory, "LATEST"), entries.back()["file"].get<std::string>() + "\n");
-    for (const std::string& name : detail::list_folder(directory)) {  // states beyond keep, stale temporaries
-      const bool listed = std::any_of(entries.begin(), entries.end(), [&](const json& e) { return e["file"] == name; });
-      const bool state = std::regex_match(name, state_file_name());
-      const bool tmp_file = name.rfind('.', 0) == 0 && name.find(".tmp-") != std::string::npos;
-      if ((state && !listed) || tmp_file) detail::remove_file(detail::join_path(directory, name));
-    }
+    path = store.commit(pending).path;
   }
   if (options_.process_group) options_.process_group->barrier()->wait();
   return path;
 }
 
 std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, bool restore_rng) {
-  auto entries = read_manifest(directory_);
-  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
-    const std::string path = detail::join_path(directory_, (*it)["file"].get<std::string>());
-    const int64_t bytes = detail::file_size(path);
-    std::string problem;
-    if (bytes < 0) {
-      problem = "is missing";
-    } else if (it->contains("bytes") && bytes != (*it)["bytes"].get<int64_t>()) {
-      problem = "has " + std::to_string(bytes) + " bytes, the manifest says " +
-                std::to_string((*it)["bytes"].get<int64_t>()) + " (truncated?)";
-    } else if (it->contains("sha256") && detail::sha256_of_file(path) != (*it)["sha256"].get<std::string>()) {
-      problem = "does not match its SHA-256 checksum (corrupt)";
-    }
+  const StateStore store(directory_, options_.keep);
+  std::vector<std::string> problems;
+  for (StoredState& state : store.states()) {
+    bool unverified = false;
+    std::string problem = store.verify(state, &unverified);
+    if (problem.empty() && !state.legacy && state.writer != "cpp")
+      problem = state.path + " was written by the " + state.writer +
+                " TrainingState (a state is resumed by the language that wrote it)";
     Payload payload;
     if (problem.empty()) {
+      if (unverified) TORCH_WARN("TrainingState: ", state.path, " has no checksum (no manifest lists it); loading it unverified");
       try {
-        read_payload(path, payload);
+        read_payload(state.file_path(kStateFile), payload);
       } catch (const std::exception& e) {
-        problem = std::string("cannot be read (") + e.what() + ")";
-        problem = problem.substr(0, problem.find('\n')) + ")";
+        problem = state.file_path(kStateFile) + " cannot be read (" + first_line(e.what()) + ")";
       }
     }
     if (!problem.empty()) {
-      TORCH_WARN("TrainingState: ", path, " ", problem, "; trying the previous state");
+      problems.push_back(problem);
+      TORCH_WARN("TrainingState: ", problem, "; trying the previous state");
       continue;
     }
+    const std::string path = state.path;
     TORCH_CHECK_VALUE(!objects.model || payload.has_model, "TrainingState::load: ", path, " holds no model");
     TORCH_CHECK_VALUE(!objects.optimizer || payload.has_optimizer, "TrainingState::load: ", path,
                       " holds no optimizer");
@@ -308,7 +266,7 @@ std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, b
     } catch (const std::exception& e) {
       backup.restore(objects);
       TORCH_CHECK_VALUE(false, "TrainingState::load: ", path, " does not fit the objects given (",
-                        std::string(e.what()).substr(0, std::string(e.what()).find('\n')), "); nothing was changed");
+                        first_line(e.what()), "); nothing was changed");
     }
     if (restore_rng) payload.rng.restore();
     LoadedState loaded;
@@ -316,6 +274,11 @@ std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, b
     loaded.path = path;
     return loaded;
   }
+  std::string all;
+  for (const auto& p : problems) all += "\n  " + p;
+  TORCH_CHECK(problems.empty(), "TrainingState::load: ", directory_, " holds ", problems.size(),
+              " state(s) and none can be loaded:", all,
+              "\nMove or delete them to start afresh; nothing was changed.");
   return std::nullopt;
 }
 

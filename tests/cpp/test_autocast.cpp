@@ -4,6 +4,10 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 
+#include <algorithm>
+#include <memory>
+#include <vector>
+
 #include "gpuops/autocast.h"
 
 namespace {
@@ -59,6 +63,33 @@ TEST(AutocastGuard, RejectsADtypeOutsideFloat16AndBfloat16) {
     EXPECT_NE(std::string(e.what()).find("dtype"), std::string::npos);
   }
   EXPECT_FALSE(at::autocast::is_autocast_enabled(c10::DeviceType::CPU));  // nothing half-changed
+}
+
+TEST(AutocastGuard, GuardsEndingOutOfOrderLeaveTheStateBeforeTheFirst) {
+  const auto cpu = c10::DeviceType::CPU;
+  const auto dtype_before = at::autocast::get_autocast_dtype(cpu);
+  const bool cache_before = at::autocast::is_autocast_cache_enabled();
+  const auto a = at::randn({8, 8});
+  // Every order of ending three guards (enabled, disabled, enabled with another dtype and cache flag).
+  std::vector<int> order{0, 1, 2};
+  do {
+    std::vector<std::unique_ptr<AutocastGuard>> guards;
+    guards.push_back(std::make_unique<AutocastGuard>(cpu, at::kBFloat16, true));
+    guards.push_back(std::make_unique<AutocastGuard>(cpu, at::kHalf, false, !cache_before));
+    guards.push_back(std::make_unique<AutocastGuard>(cpu, at::kHalf, true));
+    EXPECT_EQ(at::matmul(a, a).scalar_type(), at::kHalf);
+    for (size_t i = 0; i < order.size(); ++i) {
+      guards[order[i]].reset();
+      int newest = -1;  // the newest guard still alive is the one in force
+      for (int g = 2; g >= 0 && newest < 0; --g)
+        if (guards[g]) newest = g;
+      const auto expected = newest < 0 ? at::kFloat : (newest == 0 ? at::kBFloat16 : (newest == 1 ? at::kFloat : at::kHalf));
+      EXPECT_EQ(at::matmul(a, a).scalar_type(), expected) << order[0] << order[1] << order[2] << " after " << i;
+    }
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(cpu));
+    EXPECT_EQ(at::autocast::get_autocast_dtype(cpu), dtype_before);
+    EXPECT_EQ(at::autocast::is_autocast_cache_enabled(), cache_before);
+  } while (std::next_permutation(order.begin(), order.end()));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -142,6 +143,29 @@ TEST(Checkpoint, WithGradDisabledItSimplyRuns) {
   at::NoGradGuard no_grad;
   auto x = at::randn({3});
   EXPECT_TRUE(at::equal(gpuops::checkpoint([](const at::Tensor& t) { return t * 2; }, x), x * 2));
+}
+
+TEST(Checkpoint, AFailingRecomputationLeavesTheRngStateAndBuffersAsTheyWere) {
+  int calls = 0;
+  auto buffer = at::zeros({3});
+  const gpuops::SegmentFn segment = [&](const std::vector<at::Tensor>& in) {
+    buffer.add_(1);                                 // a running statistic, updated in place
+    at::Tensor noisy = at::dropout(in[0], 0.5, true);  // consumes the CPU generator
+    TORCH_CHECK(++calls < 2, "the segment fails in its recomputation");
+    return std::vector<at::Tensor>{noisy * 2};
+  };
+  torch::manual_seed(3);
+  auto x = at::randn({4, 5}).requires_grad_();
+  gpuops::CheckpointOptions options;
+  options.buffers = {buffer};
+  auto out = gpuops::checkpoint(segment, {x}, options)[0].sum();
+  at::randn({7});  // the caller's generator moves on after the forward
+  const auto state = at::detail::getDefaultCPUGenerator().get_state();
+  const auto buffer_before = buffer.clone();
+  EXPECT_THROW(out.backward(), c10::Error);
+  EXPECT_EQ(calls, 2);
+  EXPECT_TRUE(at::equal(at::detail::getDefaultCPUGenerator().get_state(), state));
+  EXPECT_TRUE(at::equal(buffer, buffer_before));
 }
 
 }  // namespace

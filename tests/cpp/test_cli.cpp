@@ -11,28 +11,17 @@
 
 #include "gpuops/cli.h"
 #include "gpuops/estimator.h"
+#include "cli_runner.h"
 
 namespace est = gpuops::estimator;
 using nlohmann::json;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out, err;
-};
+using Result = gpuops::testing::CliResult;
+using gpuops::testing::joined;
 
-Result run(std::vector<std::string> args) {
-  std::ostringstream out, err;
-  const int code = gpuops::run_cli(args, out, err);
-  return {code, out.str(), err.str()};
-}
-
-std::string joined(const std::vector<std::string>& args) {
-  std::string s;
-  for (const auto& a : args) s += a + " ";
-  return s;
-}
+Result run(const std::vector<std::string>& args) { return gpuops::testing::run_cli(args); }
 
 }  // namespace
 

@@ -86,4 +86,56 @@ TEST(FlatParams, OneBucketPerDtypeAndBadInputChangesNothing) {
   EXPECT_EQ(a.data_ptr(), where);  // untouched by every failed construction
 }
 
+TEST(FlatParams, AWrongGradientIsRefusedBeforeAnyParameterMoves) {
+  auto q = at::randn({6}).requires_grad_(), p = at::randn({2, 3}).requires_grad_();
+  const auto q_values = q.detach().clone(), p_values = p.detach().clone();
+  q.mutable_grad() = at::randn({6});
+  for (const auto& bad : {at::randn({3, 2}), at::randn({2, 3}, at::kDouble), at::randn({6}).to_sparse()}) {
+    p.mutable_grad() = bad;
+    const void *q_where = q.data_ptr(), *q_grad = q.grad().data_ptr(), *p_where = p.data_ptr();
+    try {
+      gpuops::FlatParams({q, p});
+      ADD_FAILURE() << "no error";
+    } catch (const c10::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("params[1].grad"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(q.data_ptr(), q_where);  // params[0] was checked first and still not moved
+    EXPECT_EQ(q.grad().data_ptr(), q_grad);
+    EXPECT_EQ(p.data_ptr(), p_where);
+    EXPECT_TRUE(at::equal(q.detach(), q_values) && at::equal(p.detach(), p_values));
+  }
+}
+
+TEST(FlatParams, AHugeAlignmentOrWorldSizeIsAClearError) {
+  auto a = at::randn({5}).requires_grad_();
+  const void* where = a.data_ptr();
+  for (int64_t alignment : {int64_t{1} << 13, int64_t{1} << 40, INT64_MIN, int64_t{-16}}) {
+    gpuops::FlatParamsOptions o;
+    o.alignment_bytes = alignment;
+    try {
+      gpuops::FlatParams({a}, o);
+      ADD_FAILURE() << alignment;
+    } catch (const c10::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("alignment_bytes must be a power of two in [1, 4096]"), std::string::npos)
+          << e.what();
+    }
+  }
+  for (int64_t world : {(int64_t{1} << 20) + 1, int64_t{1} << 40, INT64_MAX, int64_t{0}}) {
+    gpuops::FlatParamsOptions o;
+    o.world_size = world;
+    try {
+      gpuops::FlatParams({a}, o);
+      ADD_FAILURE() << world;
+    } catch (const c10::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("world_size must be in [1, 1048576]"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(a.data_ptr(), where);
+  gpuops::FlatParamsOptions widest;  // the limits themselves are accepted
+  widest.alignment_bytes = 4096;
+  widest.world_size = 4;
+  gpuops::FlatParams flat({a}, widest);
+  EXPECT_EQ(flat.buckets()[0].data.numel() % (1024 * 4), 0);
+}
+
 }  // namespace

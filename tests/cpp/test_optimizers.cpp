@@ -253,7 +253,8 @@ TEST(FusedOptimizers, BadInputNamesTheArgumentAndChangesNothing) {
   auto w = at::randn({4}).requires_grad_(true);
   EXPECT_THROW(
       try { gpuops::optim::AdamW({w}, gpuops::optim::AdamWOptions(-1.0)); } catch (const c10::ValueError& e) {
-        EXPECT_NE(std::string(e.what()).find("lr must be >= 0"), std::string::npos);
+        EXPECT_NE(std::string(e.what()).find("AdamW: Invalid learning rate: -1.0 (lr must be a finite number >= 0)"),
+                  std::string::npos) << e.what();
         throw;
       },
       c10::ValueError);

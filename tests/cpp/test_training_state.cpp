@@ -42,17 +42,42 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &info) == 0;
 }
 
+// Every entry of a folder but the manifest and LATEST (states, and any temporary left behind).
 std::vector<std::string> states_in(const std::string& folder) {
   std::vector<std::string> names;
   if (DIR* dir = ::opendir(folder.c_str())) {
     while (const dirent* e = ::readdir(dir)) {
       const std::string name = e->d_name;
-      if (name.size() > 3 && name.compare(name.size() - 3, 3, ".pt") == 0) names.push_back(name);
+      if (name != "." && name != ".." && name != "manifest.json" && name != "LATEST") names.push_back(name);
     }
     ::closedir(dir);
   }
   std::sort(names.begin(), names.end());
   return names;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+void flip_middle_byte(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(0, std::ios::end);
+  const auto middle = f.tellg() / 2;
+  f.seekg(middle);
+  const char old = static_cast<char>(f.get());
+  f.seekp(middle);
+  f.put(static_cast<char>(old ^ 0x5a));
+}
+
+void save_filled(gpuops::TrainingState& state, torch::nn::Linear& model, int64_t step) {
+  {
+    at::NoGradGuard no_grad;
+    model->weight.fill_(static_cast<double>(step));
+  }
+  gpuops::TrainingProgress progress;
+  progress.step = step;
+  state.save(progress, {model.get()});
 }
 
 std::string fresh_folder(const std::string& name) {
@@ -116,34 +141,116 @@ TEST(TrainingState, KeepsTheLastKAndSkipsCorruptOrTruncatedFiles) {
   const auto folder = fresh_folder("keep");
   torch::nn::Linear model(4, 4);
   gpuops::TrainingState state(folder, keeping(2));
-  for (int64_t step : {10, 20, 30, 40}) {
-    {
-      at::NoGradGuard no_grad;
-      model->weight.fill_(static_cast<double>(step));
-    }
-    gpuops::TrainingProgress progress;
-    progress.step = step;
-    state.save(progress, {model.get()});
-  }
-  EXPECT_EQ(states_in(folder), (std::vector<std::string>{"state-000000000030.pt", "state-000000000040.pt"}));
+  for (int64_t step : {10, 20, 30, 40}) save_filled(state, model, step);
+  EXPECT_EQ(states_in(folder), (std::vector<std::string>{"state-000000000030", "state-000000000040"}));
   std::ifstream latest(folder + "/LATEST");
   std::string name;
   latest >> name;
-  EXPECT_EQ(name, "state-000000000040.pt");
+  EXPECT_EQ(name, "state-000000000040");
 
-  {  // flip one byte in the middle of the newest: the checksum catches it
-    std::fstream f(folder + "/state-000000000040.pt", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(0, std::ios::end);
-    f.seekp(f.tellg() / 2);
-    f.put('\x5a');
-  }
+  flip_middle_byte(folder + "/state-000000000040/state.pt");  // the checksum catches it
   torch::nn::Linear loaded_model(4, 4);
   auto loaded = state.load({loaded_model.get()});
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(loaded->step, 30);
   EXPECT_TRUE(at::equal(loaded_model->weight, at::full({4, 4}, 30.0)));
-  ASSERT_EQ(::truncate((folder + "/state-000000000030.pt").c_str(), 100), 0);  // truncated as well: nothing good is left
-  EXPECT_FALSE(state.load({loaded_model.get()}).has_value());
+  // Truncated as well: states exist but none is good, which is an error naming each, not "no state".
+  ASSERT_EQ(::truncate((folder + "/state-000000000030/state.pt").c_str(), 100), 0);
+  const auto before = loaded_model->weight.detach().clone();
+  try {
+    state.load({loaded_model.get()});
+    ADD_FAILURE() << "a folder of broken states loaded";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("none can be loaded"), std::string::npos) << what;
+    EXPECT_NE(what.find("state-000000000030/state.pt has 100 bytes"), std::string::npos) << what;
+    EXPECT_NE(what.find("state-000000000040/state.pt does not match its SHA-256"), std::string::npos) << what;
+  }
+  EXPECT_TRUE(at::equal(loaded_model->weight, before));
+  remove_tree(folder);
+}
+
+TEST(TrainingState, WithoutAManifestTheFolderIsScannedAndEveryFileStillVerified) {
+  const auto folder = fresh_folder("nomanifest");
+  torch::nn::Linear model(4, 4);
+  gpuops::TrainingState state(folder, keeping(3));
+  for (int64_t step : {1, 2, 3}) save_filled(state, model, step);
+  ASSERT_EQ(::unlink((folder + "/manifest.json").c_str()), 0);
+  torch::nn::Linear loaded_model(4, 4);
+  auto loaded = state.load({loaded_model.get()});
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->step, 3);
+  flip_middle_byte(folder + "/state-000000000003/state.pt");  // its checksum lives with it
+  loaded = state.load({loaded_model.get()});
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->step, 2);
+  EXPECT_TRUE(at::equal(loaded_model->weight, at::full({4, 4}, 2.0)));
+  // A garbage manifest, then one save: the good older states stay (keep 3: 1, 2 and the new 4).
+  write_file(folder + "/manifest.json", R"({"states": [{"name": 5, "step": "x"}]})");
+  save_filled(state, model, 4);
+  EXPECT_EQ(states_in(folder), (std::vector<std::string>{"state-000000000001", "state-000000000002", "state-000000000004"}));
+  loaded = state.load({loaded_model.get()});
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->step, 4);
+  remove_tree(folder);
+}
+
+TEST(TrainingState, ManifestEntriesAreConfinedToTheStateFolder) {
+  const auto folder = fresh_folder("confined");
+  torch::nn::Linear model(4, 4);
+  gpuops::TrainingState state(folder, keeping(3));
+  save_filled(state, model, 1);
+  const std::string sha(64, 'a');
+  // Paths out of the folder, a device and a FIFO: none is opened (a FIFO would hang, a device stream forever).
+  ASSERT_EQ(::mkfifo((folder + "/state-000000000009.pt").c_str(), 0600), 0);
+  write_file(folder + "/manifest.json", R"({"states": [
+    {"file": "../../../../etc/passwd", "bytes": 10, "sha256": ")" + sha + R"(", "step": 1},
+    {"file": "/dev/zero", "bytes": 10, "sha256": ")" + sha + R"(", "step": 2},
+    {"file": "state-000000000009.pt", "bytes": 10, "sha256": ")" + sha + R"(", "step": 9},
+    {"name": "state-000000000008", "step": 8, "sequence": 0, "writer": "cpp",
+     "files": [{"name": "../../../etc/passwd", "bytes": 10, "sha256": ")" + sha + R"("}]}]})");
+  torch::nn::Linear loaded_model(4, 4);
+  const auto loaded = state.load({loaded_model.get()});  // found by scanning; the FIFO is skipped, not read
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->step, 1);
+  // A checksums file naming a path outside its folder is refused too.
+  write_file(folder + "/state-000000000001/checksums.json",
+             R"({"format": 2, "step": 1, "writer": "cpp", "files": [{"name": "../LATEST", "bytes": 19, "sha256": ")" + sha + R"("}]})");
+  EXPECT_THROW(state.load({loaded_model.get()}), c10::Error);
+  remove_tree(folder);
+}
+
+TEST(TrainingState, ASaveThatFailsNamesThePathAndLeavesNothing) {
+  const auto folder = fresh_folder("unwritable");
+  write_file(folder, "a file where the folder should be");
+  try {
+    gpuops::TrainingState state(folder + "/states");
+    ADD_FAILURE() << "a folder inside a file was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(folder), std::string::npos) << e.what();
+  }
+  ::unlink(folder.c_str());
+  // A serializer that fails half-way (here: an extras value the archive cannot hold) leaves no temporary.
+  gpuops::TrainingState state(folder, keeping(2, false));
+  torch::nn::Linear model(4, 4);
+  save_filled(state, model, 1);
+  gpuops::TrainingProgress bad;
+  bad.step = 2;
+  bad.extras["generator"] = c10::IValue(at::Generator());
+  EXPECT_ANY_THROW(state.save(bad, {model.get()}));
+  EXPECT_EQ(states_in(folder), (std::vector<std::string>{"state-000000000001"}));
+  remove_tree(folder);
+}
+
+TEST(TrainingState, ResavingOneStepNeverRenamesOverTheStateItReplaces) {
+  const auto folder = fresh_folder("resave");
+  torch::nn::Linear model(4, 4);
+  gpuops::TrainingState state(folder, keeping(1, false));
+  save_filled(state, model, 5);
+  save_filled(state, model, 5);  // a second save of step 5 is a new folder; the first goes after the manifest
+  EXPECT_EQ(states_in(folder), (std::vector<std::string>{"state-000000000005.1"}));
+  save_filled(state, model, 5);
+  EXPECT_EQ(states_in(folder), (std::vector<std::string>{"state-000000000005.2"}));
   remove_tree(folder);
 }
 
@@ -200,8 +307,8 @@ TEST(TrainingState, EveryRankAgreesToStopAndOnlyRankZeroWrites) {
   one.join();
   EXPECT_TRUE(stop[0]);
   EXPECT_TRUE(stop[1]);
-  EXPECT_TRUE(exists(folder + "/rank0/state-000000000007.pt"));
-  EXPECT_FALSE(exists(folder + "/rank1/state-000000000007.pt"));
+  EXPECT_TRUE(exists(folder + "/rank0/state-000000000007/state.pt"));
+  EXPECT_FALSE(exists(folder + "/rank1/state-000000000007"));
   remove_tree(folder);
 }
 

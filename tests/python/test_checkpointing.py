@@ -160,3 +160,26 @@ def test_a_budget_below_the_layer_inputs_is_refused_naming_the_floor():
 def test_bad_policies_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         gpuops.apply_checkpointing(Stack().layers, **kwargs)
+
+
+def test_a_segment_failing_in_its_recomputation_leaves_the_rng_state_and_buffers_as_they_were():
+    calls = []
+    buffer = torch.zeros(3)
+
+    def segment(x):
+        buffer.add_(1)
+        calls.append(1)
+        noisy = torch.nn.functional.dropout(x, 0.5)  # consumes the generator
+        if len(calls) == 2:
+            raise RuntimeError("the segment fails in its recomputation")
+        return noisy * 2
+
+    torch.manual_seed(3)
+    out = gpuops.checkpoint(segment, torch.randn(4, 5, requires_grad=True), buffers=[buffer]).sum()
+    torch.randn(7)  # the caller's generator moves on after the forward
+    state, buffer_before = torch.get_rng_state(), buffer.clone()
+    with pytest.raises(RuntimeError, match="fails in its recomputation"):
+        out.backward()
+    assert len(calls) == 2
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(buffer, buffer_before)

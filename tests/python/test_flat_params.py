@@ -87,3 +87,28 @@ def test_an_optimizer_over_the_flat_parameters_steps_once_per_buffer_and_matches
     for _, offset, numel in flat.buckets[0].slots:
         padding[offset:offset + numel] = False
     assert torch.count_nonzero(flat.buckets[0].data[padding]) == 0  # padding stays zero
+
+
+@pytest.mark.parametrize("bad_grad", [lambda: torch.randn(3, 2), lambda: torch.randn(2, 3, dtype=torch.float64)])
+def test_a_wrong_gradient_is_refused_before_any_parameter_moves(bad_grad):
+    q, p = torch.randn(6, requires_grad=True), torch.randn(2, 3, requires_grad=True)
+    q.grad, q_values, p_values = torch.randn(6), q.detach().clone(), p.detach().clone()
+    p.grad = torch.zeros(2, 3)
+    p.grad.data = bad_grad()  # torch refuses the assignment itself; .data goes around it, as careless code can
+    where = (q.data_ptr(), q.grad.data_ptr(), p.data_ptr())
+    with pytest.raises(ValueError, match=r"params\[1\]\.grad must be a dense tensor of the parameter's shape"):
+        gpuops.FlatParams([q, p])
+    assert (q.data_ptr(), q.grad.data_ptr(), p.data_ptr()) == where
+    assert torch.equal(q, q_values) and torch.equal(p, p_values)
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(alignment_bytes=2**40), r"alignment_bytes must be a power of two in \[1, 4096\]"),
+                                           (dict(alignment_bytes=8192), r"in \[1, 4096\], got 8192"),
+                                           (dict(world_size=2**40), r"world_size must be in \[1, 1048576\]"),
+                                           (dict(world_size=2**63 - 1), "world_size must be in")])
+def test_a_huge_alignment_or_world_size_is_a_clear_error(kwargs, match):
+    a = torch.randn(5, requires_grad=True)
+    where = a.data_ptr()
+    with pytest.raises(ValueError, match=match):
+        gpuops.FlatParams([a], **kwargs)
+    assert a.data_ptr() == where

@@ -202,6 +202,6 @@ def test_smaller_torch_behaviours():
     losses = [torch.ones(()), torch.full((), 2.0)]
     assert [float(t) for t in scaler.scale(loss for loss in losses)] == [8.0, 16.0]
     state = scaler.state_dict()
-    with pytest.raises(ValueError, match="_growth_tracker must be an int"):
+    with pytest.raises(TypeError, match="_growth_tracker must be a real number, got None"):
         scaler.load_state_dict(dict(state, scale=1.0, _growth_tracker=None))
     assert scaler.state_dict() == state

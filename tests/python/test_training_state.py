@@ -58,17 +58,17 @@ def test_a_corrupt_or_truncated_newest_state_falls_back_to_the_previous(tmp_path
             with torch.no_grad():
                 model.weight.fill_(step)
             state.save(step=step, model=model)
-        newest = tmp_path / "state-000000000003.pt"
+        newest = tmp_path / "state-000000000003" / "state.pt"
         data = newest.read_bytes()
         newest.write_bytes(data[: len(data) // 2])  # truncated
-        with pytest.warns(UserWarning, match="state-000000000003.pt.*truncated"):
+        with pytest.warns(UserWarning, match="state-000000000003/state.pt.*truncated"):
             info = state.load(model=model)
         assert info["step"] == 2 and torch.all(model.weight == 2)
-        middle = tmp_path / "state-000000000002.pt"
+        middle = tmp_path / "state-000000000002" / "state.pt"
         flipped = bytearray(middle.read_bytes())
         flipped[len(flipped) // 2] ^= 0xFF  # same size, one byte changed
         middle.write_bytes(bytes(flipped))
-        with pytest.warns(UserWarning, match="state-000000000002.pt.*checksum"):
+        with pytest.warns(UserWarning, match="state-000000000002/state.pt.*checksum"):
             assert state.load(model=model)["step"] == 1
         (tmp_path / "manifest.json").write_text("{not json")
         with pytest.warns(UserWarning, match="manifest.json.*unreadable"):
@@ -80,8 +80,8 @@ def test_only_the_last_k_states_are_kept_and_latest_names_the_newest(tmp_path):
         for step in range(5):
             state.save(step=step, extras={"i": step})
     files = sorted(f.name for f in tmp_path.iterdir())
-    assert files == ["LATEST", "manifest.json", "state-000000000003.pt", "state-000000000004.pt"]
-    assert (tmp_path / "LATEST").read_text().strip() == "state-000000000004.pt"
+    assert files == ["LATEST", "manifest.json", "state-000000000003", "state-000000000004"]
+    assert (tmp_path / "LATEST").read_text().strip() == "state-000000000004"
 
 
 def _writer(directory):
@@ -158,8 +158,8 @@ def test_every_rank_agrees_to_stop_when_one_got_the_signal(tmp_path):
     for p in procs:
         p.join(timeout=60)
     assert got == [(0, False, True), (1, False, True)]
-    assert (tmp_path / "LATEST").read_text().strip() == "state-000000000007.pt"  # rank 0 wrote it once
-    assert torch.load(tmp_path / "state-000000000007.pt", weights_only=False)["extras"] == {"rank": 0}
+    assert (tmp_path / "LATEST").read_text().strip() == "state-000000000007"  # rank 0 wrote it once
+    assert torch.load(tmp_path / "state-000000000007" / "state.pt", weights_only=True)["extras"] == {"rank": 0}
 
 
 def test_a_state_that_does_not_fit_changes_nothing(tmp_path):

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "gpuops/estimator/checked_int.h"
+
 namespace gpuops::estimator {
 
 /// The moments of a training step whose live bytes compete for the peak (see docs/estimator.md).
@@ -42,8 +44,8 @@ struct MemoryBreakdown {
 
   /// Sum of every category.
   int64_t total() const {
-    return weights + gradients + master_weights + optimizer_states + activations + logits + temporaries +
-           cuda_context + allocator_slack;
+    return (CheckedInt(weights) + gradients + master_weights + optimizer_states + activations + logits +
+            temporaries + cuda_context + allocator_slack).get();
   }
 
   /// (name, bytes) for every category in a fixed order, for tables and JSON.

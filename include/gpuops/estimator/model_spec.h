@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "gpuops/estimator/checked_int.h"
+
 namespace gpuops::estimator {
 
 /// Decoder: causal LM with an LM head (GPT-2, Llama, Mistral, Qwen2). Encoder: BERT. ParamsOnly: a bare
@@ -50,7 +52,7 @@ struct LinearShape {
   int64_t in_features = 0;
   int64_t out_features = 0;
   bool bias = false;
-  int64_t parameters() const { return in_features * out_features + (bias ? out_features : 0); }
+  int64_t parameters() const { return (CheckedInt(in_features) * out_features + (bias ? out_features : 0)).get(); }
 };
 
 /// Parameter counts by group: what LoRA, quantisation, ZeRO-3 gathering and the activation model need.
@@ -62,8 +64,10 @@ struct ParameterGroups {
   int64_t final_norm = 0;           ///< decoders' last norm
   int64_t head = 0;                 ///< untied LM head, BERT pooler or BERT MLM head (transform + decoder bias)
   int64_t num_layers = 0;
-  int64_t per_layer() const { return attention_per_layer + mlp_per_layer + norms_per_layer; }
-  int64_t total() const { return embeddings + num_layers * per_layer() + final_norm + head; }
+  int64_t per_layer() const { return (CheckedInt(attention_per_layer) + mlp_per_layer + norms_per_layer).get(); }
+  int64_t total() const {
+    return (CheckedInt(embeddings) + CheckedInt(num_layers) * per_layer() + final_norm + head).get();
+  }
 };
 
 /// Effective attention head width: head_dim if set, else hidden_size / num_heads.
@@ -89,10 +93,13 @@ int64_t parameter_tensor_count(const ModelSpec& spec);
 /// Elements of the largest parameter tensor (embedding, LM head, or the widest linear); 0 for ParamsOnly.
 int64_t largest_parameter_tensor(const ModelSpec& spec);
 
-/// Throws ArgumentError naming the first field that is out of range.
+/// Throws ArgumentError naming the first field that is out of range (enums included), or the sizes whose
+/// parameter count overflows 64 bits.
 void validate(const ModelSpec& spec);
 
-/// Parses a parameter count such as "7B", "1.5b", "125M", "350k", "2T" or "6738415616" (> 0).
+/// Parses a parameter count such as "7B", "1.5b", "125M", "350k", "2T", "6738415616" or "8e9" (>= 1):
+/// decimal digits, an optional fraction and exponent, an optional suffix k, M, B (or G), T; nothing else
+/// (no hex, sign, spaces, inf or nan).
 int64_t parse_param_count(std::string_view text);
 
 /// A ParamsOnly spec for a bare parameter count (no architecture: activations are not modelled).

@@ -1,0 +1,131 @@
+// gpuops::StateStore, the file protocol under both TrainingStates: states of several files (one per rank),
+// what begin() accepts, abort, and folders written before the folder format.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <sstream>
+
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/modules/linear.h>
+
+#include "gpuops/state_store.h"
+#include "gpuops/training_state.h"
+
+namespace {
+
+std::string fresh_folder(const std::string& name) {
+  const std::string path = "/tmp/gpuops-store-" + name + "-" + std::to_string(::getpid());
+  std::system(("rm -rf '" + path + "'").c_str());
+  return path;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A state of one file per rank, as a sharded optimizer writes it; returns its payloads.
+std::vector<std::string> save_ranks(const gpuops::StateStore& store, int64_t step, int ranks) {
+  std::vector<std::string> files, payloads;
+  for (int r = 0; r < ranks; ++r) files.push_back("rank-0000" + std::to_string(r) + ".pt");
+  const auto pending = store.begin(step, files, "test");
+  std::mt19937 rng(static_cast<unsigned>(step));
+  for (const auto& f : files) {
+    payloads.push_back(std::to_string(rng()) + " shard of " + f);
+    write_file(pending.file_path(f), payloads.back());
+  }
+  store.commit(pending);
+  return payloads;
+}
+
+TEST(StateStore, AStateOfSeveralFilesIsCompleteOnlyWithEveryFileIntact) {
+  const auto folder = fresh_folder("ranks");
+  const gpuops::StateStore store(folder, 2);
+  save_ranks(store, 1, 3);
+  const auto payloads = save_ranks(store, 2, 3);
+  auto states = store.states();
+  ASSERT_EQ(states.size(), 2u);
+  EXPECT_EQ(states[0].step, 2);  // newest first
+  EXPECT_EQ(store.verify(states[0]), "");
+  ASSERT_EQ(states[0].files.size(), 3u);
+  EXPECT_EQ(read_file(states[0].file_path("rank-00002.pt")), payloads[2]);
+  EXPECT_EQ(states[0].writer, "test");
+
+  write_file(states[0].file_path("rank-00001.pt"), "another rank's bytes!");  // one shard of three replaced
+  auto newest = store.states()[0];
+  EXPECT_NE(store.verify(newest).find("rank-00001.pt"), std::string::npos);
+  ASSERT_EQ(::unlink(states[0].file_path("rank-00002.pt").c_str()), 0);  // or lost
+  newest = store.states()[0];
+  EXPECT_NE(store.verify(newest).find("rank-00001.pt"), std::string::npos);
+  auto older = store.states()[1];
+  EXPECT_EQ(store.verify(older), "");
+  std::system(("rm -rf '" + folder + "'").c_str());
+}
+
+TEST(StateStore, BeginRefusesNamesThatCouldLeaveTheFolderAndAbortLeavesNothing) {
+  const auto folder = fresh_folder("begin");
+  const gpuops::StateStore store(folder, 1);
+  for (const std::string& bad : std::vector<std::string>{"../x", "a/b", "", ".hidden", "checksums.json", std::string(200, 'a')})
+    EXPECT_THROW(store.begin(1, {bad}, "test"), c10::ValueError) << bad;
+  EXPECT_THROW(store.begin(1, {"a", "a"}, "test"), c10::ValueError);
+  EXPECT_THROW(store.begin(-1, {"a"}, "test"), c10::ValueError);
+  EXPECT_THROW(store.begin(1, {}, "test"), c10::ValueError);
+  EXPECT_THROW(store.begin(1, {"a"}, "../w"), c10::ValueError);
+  EXPECT_THROW(gpuops::StateStore(folder, 0), c10::ValueError);
+
+  const auto pending = store.begin(3, {"a", "b"}, "test");
+  EXPECT_THROW(pending.file_path("c"), c10::ValueError);  // not declared
+  write_file(pending.file_path("a"), "only one of two");
+  EXPECT_THROW(store.commit(pending), c10::Error);  // "b" was never written: nothing appears
+  EXPECT_TRUE(store.states().empty());
+  struct stat info {};
+  EXPECT_NE(::stat(pending.folder.c_str(), &info), 0) << "the pending folder is left behind";
+  std::system(("rm -rf '" + folder + "'").c_str());
+}
+
+TEST(StateStore, AFolderOfTheFormerLayoutStillLoadsInCpp) {
+  const auto folder = fresh_folder("legacy");
+  torch::nn::Linear model(3, 3);
+  {
+    at::NoGradGuard no_grad;
+    model->weight.fill_(7.0);
+  }
+  gpuops::TrainingProgress progress;
+  progress.step = 7;
+  progress.data_position = 70;
+  {
+    gpuops::TrainingState state(folder, {});
+    state.save(progress, {model.get()});
+  }
+  // Rewrite it as gpuops 0.1 laid it out: state-<step>.pt at the top, listed in a manifest with its checksum.
+  const std::string file = folder + "/state-000000000007.pt";
+  ASSERT_EQ(std::rename((folder + "/state-000000000007/state.pt").c_str(), file.c_str()), 0);
+  const auto sums = nlohmann::json::parse(read_file(folder + "/state-000000000007/checksums.json"));
+  std::system(("rm -rf '" + folder + "/state-000000000007'").c_str());
+  const nlohmann::json manifest = {{"states", {{{"file", "state-000000000007.pt"}, {"bytes", sums["files"][0]["bytes"]},
+                                                {"sha256", sums["files"][0]["sha256"]}, {"step", 7}}}}};
+  write_file(folder + "/manifest.json", manifest.dump());
+
+  torch::nn::Linear loaded(3, 3);
+  gpuops::TrainingStateOptions options;
+  options.signals = {};
+  gpuops::TrainingState state(folder, options);
+  const auto resumed = state.load({loaded.get()});
+  ASSERT_TRUE(resumed.has_value());
+  EXPECT_EQ(resumed->data_position, 70);
+  EXPECT_TRUE(at::equal(loaded->weight, at::full({3, 3}, 7.0)));
+  std::system(("rm -rf '" + folder + "'").c_str());
+}
+
+}  // namespace
