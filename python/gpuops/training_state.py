@@ -57,6 +57,14 @@ def _check_plain(value, where: str) -> None:
                         "because it is loaded with torch.load(weights_only=True), which runs no code")
 
 
+def _check_objects(**objects) -> None:
+    for name, obj in objects.items():
+        if obj is not None and not (callable(getattr(obj, "state_dict", None))
+                                    and callable(getattr(obj, "load_state_dict", None))):
+            raise TypeError(f"TrainingState: {name} must have state_dict() and load_state_dict() (a module, an "
+                            f"optimizer, a GradScaler) or be None, got {type(obj).__name__}")
+
+
 def _rng_states() -> dict:
     states = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -107,9 +115,18 @@ class TrainingState:
         self.process_group = process_group
         self._stop_requested = False
         self._previous_handlers: Dict[int, Any] = {}
+        signals = list(signals)
+        valid = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
+        for sig in signals:
+            if isinstance(sig, bool) or not isinstance(sig, int) or sig not in valid:
+                raise ValueError(f"TrainingState: signals has {sig!r}, which is not a signal that can be caught")
         if threading.current_thread() is threading.main_thread():  # Python only allows handlers there
-            for sig in signals:
-                self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+            try:
+                for sig in signals:
+                    self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+            except BaseException:
+                self.close()  # none of ours stays installed
+                raise
 
     # ------------------------------------------------------------------ signals
     def _on_signal(self, signum, frame) -> None:
@@ -155,6 +172,7 @@ class TrainingState:
             raise TypeError(f"TrainingState.save: epoch must be an int, got {epoch!r}")
         if extras is not None and not isinstance(extras, dict):
             raise TypeError(f"TrainingState.save: extras must be a dict, got {type(extras).__name__}")
+        _check_objects(model=model, optimizer=optimizer, scaler=scaler)
         _check_plain(data_position, "data_position")
         _check_plain(extras or {}, "extras")
         payload = {"format": _FORMAT, "step": step, "epoch": epoch, "data_position": data_position,
@@ -194,6 +212,7 @@ class TrainingState:
         "extras", "path"}, or None when the folder holds no state. A truncated, corrupt or unsafe state is
         skipped with a warning naming it, and the previous good state is used; when states exist but none
         can be used, RuntimeError lists each one's problem (nothing is changed)."""
+        _check_objects(model=model, optimizer=optimizer, scaler=scaler)
         states, notes = self._store.states()
         for note in notes:
             warnings.warn(f"TrainingState: {note}")

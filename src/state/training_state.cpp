@@ -136,13 +136,18 @@ struct TrainingState::Handlers {
     sigemptyset(&action.sa_mask);
     for (int sig : signals) {
       struct sigaction old {};
-      TORCH_CHECK_VALUE(sigaction(sig, &action, &old) == 0, "TrainingState: signals has ", sig,
-                        ", which cannot be caught");
+      if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, &action, &old) != 0) {
+        restore();  // none of ours stays installed
+        TORCH_CHECK_VALUE(false, "TrainingState: signals has ", sig, ", which is not a signal that can be caught");
+      }
       previous.emplace_back(sig, old);
     }
   }
-  ~Handlers() {
+  ~Handlers() { restore(); }
+
+  void restore() {
     for (auto it = previous.rbegin(); it != previous.rend(); ++it) sigaction(it->first, &it->second, nullptr);
+    previous.clear();
   }
 };
 

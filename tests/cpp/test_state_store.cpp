@@ -2,6 +2,7 @@
 // what begin() accepts, abort, and folders written before the folder format.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -125,6 +126,25 @@ TEST(StateStore, AFolderOfTheFormerLayoutStillLoadsInCpp) {
   ASSERT_TRUE(resumed.has_value());
   EXPECT_EQ(resumed->data_position, 70);
   EXPECT_TRUE(at::equal(loaded->weight, at::full({3, 3}, 7.0)));
+  std::system(("rm -rf '" + folder + "'").c_str());
+}
+
+}  // namespace
+
+namespace {
+
+TEST(TrainingState, BadSignalsAreRefusedAndNoHandlerStaysInstalled) {
+  const auto folder = fresh_folder("signals");
+  for (int bad : {SIGKILL, SIGSTOP, 0, 999}) {
+    struct sigaction before {};
+    sigaction(SIGUSR1, nullptr, &before);
+    gpuops::TrainingStateOptions options;
+    options.signals = {SIGUSR1, bad};
+    EXPECT_THROW(gpuops::TrainingState(folder, options), c10::ValueError) << bad;
+    struct sigaction after {};
+    sigaction(SIGUSR1, nullptr, &after);
+    EXPECT_EQ(after.sa_handler, before.sa_handler) << "SIGUSR1 left caught after refusing " << bad;
+  }
   std::system(("rm -rf '" + folder + "'").c_str());
 }
 

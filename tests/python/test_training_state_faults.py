@@ -253,3 +253,21 @@ def test_plain_extras_round_trip(tmp_path):
     got = info["extras"]
     assert torch.equal(got.pop("nested")["t"], torch.arange(3))
     assert got == {k: v for k, v in extras.items() if k != "nested"}
+
+
+@pytest.mark.parametrize("bad", [signal.SIGKILL, 0, 999, "SIGTERM", 1.5])
+def test_bad_signals_are_refused_and_no_handler_stays_installed(tmp_path, bad):
+    before = signal.getsignal(signal.SIGUSR1)
+    with pytest.raises(ValueError, match="signals has .* that can be caught"):
+        gpuops.TrainingState(tmp_path, signals=(signal.SIGUSR1, bad))
+    assert signal.getsignal(signal.SIGUSR1) is before
+
+
+@pytest.mark.parametrize("name", ["model", "optimizer", "scaler"])
+def test_objects_without_state_dicts_are_named(tmp_path, name):
+    with gpuops.TrainingState(tmp_path, signals=()) as state:
+        with pytest.raises(TypeError, match=f"{name} must have state_dict"):
+            state.save(step=1, **{name: torch.zeros(2)})
+        with pytest.raises(TypeError, match=f"{name} must have state_dict"):
+            state.load(**{name: [1, 2]})
+        assert names(tmp_path) == []
