@@ -7,9 +7,14 @@ set(GPUOPS_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/gpuops)
 if(SKBUILD)
   # site-packages/gpuops/lib/libgpuops.so finds site-packages/torch/lib without LD_LIBRARY_PATH.
   set_target_properties(gpuops PROPERTIES INSTALL_RPATH "$ORIGIN/../../torch/lib")
+  # The pip install's `gpuops` command (.venv/bin/gpuops) is the native, torch-free binary: it starts in
+  # milliseconds, where a console script imports torch first. scikit-build-core rewrites only Python
+  # shebangs in the scripts folder, and the binary needs only libstdc++ and libc: it runs as built.
+  set(GPUOPS_CLI_DESTINATION "${SKBUILD_SCRIPTS_DIR}")
 else()
-  install(TARGETS gpuops_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  set(GPUOPS_CLI_DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
+install(TARGETS gpuops_cli RUNTIME DESTINATION "${GPUOPS_CLI_DESTINATION}")
 
 install(TARGETS gpuops EXPORT gpuopsTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -67,6 +67,7 @@ std::optional<int> parse_local_rank(const std::optional<std::string>& text) {
 }
 
 int device_index_for_local_rank(const std::optional<std::string>& local_rank, int device_count) {
+  TORCH_CHECK_VALUE(device_count >= 0, "device_index_for_local_rank: device_count must be >= 0, got ", device_count);
   const auto rank = parse_local_rank(local_rank);
   if (!rank || device_count == 1) return 0;
   TORCH_CHECK_VALUE(*rank < device_count, "LOCAL_RANK=", *rank, " has no CUDA device: this process sees ",

@@ -22,10 +22,11 @@ struct CheckpointOptions {
 };
 
 /// Runs fn(inputs) keeping only `inputs` for the backward; returns its outputs (outputs that are not
-/// floating point do not require grad). With grad mode off it simply runs fn. Errors (c10::ValueError):
-/// no input requires grad (the parameters inside would get no gradient: make an input require grad);
-/// and, in the backward, torch::autograd::grad with `inputs` (the reentrant design accumulates into
-/// .grad: use backward()), or an input modified in place after the forward.
+/// floating point do not require grad). With grad mode off it simply runs fn; with no input requiring grad
+/// it warns and runs fn without grad (as torch's reentrant checkpoint: its outputs need no grad). Errors in
+/// the backward: torch::autograd::grad with `inputs` (c10::ValueError: the reentrant design accumulates into
+/// .grad: use backward()); no recomputed output requires grad, a second backward without retain_graph, or an
+/// input modified in place after the forward (c10::Error, as torch).
 std::vector<at::Tensor> checkpoint(const SegmentFn& fn, const std::vector<at::Tensor>& inputs,
                                    const CheckpointOptions& options = {});
 

@@ -22,7 +22,8 @@ struct LayerCost {
 /// rounded down to total/units steps, so the choice never exceeds the budget and recomputes at most what the
 /// optimum for a budget tighter by (layers x step) would. Empty when everything fits already.
 /// c10::ValueError naming budget_bytes and the smallest feasible budget when even checkpointing every layer
-/// does not fit.
+/// does not fit; naming the layer and field for a negative byte count or a forward_seconds that is not a finite
+/// number >= 0, and for byte totals past 2^63; for units outside [1, 2^24].
 std::vector<size_t> choose_for_budget(const std::vector<LayerCost>& costs, int64_t budget_bytes,
                                       int64_t units = 1 << 16);
 

@@ -40,15 +40,21 @@ class CheckpointedSequentialImpl : public torch::nn::Module {
 
   /// Names of the checkpointed layers, in order.
   std::vector<std::string> checkpointed() const;
-  const std::vector<std::string>& layer_names() const { return names_; }
+  const std::vector<std::string>& layer_names() const {
+    sync_layers();
+    return names_;
+  }
 
+  /// The layers; ones added later (layers->push_back) are run and named, not checkpointed until a policy says.
   torch::nn::Sequential layers;
 
  private:
   std::vector<std::string> choose(const std::vector<bool>& chosen);
+  /// Re-reads the layer names when `layers` changed, keeping each remaining layer's choice.
+  void sync_layers() const;
 
-  std::vector<std::string> names_;
-  std::vector<bool> checkpointed_;
+  mutable std::vector<std::string> names_;
+  mutable std::vector<bool> checkpointed_;
 };
 
 TORCH_MODULE(CheckpointedSequential);

@@ -80,6 +80,7 @@ class GradScaler {
   /// Until the next update(), also divides this optimizer's gradients by `divisor` (a number or a
   /// one-element tensor, e.g. an accumulation window's sample or token count), folded into the same
   /// unscale / clip / fused-step pass: no extra pass, no host sync. Before unscale_/clip_grad_norm_/step.
+  /// c10::Error on a disabled scaler (it would not divide).
   void set_grad_divisor(torch::optim::Optimizer& optimizer, const at::Tensor& divisor);
 
   /// Divides the optimizer's gradients by the scale in place and records inf/nan, once per step.

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <c10/util/Exception.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
@@ -62,6 +63,15 @@ class FusedOptimizer : public torch::optim::Optimizer {
   void check_unique_params() const;
   /// After loading state: every master is checked against its parameter at the next step.
   void forget_master_versions() { master_versions_.clear(); }
+  /// The options of param_groups()[index] as `Options`; c10::ValueError when the group was added with another
+  /// optimizer's options (a cast would read garbage).
+  template <typename Options>
+  const Options& group_options(size_t index) const {
+    const auto* options = dynamic_cast<const Options*>(&param_groups_[index].options());
+    TORCH_CHECK_VALUE(options != nullptr, name(), ": param_groups[", index, "] has the options of another optimizer; "
+                      "give it ", name(), "'s options, or none (the defaults)");
+    return *options;
+  }
   /// Steps the parameters of param_groups()[index] that have a gradient (all on one device, checked).
   virtual void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                           const std::optional<at::Tensor>& found_inf) = 0;

@@ -40,6 +40,10 @@ class StateSnapshot:
     can and then raises the first error."""
 
     def __init__(self, objects: Sequence) -> None:
+        for i, o in enumerate(objects):
+            if not (callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None))):
+                raise TypeError(f"restore[{i}] must have state_dict() and load_state_dict() (a module, an "
+                                f"optimizer, a GradScaler), got {type(o).__name__}")
         self.live = [(o, o.state_dict()) for o in objects]
         self.grads = [(p, _host_copy(p.grad)) for o in objects if isinstance(o, torch.nn.Module)
                       for p in o.parameters()]

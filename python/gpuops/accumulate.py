@@ -33,6 +33,11 @@ class GradAccumulator:
     def __init__(self, optimizer: torch.optim.Optimizer, window: int, scaler: Optional[GradScaler] = None, *,
                  max_norm: Optional[float] = None, on_boundary: Optional[Callable[[], None]] = None) -> None:
         _C.check_grad_accumulator_options(window, max_norm)  # the C++ accumulator's rules and messages
+        if not hasattr(optimizer, "param_groups") or not callable(getattr(optimizer, "step", None)):
+            raise TypeError("GradAccumulator: optimizer must be a torch.optim.Optimizer (param_groups and step()), "
+                            f"got {type(optimizer).__name__}")
+        if on_boundary is not None and not callable(on_boundary):
+            raise TypeError(f"GradAccumulator: on_boundary must be callable or None, got {type(on_boundary).__name__}")
         if scaler is not None and not isinstance(scaler, GradScaler):
             raise ValueError("GradAccumulator: scaler must be a gpuops.GradScaler (it folds 1/count into the "
                              f"unscale pass), got {type(scaler).__name__}")
@@ -70,7 +75,9 @@ class GradAccumulator:
         self._scaler_for(loss_sum.device).scale(loss_sum).backward()
         self._count = total  # only once backward went through: a failed call changes nothing
         self._micro_batches += 1
-        if self._micro_batches == self.window:
+        # >=: a window whose step failed (on_boundary or the optimizer raised) stays pending and steps at the next
+        # micro-batch (or flush()), its mean over every sample still exact; == would never step again.
+        if self._micro_batches >= self.window:
             self._step()
             return True
         return False

@@ -34,11 +34,36 @@ class _Stage(enum.Enum):
 def _apply_to_tensors(value, fn):
     if isinstance(value, torch.Tensor):
         return fn(value)
+    if isinstance(value, (str, bytes, abc.Mapping)):  # iterable, but of characters or keys: never tensors
+        raise TypeError("GradScaler.scale: outputs must be a tensor or a (nested) list/tuple of tensors, got "
+                        f"{type(value).__name__} {value!r:.80}")
     if isinstance(value, (list, tuple)):
         return type(value)(_apply_to_tensors(v, fn) for v in value)
     if isinstance(value, abc.Iterable):  # e.g. a generator: a lazy map, as torch's scaler returns
         return map(lambda v: _apply_to_tensors(v, fn), value)
     raise TypeError(f"GradScaler.scale: outputs must be a tensor or a (nested) list/tuple of tensors, got {type(value)}")
+
+
+def _real_number(where: str, name: str, value) -> float:
+    """value as a float; TypeError naming `name` for a str, None or another non-number (torch raises a bare
+    comparison error), ValueError for an int beyond a double."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(f"{where}: {name} must be a real number or a one-element tensor, got a tensor of shape "
+                            f"{tuple(value.shape)}")
+        return float(value)
+    if isinstance(value, (str, bytes)) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        raise TypeError(f"{where}: {name} must be a real number, got {value!r:.80}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{where}: Invalid {name} value: {value!r:.80} (beyond a double)") from None
+
+
+def _check_optimizer(where: str, optimizer) -> None:
+    if not hasattr(optimizer, "param_groups") or not callable(getattr(optimizer, "step", None)):
+        raise TypeError(f"{where}: optimizer must be a torch.optim.Optimizer (param_groups and step()), got "
+                        f"{type(optimizer).__name__}")
 
 
 def _grads_by_device(optimizer) -> Dict[torch.device, list]:
@@ -58,28 +83,65 @@ def _grads_by_device(optimizer) -> Dict[torch.device, list]:
     return grads
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill one block of memory without gaps or overlap (contiguous, transposed,
+    channels_last), which the norm pass reads linearly."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _norm_readable(grads: list) -> list:
+    """The gradients as the norm pass reads them: a strided view (a slice) or a float64 gradient stands in by
+    a dense float32 copy (read only; unscale_and_check_ writes such gradients through torch's own kernel)."""
+    native = (torch.float32, torch.float16, torch.bfloat16)
+
+    def readable(g):
+        if g.layout != torch.strided or g.device.type == "meta" or not g.is_floating_point():
+            return g  # as it is: the op's own checks name what it refuses
+        return g if g.dtype in native and _dense(g) else g.float().contiguous()
+
+    return [readable(g) for g in grads]
+
+
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
                     foreach: Optional[bool] = None) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` with its signature: for the L2 norm, one deterministic read for the
     norm and one in-place scaling, always on the device, without a host sync (the factor is 1 when the norm is
     within max_norm; 0 when max_norm is 0). Other norm types are torch's. ``error_if_nonfinite`` reads the
     norm on the host, as torch's does; ``foreach`` is accepted and ignored. Returns the total norm."""
-    if float(norm_type) != 2.0:
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
-    if not max_norm >= 0:
+    norm = norm_type if isinstance(norm_type, str) and norm_type == "inf" else _real_number(
+        "clip_grad_norm_", "norm_type", norm_type)
+    if norm != norm:  # NaN: torch's would scale every gradient by NaN
+        raise ValueError(f"clip_grad_norm_: norm_type must be a number or 'inf', got {norm_type!r}")
+    limit = _real_number("clip_grad_norm_", "max_norm", max_norm)
+    if not limit >= 0:
         raise ValueError(f"clip_grad_norm_: max_norm must be >= 0, got {max_norm}")
-    if isinstance(parameters, torch.Tensor):
-        parameters = [parameters]
+    if not isinstance(max_norm, torch.Tensor):
+        max_norm = limit  # (an int past float32 would overflow in the division by the norm)
+    if parameters is None or isinstance(parameters, (str, bytes)):
+        raise TypeError(f"clip_grad_norm_: parameters must be a tensor or an iterable of tensors, got {parameters!r:.80}")
+    parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    for i, p in enumerate(parameters):
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"clip_grad_norm_: parameters[{i}] must be a tensor, got {type(p).__name__}")
+    with_grads = [p.grad for p in parameters if p.grad is not None]
+    if float(norm) != 2.0 or any(g.layout != torch.strided or g.device.type == "meta" for g in with_grads):
+        # Other norms, sparse or meta gradients: torch's own clipping (our ops take dense device memory).
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
     grads: Dict[torch.device, list] = defaultdict(list)
-    for p in parameters:
-        if p.grad is not None:
-            grads[p.grad.device].append(p.grad)
+    for g in with_grads:
+        grads[g.device].append(g)
     if not grads:
         return torch.zeros(())
     norms = []
     for device, device_grads in grads.items():
         ones = torch.ones(1, device=device)
-        norms.append(torch.ops.gpuops.unscaled_grad_norm_(device_grads, ones, torch.zeros(1, device=device)))
+        norms.append(torch.ops.gpuops.unscaled_grad_norm_(_norm_readable(device_grads), ones,
+                                                          torch.zeros(1, device=device)))
     first = next(iter(grads))
     total_norm = torch.stack([n.to(first) for n in norms]).square().sum().sqrt()
     if error_if_nonfinite and not torch.isfinite(total_norm):
@@ -91,8 +153,15 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
     return total_norm
 
 
+# The scaler's loop methods run eagerly under torch.compile (a graph break at each call), as torch's GradScaler does
+# (dynamo skips torch.amp.grad_scaler): they keep Python state (stages per optimizer, lazily made tensors) and
+# hand the optimizer its scale and flag as attributes, which dynamo cannot replay. Their work is a few fused ops.
+_eager = torch.compiler.disable
+
+
 class GradScaler:
-    """Dynamic loss scaling for fp16 training (and a no-op pass-through when ``enabled=False``)."""
+    """Dynamic loss scaling for fp16 training (and a no-op pass-through when ``enabled=False``). Under
+    ``torch.compile`` its methods run eagerly, each a graph break, as torch's GradScaler's do."""
 
     def __init__(self, device: str = "cuda", init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True, *,
@@ -142,11 +211,13 @@ class GradScaler:
         """What the optimizer's gradients are divided by: the loss scale, times a divisor if one was set."""
         return self._scale if state["divisor"] is None else self._scale * state["divisor"]
 
+    @_eager
     def set_grad_divisor(self, optimizer: torch.optim.Optimizer, divisor) -> None:
         """Until the next update(), also divide this optimizer's gradients by ``divisor`` (a number or a
         one-element tensor; e.g. the sample or token count of an accumulation window), folded into the same
         unscale / clip / fused-step pass, so it costs no extra pass and no host sync. It must be a finite float32
         number > 0 (a device tensor's value is not read: no sync), on the CPU or the scale's device."""
+        _check_optimizer("GradScaler.set_grad_divisor", optimizer)
         if self._scale is None:
             raise RuntimeError("GradScaler.set_grad_divisor() before any scale(): scale the loss first")
         state = self._per_optimizer[id(optimizer)]
@@ -165,6 +236,7 @@ class GradScaler:
             self._skipped = torch.full((1,), self._init_skipped, dtype=torch.int64, device=device)
 
     # ------------------------------------------------------------------------------------ the loop
+    @_eager
     def scale(self, outputs):
         """Multiplies the outputs (usually the loss) by the scale factor."""
         if not self._enabled:
@@ -176,10 +248,12 @@ class GradScaler:
 
         return _apply_to_tensors(outputs, multiply)
 
+    @_eager
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divides the optimizer's gradients by the scale in place and records whether any was inf/nan."""
         if not self._enabled:
             return
+        _check_optimizer("GradScaler.unscale_", optimizer)
         state = self._per_optimizer[id(optimizer)]
         if state["stage"] is _Stage.UNSCALED:
             raise RuntimeError("GradScaler.unscale_() was already called for this optimizer since the last "
@@ -208,11 +282,13 @@ class GradScaler:
             torch.ops.gpuops.unscale_and_check_(grads, found_inf, inv_scale.to(device, non_blocking=True))
             state["found_inf_per_device"][device] = found_inf
 
+    @_eager
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[Any]:
         """Unscales if needed, then runs ``optimizer.step()`` unless a gradient was inf/nan.
 
         Returns what ``optimizer.step`` returns, or None when the step was skipped (as torch's does).
         """
+        _check_optimizer("GradScaler.step", optimizer)
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
@@ -259,6 +335,7 @@ class GradScaler:
         state["stage"] = _Stage.STEPPED
         return result
 
+    @_eager
     def clip_grad_norm_(self, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
         """``unscale_`` + ``torch.nn.utils.clip_grad_norm_`` (L2) in one read of the gradients.
 
@@ -266,8 +343,10 @@ class GradScaler:
         optimizer (gpuops.optim) the gradients are not written: the optimizer's step divides them by
         ``scale / clip_coef`` as it reads them, so the whole AMP step is two passes over the gradients.
         """
-        if not max_norm > 0:
+        _check_optimizer("GradScaler.clip_grad_norm_", optimizer)
+        if not _real_number("GradScaler.clip_grad_norm_", "max_norm", max_norm) > 0:
             raise ValueError(f"GradScaler.clip_grad_norm_: max_norm must be > 0, got {max_norm}")
+        max_norm = float(max_norm)
         if not self._enabled:
             return clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], max_norm)
         state = self._per_optimizer[id(optimizer)]
@@ -285,7 +364,8 @@ class GradScaler:
         norms = []
         for device, device_grads in grads.items():
             found_inf = torch.zeros(1, dtype=torch.float32, device=device)
-            norms.append(torch.ops.gpuops.unscaled_grad_norm_(device_grads, inv_scale.to(device), found_inf)
+            norms.append(torch.ops.gpuops.unscaled_grad_norm_(_norm_readable(device_grads), inv_scale.to(device),
+                                                              found_inf)
                          .to(self._scale.device, non_blocking=True))
             state["found_inf_per_device"][device] = found_inf
         total_norm = torch.stack(norms).square().sum().sqrt() if len(norms) > 1 else norms[0].reshape(())
@@ -300,6 +380,7 @@ class GradScaler:
             state["stage"] = _Stage.UNSCALED
         return total_norm
 
+    @_eager
     def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
         """Ends the step: backs the scale off after an overflow, grows it after growth_interval clean steps."""
         if not self._enabled:

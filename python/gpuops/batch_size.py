@@ -48,6 +48,17 @@ def _default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def _device(where: str, device) -> torch.device:
+    """device as a torch.device (the default device for None); ValueError naming it otherwise."""
+    if device is None:
+        return _default_device()
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{where}: device must be a torch.device or a str such as 'cuda:0' or 'cpu', got "
+                         f"{device!r}") from None
+
+
 def _headroom(device: torch.device) -> int:
     """CPU: the tightest active memory_budget (-1 without one); CUDA: free memory plus the allocator's unused
     cache, within its memory fraction (a memory_budget cap)."""
@@ -107,6 +118,8 @@ def _agreement(process_group, device: torch.device):
 
 def model_signature(model: torch.nn.Module) -> str:
     """A short hash of a model's parameter and buffer names, shapes and dtypes (for cache keys)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model_signature: model must be a torch.nn.Module, got {type(model).__name__}")
     digest = hashlib.sha256()
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         digest.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
@@ -117,7 +130,13 @@ def cache_key(*, model: Optional[torch.nn.Module] = None, dtype=None, sequence_l
               device: Optional[torch.device] = None, extra: str = "") -> str:
     """The cache key (GPU model, model signature, dtype, sequence length); on the CPU the active budget's
     headroom stands for the GPU model."""
-    device = torch.device(device) if device is not None else _default_device()
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"cache_key: model must be a torch.nn.Module or None, got {type(model).__name__}")
+    if sequence_length is not None and (isinstance(sequence_length, bool) or not isinstance(sequence_length, int)):
+        raise TypeError(f"cache_key: sequence_length must be an int or None, got {sequence_length!r}")
+    if not isinstance(extra, str):
+        raise TypeError(f"cache_key: extra must be a str, got {extra!r}")
+    device = _device("cache_key", device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{_headroom(device)}B"
     parts = [where, model_signature(model) if model is not None else "-", str(dtype), str(sequence_length), extra]
     return "|".join(parts)
@@ -127,8 +146,11 @@ def analytic_profile(breakdown, micro_batch: int) -> MemoryProfile:
     """A memory profile from the analytic estimator: ``gpuops.estimate(..., micro_batch=b)``'s activations,
     logits and temporaries grow with the batch, the rest is fixed. Pass it as ``seed=`` to start the search
     where the estimate says the memory fills up (the CUDA context and allocator slack count as fixed)."""
-    if not isinstance(micro_batch, int) or micro_batch < 1:
+    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"analytic_profile: micro_batch must be an int >= 1, got {micro_batch!r}")
+    if not all(hasattr(breakdown, k) for k in ("activations", "logits", "temporaries", "total_bytes")):
+        raise TypeError(f"analytic_profile: breakdown must be what gpuops.estimate() returns, got "
+                        f"{type(breakdown).__name__}")
     per_batch = breakdown.activations + breakdown.logits + breakdown.temporaries
     fixed = breakdown.total_bytes - per_batch
     per_sample = per_batch / micro_batch
@@ -182,7 +204,9 @@ def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high:
             raise ValueError(f"find_max_batch_size: {name} must be a number, got {value!r}")
     if cache_file is not None and not isinstance(cache_file, (str, os.PathLike)):
         raise ValueError(f"find_max_batch_size: cache_file must be a path, got {cache_file!r}")
-    device = torch.device(device) if device is not None else _default_device()
+    if cache_key is not None and not isinstance(cache_key, str):
+        raise ValueError(f"find_max_batch_size: cache_key must be a str, got {cache_key!r}")
+    device = _device("find_max_batch_size", device)
     options = _C.BatchSearchOptions()
     options.low, options.high, options.multiple_of, options.margin = low, high, multiple_of, margin
     options.steps_per_trial = steps_per_trial
@@ -222,11 +246,18 @@ def profile_memory(step_fn: Callable[[int], object], batch_sizes: Sequence[int] 
     ``max_batch_for(bytes)`` then answer for any batch. With a third batch size the fit is checked: when
     memory is not linear in the batch (the point is off by more than ``tolerance``), ``linear`` is False,
     ``note`` says where, and a warning is issued."""
-    if len(batch_sizes) < 2 or any(not isinstance(b, int) or b < 1 for b in batch_sizes):
-        raise ValueError(f"profile_memory: batch_sizes must hold at least two ints >= 1, got {tuple(batch_sizes)}")
-    if not isinstance(steps_per_trial, int) or steps_per_trial < 1:
+    if not callable(step_fn):
+        raise ValueError(f"profile_memory: step_fn must be callable, got {type(step_fn).__name__}")
+    if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Iterable):
+        raise ValueError(f"profile_memory: batch_sizes must be a sequence of ints, got {batch_sizes!r:.80}")
+    batch_sizes = tuple(batch_sizes)  # (a generator is read once)
+    if len(batch_sizes) < 2 or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b < 2**63
+                                   for b in batch_sizes):
+        raise ValueError(f"profile_memory: batch_sizes must hold at least two ints in [1, 2**63 - 1], got "
+                         f"{batch_sizes}")
+    if isinstance(steps_per_trial, bool) or not isinstance(steps_per_trial, int) or steps_per_trial < 1:
         raise ValueError(f"profile_memory: steps_per_trial must be an int >= 1, got {steps_per_trial!r}")
-    device = torch.device(device) if device is not None else _default_device()
+    device = _device("profile_memory", device)
     points = []
     for batch in batch_sizes:
         with memory_budget(None, device) as counter:  # each point measured from the same starting state

@@ -27,6 +27,14 @@ from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 from . import _C
 
 
+def _module_of(fn) -> Optional[torch.nn.Module]:
+    """The module fn is, or whose bound method it is (checkpoint(block, x) or checkpoint(block.forward, x))."""
+    if isinstance(fn, torch.nn.Module):
+        return fn
+    owner = getattr(fn, "__self__", None)
+    return owner if isinstance(owner, torch.nn.Module) else None
+
+
 def checkpoint(fn: Callable, *args, use_reentrant: bool = True, preserve_rng_state: bool = True,
                buffers: Sequence[torch.Tensor] = (), **kwargs):
     """``fn(*args, **kwargs)`` without saving its activations; they are recomputed in the backward.
@@ -34,32 +42,54 @@ def checkpoint(fn: Callable, *args, use_reentrant: bool = True, preserve_rng_sta
     By default the C++ engine runs it (gpuops::checkpoint, the one LibTorch programs use): a reentrant node
     that keeps only the tensor arguments and replays the RNG (CPU and every CUDA device) and autocast state,
     so gradients are bit-identical. ``buffers``: tensors ``fn`` updates in place (BatchNorm statistics),
-    restored after the recomputation so they change once. Non-tensor arguments are passed through; ``fn``
-    returns a tensor or a tuple/list of tensors. Like every reentrant design it needs a tensor argument that
-    requires grad and works with ``backward()``, not ``torch.autograd.grad(..., inputs)``: both raise a
-    ValueError saying so. ``use_reentrant=False`` delegates to torch.utils.checkpoint's non-reentrant
-    implementation, which has neither limit.
+    restored after the recomputation so they change once; when ``fn`` is an ``nn.Module`` or a bound method
+    of one, its buffers are protected so without being listed. Non-tensor arguments are passed through;
+    ``fn`` returns a value or a tuple/list of values, of which the tensors get gradients (as torch's).
+    As torch's reentrant checkpoint: with no tensor argument requiring grad it warns and its outputs need no
+    grad; the backward raises a RuntimeError when no recomputed output requires grad; and it works with
+    ``backward()``, not ``torch.autograd.grad(..., inputs)`` (a ValueError says so). ``use_reentrant=False``
+    delegates to torch.utils.checkpoint's non-reentrant implementation, which has none of these limits.
     """
+    if not callable(fn):
+        raise TypeError(f"gpuops.checkpoint: fn must be callable, got {type(fn).__name__}")
+    if not isinstance(preserve_rng_state, bool):
+        raise TypeError(f"gpuops.checkpoint: preserve_rng_state must be True or False, got {preserve_rng_state!r}")
+    if isinstance(buffers, torch.Tensor) or not isinstance(buffers, (list, tuple)) or not all(
+            isinstance(b, torch.Tensor) for b in buffers):
+        raise TypeError(f"gpuops.checkpoint: buffers must be a list or tuple of tensors, got {buffers!r:.80}")
     if not use_reentrant:
         return _torch_checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state, **kwargs)
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    shape = {}
+    protected = list(buffers)
+    module = _module_of(fn)
+    if module is not None:  # its running statistics would otherwise be updated by the recomputation too
+        listed = {id(b) for b in protected}
+        protected += [b for b in module.buffers() if id(b) not in listed]
+    layout = {}  # where the forward's tensors sit among its other returned values
 
     def segment(tensors):
         call = list(args)
         for i, t in zip(positions, tensors):
             call[i] = t
         out = fn(*call, **kwargs)
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        if not all(isinstance(o, torch.Tensor) for o in outs):
-            raise TypeError("gpuops.checkpoint: fn must return a tensor or a tuple/list of tensors, got "
-                            f"{type(out).__name__}")
-        shape.setdefault("kind", type(out) if isinstance(out, (tuple, list)) else None)
-        return outs
+        items = list(out) if isinstance(out, (tuple, list)) else [out]
+        tensor_at = [i for i, o in enumerate(items) if isinstance(o, torch.Tensor)]
+        if not layout:  # the forward: keep the other values (not the tensors, which the engine returns)
+            layout.update(kind=type(out) if isinstance(out, (tuple, list)) else None, tensor_at=tensor_at,
+                          items=[None if isinstance(o, torch.Tensor) else o for o in items])
+        elif tensor_at != layout["tensor_at"]:
+            raise RuntimeError(f"gpuops.checkpoint: the recomputation returned tensors at positions {tensor_at}, the "
+                               f"forward at {layout['tensor_at']}; the segment must be deterministic in its structure")
+        return [items[i] for i in tensor_at]
 
-    outs = _C.checkpoint_segment(segment, [args[i] for i in positions], preserve_rng_state, list(buffers))
-    kind = shape["kind"]
-    return outs[0] if kind is None else kind(outs)
+    outs = _C.checkpoint_segment(segment, [args[i] for i in positions], preserve_rng_state, protected)
+    items = list(layout["items"])
+    for i, t in zip(layout["tensor_at"], outs):
+        items[i] = t
+    kind = layout["kind"]
+    if kind is None:
+        return items[0]
+    return kind(*items) if hasattr(kind, "_fields") else kind(items)  # a namedtuple takes its fields
 
 
 def _named_layers(layers) -> List[tuple]:
@@ -160,12 +190,14 @@ def apply_checkpointing(layers, *, every: Optional[int] = None, names: Optional[
         raise ValueError("apply_checkpointing: give exactly one policy: every=k, names=[...] or budget_bytes=B "
                          "with sample=fn")
     named = _named_layers(layers)
-    remove_checkpointing(layers)  # a new policy replaces the previous choice
+    # The choice is made in full before the previous one is removed: a failed call changes nothing.
     if every is not None:
-        if not isinstance(every, int) or every < 1:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"apply_checkpointing: every must be an int >= 1, got {every!r}")
         chosen = [name for i, (name, _) in enumerate(named) if i % every == 0]
     elif names is not None:
+        if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):  # "01" is not layers "0" and "1"
+            raise TypeError(f"apply_checkpointing: names must be a list of layer names or indices, got {names!r:.80}")
         wanted = {str(n) for n in names}
         known = {name for name, _ in named}
         unknown = sorted(wanted - known)
@@ -173,11 +205,20 @@ def apply_checkpointing(layers, *, every: Optional[int] = None, names: Optional[
             raise ValueError(f"apply_checkpointing: names {unknown} are not layers; accepted: {sorted(known)}")
         chosen = [name for name, _ in named if name in wanted]
     else:
-        if sample is None:
-            raise ValueError("apply_checkpointing: budget_bytes needs sample=fn (one forward + backward)")
-        if not isinstance(budget_bytes, int) or budget_bytes < 0:
+        if not callable(sample):
+            raise ValueError("apply_checkpointing: budget_bytes needs sample=fn (one forward + backward), got "
+                             f"sample={sample!r:.80}")
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
             raise ValueError(f"apply_checkpointing: budget_bytes must be an int >= 0, got {budget_bytes!r}")
-        chosen = choose_for_budget(measure_layers(layers, sample), budget_bytes)
+        previous = [module for _, module in named if "_gpuops_forward" in module.__dict__]
+        remove_checkpointing(layers)  # measured without the previous choice's wrappers
+        try:
+            chosen = choose_for_budget(measure_layers(layers, sample), budget_bytes)
+        except BaseException:
+            for module in previous:
+                _wrap(module)
+            raise
+    remove_checkpointing(layers)  # a new policy replaces the previous choice
     for name, module in named:
         if name in chosen:
             _wrap(module)

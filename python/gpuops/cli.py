@@ -1,4 +1,7 @@
-"""The ``gpuops`` command: the same C++ command line as the native ``gpuops`` binary."""
+"""The ``gpuops`` command line from Python: ``gpuops.cli.main(argv)`` or ``python -m gpuops.cli``.
+
+The installed ``gpuops`` command is the native binary (torch-free, starts in milliseconds); both run the same
+C++ ``gpuops::run_cli``, so they print the same bytes and exit with the same status."""
 
 from __future__ import annotations
 

@@ -1,9 +1,12 @@
 """Fused optimizers: torch.optim-compatible classes over gpuops's fused kernels.
 
-``gpuops.optim.AdamW``, ``Adam`` and ``SGD`` have torch's constructors, ``param_groups`` with per-group
-options, ``zero_grad``, ``state_dict`` keys (``step``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``)
-and work with torch's LR schedulers. ``lr`` may be a one-element float32 tensor on the parameters' device:
-the step then reads it on the device, so a step captured in a CUDA graph follows the scheduler. They step
+``gpuops.optim.AdamW``, ``Adam`` and ``SGD`` have torch's constructors (every keyword of torch's signature:
+``foreach``, ``fused`` and ``capturable`` are accepted and kept, since our one fused, capturable step serves
+them all; ``differentiable=True`` is refused; ``Adam(decoupled_weight_decay=True)`` is AdamW), ``param_groups``
+with per-group options, ``zero_grad``, ``state_dict`` keys (``step``, ``exp_avg``, ``exp_avg_sq``,
+``max_exp_avg_sq``) and work with torch's LR schedulers. ``lr`` may be a one-element float32 tensor: the step
+then reads it on the device, so a step captured in a CUDA graph follows the scheduler. float64 parameters step
+on torch's own fused kernels (ours compute in float32), complex ones as their real views, as torch's do. They step
 float16/bfloat16 parameters on an fp32 master copy (state ``master_param``, with fp32 moments / momentum)
 and round the result into the parameter. One fused launch per parameter group and device. They declare
 ``_step_supports_amp_scaling``: a GradScaler (torch's or ours) hands them its scale and overflow flag,
@@ -14,7 +17,7 @@ host sync.
 from __future__ import annotations
 
 import itertools
-from typing import Dict, Iterable, Tuple, Union
+from typing import Dict, Iterable, Optional, Tuple, Union
 
 import torch
 
@@ -22,7 +25,40 @@ from . import _C  # also loads libgpuops, which registers torch.ops.gpuops
 
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
+# What the optimizers step: our kernels take float32 and 16-bit parameters; float64 ones go through torch's own
+# fused kernels (torch._fused_adam_ / _fused_sgd_, on our state layout), as torch's optimizers take them; complex
+# parameters step as their real views (torch.view_as_real), as torch steps them.
+_STEPPED_DTYPES = (torch.float32, *_HALF_DTYPES, torch.float64, torch.complex64, torch.complex128)
 _Lr = Union[float, torch.Tensor]
+
+
+def _real_dtype(t: torch.Tensor) -> torch.dtype:
+    return t.real.dtype if t.is_complex() else t.dtype
+
+
+def _check_impl_flags(where: str, options: dict) -> None:
+    """torch's implementation flags (foreach, fused, capturable, differentiable): torch's refusals with torch's
+    error types and messages, then the one value we cannot honour. foreach and fused only choose among torch's
+    implementations; ours has one (fused, and capturable: the state and a tensor lr stay on the device), so
+    every value of theirs steps alike and is kept in param_groups as given."""
+    foreach, fused = options.get("foreach"), options.get("fused")
+    for name, value in (("foreach", foreach), ("fused", fused)):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{where}: {name} must be None, True or False, got {value!r}")
+    if "capturable" in options and isinstance(options["lr"], torch.Tensor) and foreach and not options["capturable"]:
+        raise ValueError(f"{where}: lr as a Tensor is not supported for capturable=False and foreach=True")
+    if fused and options.get("differentiable"):
+        raise RuntimeError(f"{where}: `fused` does not support `differentiable`")
+    if fused and foreach:
+        raise RuntimeError(f"{where}: `fused` and `foreach` cannot be `True` together.")
+    if options.get("differentiable"):
+        raise ValueError(f"{where}: differentiable={options['differentiable']!r} is not supported: our fused step is "
+                         "not differentiable (torch's optimizers with differentiable=True are)")
+
+
+def _host_betas(group: dict) -> tuple:
+    """The betas as numbers (a tensor beta, which torch accepts, is read on the host at each step)."""
+    return tuple(float(b) if isinstance(b, torch.Tensor) else b for b in group["betas"])
 
 
 def _host_lr(where: str, lr, read_tensor: bool):
@@ -52,10 +88,17 @@ def _is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
     return True
 
 
-def _lr_arguments(group: dict) -> tuple:
-    """(host lr, device lr tensor or None) for the fused ops; a tensor lr replaces the host one."""
+def _lr_arguments(group: dict, device: torch.device) -> tuple:
+    """(host lr, lr tensor on `device` or None) for the fused ops; a tensor lr replaces the host one. A tensor lr
+    elsewhere (torch's tests give CUDA parameters a CPU one) is copied to the parameters' device at each step."""
     lr = group["lr"]
-    return (0.0, lr.reshape(1)) if isinstance(lr, torch.Tensor) else (float(lr), None)
+    return (0.0, lr.to(device, non_blocking=True).reshape(1)) if isinstance(lr, torch.Tensor) else (float(lr), None)
+
+
+def _wide_lr(group: dict, device: torch.device):
+    """The lr for torch's fused kernels: a float, or a tensor on the parameters' device."""
+    lr, lr_tensor = _lr_arguments(group, device)
+    return lr if lr_tensor is None else lr_tensor
 
 
 class _FusedOptimizer(torch.optim.Optimizer):
@@ -66,7 +109,6 @@ class _FusedOptimizer(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, params: Iterable, defaults: dict):
-        defaults = dict(defaults, foreach=None, capturable=True, differentiable=False, fused=True)
         super().__init__(params, defaults)
 
     def _amp_inputs(self, device: torch.device):
@@ -174,22 +216,19 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{name}: param_groups[{index}] has a parameter of strides {param.stride()} with a "
                                  f"gradient of strides {param.grad.stride()}; accepted: dense, non-overlapping "
                                  "parameters (contiguous, channels_last, transposed) with gradients laid out alike")
-            if param.dtype not in (torch.float32, *_HALF_DTYPES) or param.grad.dtype != param.dtype:
+            if param.dtype not in _STEPPED_DTYPES or param.grad.dtype != param.dtype:
                 raise ValueError(f"{name}: param_groups[{index}] has a {param.dtype} parameter with a "
-                                 f"{param.grad.dtype} gradient; accepted: float32, float16 or bfloat16 parameters "
-                                 "with gradients of their dtype")
+                                 f"{param.grad.dtype} gradient; accepted: float32, float16, bfloat16, float64, "
+                                 "complex64 or complex128 parameters with gradients of their dtype")
             devices.add(param.device)
         if len(devices) > 1:
             raise ValueError(f"{name}: param_groups[{index}] has parameters on several devices "
                              f"({sorted(str(d) for d in devices)}); give each device's parameters their own optimizer")
-        lr = group["lr"]
-        if isinstance(lr, torch.Tensor) and devices and lr.device not in devices:
-            raise ValueError(f"{name}: param_groups[{index}] has its lr tensor on {lr.device} but its parameters on "
-                             f"{next(iter(devices))}; put the lr tensor on the parameters' device")
 
     def _lists_by_kind(self, group: dict) -> dict:
-        """{(device, half): [params, grads, *state lists]} for the parameters of a group that have a gradient;
-        half is the dtype of float16/bfloat16 parameters, which step on an fp32 master copy (else None)."""
+        """{(device, dtype): [params, grads, *state lists]} for the parameters of a group that have a gradient;
+        dtype is the real dtype (complex tensors are listed as their real views); float16/bfloat16 parameters
+        step on an fp32 master copy."""
         lists: Dict[tuple, list] = {}
         seen = set()  # a parameter listed twice in a group (torch warns) is stepped once
         for param in group["params"]:
@@ -197,8 +236,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 continue
             seen.add(id(param))
             values = [param, param.grad, *self._state_tensors(param, group)]
-            half = param.dtype if param.dtype in _HALF_DTYPES else None  # one launch per 16-bit dtype
-            entry = lists.setdefault((param.device, half), [[] for _ in values])
+            if param.is_complex():  # torch steps a complex parameter (and its state) as its real view
+                values = [torch.view_as_real(v) if isinstance(v, torch.Tensor) and v.is_complex() else v
+                          for v in values]
+            entry = lists.setdefault((param.device, _real_dtype(param)), [[] for _ in values])
             for target, value in zip(entry, values):
                 target.append(value)
         return lists
@@ -206,7 +247,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def _sync_master(self, param: torch.Tensor, state: dict) -> None:
         """Makes state["master_param"], the fp32 copy a 16-bit parameter steps on, and re-seeds it from the
         parameter when something else wrote the parameter since the last step (load_state_dict, an EMA swap,
-        an in-place edit: its _version moved; our own step does not move it) and the master no longer rounds
+        an in-place edit: its _version moved since our own step recorded it) and the master no longer rounds
         to it. Stepping a stale master would silently undo that write. The check reads values (a host sync
         on a GPU) only after such a write."""
         versions = self.__dict__.setdefault("_master_versions", {})
@@ -216,6 +257,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
             state["master_param"] = param.detach().float()
         versions[param] = param._version
 
+    def _note_own_writes(self, params: list) -> None:
+        """Our step writes the 16-bit parameters and bumps their versions (as torch's in-place ops do): record
+        the versions after it, so that the next _sync_master sees no foreign write and reads nothing."""
+        versions = self.__dict__.setdefault("_master_versions", {})
+        for param in params:
+            versions[param] = param._version
+
     def _step_state(self, param: torch.Tensor, start: float = 0.0) -> dict:
         state = self.state[param]
         if "step" not in state:
@@ -223,6 +271,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
             state["step"] = torch.full((), start, dtype=torch.float32, device=param.device)
         return state
 
+    # Under torch.compile the step runs eagerly, one graph break (as our GradScaler's methods): it is already one
+    # fused launch per group, and its host-side checks (gpuops._C) and lazily made state are not traceable.
+    @torch.compiler.disable
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -239,26 +290,49 @@ class _FusedOptimizer(torch.optim.Optimizer):
                                      f"group (param_groups[{group_of[id(param)]}] and [{index}]); each would be "
                                      "stepped twice")
         for group in self.param_groups:
-            for (device, half), lists in self._lists_by_kind(group).items():
-                self._fused_step(group, lists, half is not None, *self._amp_inputs(device))
+            for (device, dtype), lists in self._lists_by_kind(group).items():
+                if dtype == torch.float64:
+                    self._wide_step(group, lists, *self._amp_inputs(device))
+                else:
+                    self._fused_step(group, lists, dtype in _HALF_DTYPES, *self._amp_inputs(device))
         return loss
 
 
 class Adam(_FusedOptimizer):
     """Adam with L2 weight decay (``weight_decay * param`` added to the gradient), fused."""
 
-    _decoupled = False
+    _decoupled = False  # AdamW: always; Adam: with decoupled_weight_decay=True, as torch's
 
     def __init__(self, params: Iterable, lr: _Lr = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False):
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
+                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
+                 foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False, fused: Optional[bool] = None, decoupled_weight_decay: bool = False):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+                        foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused,
+                        decoupled_weight_decay=decoupled_weight_decay)
         self._check_options(type(self).__name__, defaults, read_tensor_lr=True)
+        # torch keeps a tensor beta as a 0-dim tensor
+        defaults["betas"] = tuple(b.reshape(()) if isinstance(b, torch.Tensor) else b for b in betas)
         super().__init__(params, defaults)
 
     @staticmethod
     def _check_options(where: str, options: dict, read_tensor_lr: bool) -> None:
-        """gpuops::optim::check_adam_options, the C++ AdamW's rules: torch's ranges and messages, plus
-        finiteness."""
+        """torch's flag and betas checks, then gpuops::optim::check_adam_options, the C++ AdamW's rules: torch's
+        ranges and messages, plus finiteness."""
+        _check_impl_flags(where, options)
+        betas = options["betas"]
+        if isinstance(betas, (tuple, list)) and len(betas) == 2:
+            is_tensor = [isinstance(b, torch.Tensor) for b in betas]
+            if is_tensor[0] != is_tensor[1]:
+                raise ValueError(f"{where}: betas must be either both floats or both Tensors, got {tuple(betas)!r}")
+            for index, beta in enumerate(betas):
+                if not is_tensor[index]:
+                    continue
+                if options.get("foreach") and not options.get("capturable"):
+                    raise ValueError(f"{where}: betas[{index}] as a Tensor is not supported for capturable=False and "
+                                     "foreach=True")
+                if beta.numel() != 1:
+                    raise ValueError(f"{where}: Tensor betas[{index}] must be 1-element, got {beta.numel()} elements")
         _C.check_adam_options(where, _host_lr(where, options["lr"], read_tensor_lr), options["betas"],
                               options["eps"], options["weight_decay"])
 
@@ -279,15 +353,33 @@ class Adam(_FusedOptimizer):
                    state["step"]]
         return [state["master_param"], *tensors] if master else tensors
 
+    def _decoupled_in(self, group: dict) -> bool:
+        return self._decoupled or bool(group.get("decoupled_weight_decay", False))
+
+    def _wide_step(self, group, lists, grad_scale, found_inf):
+        """float64 parameters: torch's own fused Adam kernel on our state (float32 step counters on the device),
+        with torch's AMP hand-off (it divides by grad_scale and skips on found_inf, on the device)."""
+        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = lists
+        beta1, beta2 = _host_betas(group)
+        torch._foreach_add_(steps, 1)
+        kernel = torch._fused_adamw_ if self._decoupled_in(group) else torch._fused_adam_
+        kernel(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if group["amsgrad"] else [], steps,
+               amsgrad=group["amsgrad"], lr=_wide_lr(group, params[0].device), beta1=beta1, beta2=beta2,
+               weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+               grad_scale=grad_scale, found_inf=found_inf)
+        if found_inf is not None:  # a skipped step does not count, as in torch's fused Adam
+            torch._foreach_sub_(steps, [found_inf] * len(steps))
+
     def _fused_step(self, group, lists, master, grad_scale, found_inf):
-        beta1, beta2 = group["betas"]
-        lr, lr_tensor = _lr_arguments(group)
-        options = (lr, beta1, beta2, group["eps"], group["weight_decay"], self._decoupled, group["amsgrad"],
+        beta1, beta2 = _host_betas(group)
+        lr, lr_tensor = _lr_arguments(group, lists[0][0].device)
+        options = (lr, beta1, beta2, group["eps"], group["weight_decay"], self._decoupled_in(group), group["amsgrad"],
                    group["maximize"], grad_scale, found_inf, lr_tensor)
         if master:
             params, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = lists
             torch.ops.gpuops.adam_step_master_(params, grads, masters, exp_avgs, exp_avg_sqs,
                                                max_exp_avg_sqs if group["amsgrad"] else [], steps, *options)
+            self._note_own_writes(params)
         else:
             params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = lists
             torch.ops.gpuops.adam_step_(params, grads, exp_avgs, exp_avg_sqs,
@@ -300,8 +392,12 @@ class AdamW(Adam):
     _decoupled = True
 
     def __init__(self, params: Iterable, lr: _Lr = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
+                 eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+                 foreach: Optional[bool] = None, capturable: bool = False, differentiable: bool = False,
+                 fused: Optional[bool] = None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
+                         capturable=capturable, differentiable=differentiable, fused=fused,
+                         decoupled_weight_decay=True)
 
 
 class SGD(_FusedOptimizer):
@@ -309,9 +405,10 @@ class SGD(_FusedOptimizer):
     plus a ``step`` counter (the buffer starts from the first applied step's gradient)."""
 
     def __init__(self, params: Iterable, lr: _Lr = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False):
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+                 foreach: Optional[bool] = None, differentiable: bool = False, fused: Optional[bool] = None):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
-                        maximize=maximize)
+                        maximize=maximize, foreach=foreach, differentiable=differentiable, fused=fused)
         self._check_options(type(self).__name__, defaults, read_tensor_lr=True)
         super().__init__(params, defaults)
 
@@ -319,12 +416,21 @@ class SGD(_FusedOptimizer):
     def _check_options(where: str, options: dict, read_tensor_lr: bool) -> None:
         """gpuops::optim::check_sgd_options, the C++ SGD's rules: torch's ranges and messages, plus finiteness
         and dampening in [0, 1]."""
+        _check_impl_flags(where, options)
         _C.check_sgd_options(where, _host_lr(where, options["lr"], read_tensor_lr), options["momentum"],
                              options["dampening"], options["weight_decay"], options["nesterov"])
 
     _fp32_state_keys = ("master_param", "momentum_buffer")
 
     def _state_tensors(self, param: torch.Tensor, group: dict) -> list:
+        if _real_dtype(param) == torch.float64:  # torch's kernel, torch's state: a momentum buffer and no step
+            if group["momentum"] == 0:
+                return [param, False]
+            state = self.state[param]
+            new = state.get("momentum_buffer") is None
+            if new:  # zeros, not torch's empty_like: a step skipped on overflow leaves no garbage behind
+                state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            return [state["momentum_buffer"], new]
         # A momentum buffer loaded from torch's SGD (which keeps no step) is continued, not restarted.
         state = self._step_state(param, start=1.0 if self.state[param].get("momentum_buffer") is not None else 0.0)
         master = param.dtype in _HALF_DTYPES
@@ -337,14 +443,32 @@ class SGD(_FusedOptimizer):
         tensors = [state.get("momentum_buffer", like), state["step"]]
         return [state["master_param"], *tensors] if master else tensors
 
+    def _wide_step(self, group, lists, grad_scale, found_inf):
+        """float64 parameters: torch's own fused SGD kernel, with torch's AMP hand-off; a new momentum buffer
+        starts from its first gradient (is_first_step), as in torch."""
+        params, grads, buffers, new = lists
+        options = dict(weight_decay=group["weight_decay"], momentum=group["momentum"],
+                       lr=_wide_lr(group, params[0].device), dampening=group["dampening"],
+                       nesterov=group["nesterov"], maximize=group["maximize"], grad_scale=grad_scale,
+                       found_inf=found_inf)
+        if group["momentum"] == 0:
+            torch._fused_sgd_(params, grads, [], is_first_step=False, **options)
+            return
+        for first in (True, False):
+            chosen = [i for i, is_new in enumerate(new) if is_new == first]
+            if chosen:
+                torch._fused_sgd_([params[i] for i in chosen], [grads[i] for i in chosen],
+                                  [buffers[i] for i in chosen], is_first_step=first, **options)
+
     def _fused_step(self, group, lists, master, grad_scale, found_inf):
-        lr, lr_tensor = _lr_arguments(group)
+        lr, lr_tensor = _lr_arguments(group, lists[0][0].device)
         options = (lr, group["momentum"], group["dampening"], group["weight_decay"], group["nesterov"],
                    group["maximize"], grad_scale, found_inf, lr_tensor)
         if master:
             params, grads, masters, buffers, steps = lists
             torch.ops.gpuops.sgd_step_master_(params, grads, masters, buffers if group["momentum"] != 0 else [],
                                               steps, *options)
+            self._note_own_writes(params)
         else:
             params, grads, buffers, steps = lists
             torch.ops.gpuops.sgd_step_(params, grads, buffers if group["momentum"] != 0 else [], steps, *options)

@@ -57,6 +57,32 @@ def _check_plain(value, where: str) -> None:
                         "because it is loaded with torch.load(weights_only=True), which runs no code")
 
 
+# Signals are process-wide, TrainingStates are not: one handler per signal while any open object listens
+# (the handler found first comes back when the last one closes), and a signal reaches every listener.
+_listeners: Dict[int, list] = {}
+_original_handlers: Dict[int, Any] = {}
+
+
+def _on_any_signal(signum, frame) -> None:
+    for state in _listeners.get(signum, ()):
+        state._stop_requested = True
+
+
+def _listen(sig: int, state) -> None:
+    if not _listeners.get(sig):
+        _original_handlers[sig] = signal.signal(sig, _on_any_signal)
+        _listeners[sig] = []
+    _listeners[sig].append(state)
+
+
+def _unlisten(sig: int, state) -> None:
+    listening = _listeners.get(sig, [])
+    if state in listening:
+        listening.remove(state)
+        if not listening:
+            signal.signal(sig, _original_handlers.pop(sig))
+
+
 def _check_objects(**objects) -> None:
     for name, obj in objects.items():
         if obj is not None and not (callable(getattr(obj, "state_dict", None))
@@ -109,29 +135,33 @@ class TrainingState:
                  signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
         if not isinstance(keep, int) or isinstance(keep, bool) or not 1 <= keep < 2**63:
             raise ValueError(f"TrainingState: keep must be an int >= 1, got {keep!r}")
+        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+            raise ValueError(f"TrainingState: directory must be a non-empty path, got {directory!r}")
+        if process_group is not None:
+            import torch.distributed as dist
+
+            if not isinstance(process_group, dist.ProcessGroup):
+                raise TypeError("TrainingState: process_group must be a torch.distributed ProcessGroup or None, "
+                                f"got {type(process_group).__name__}")
+        if isinstance(signals, (str, bytes)) or not hasattr(signals, "__iter__"):
+            raise TypeError(f"TrainingState: signals must be a sequence of signal numbers, got {signals!r}")
         self.directory = Path(directory)
         self._store = _C.StateStore(os.fspath(self.directory), keep)  # creates the folder (errors name it)
         self.keep = keep
         self.process_group = process_group
         self._stop_requested = False
-        self._previous_handlers: Dict[int, Any] = {}
+        self._listening: Dict[int, bool] = {}
         signals = list(signals)
         valid = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
         for sig in signals:
             if isinstance(sig, bool) or not isinstance(sig, int) or sig not in valid:
                 raise ValueError(f"TrainingState: signals has {sig!r}, which is not a signal that can be caught")
         if threading.current_thread() is threading.main_thread():  # Python only allows handlers there
-            try:
-                for sig in signals:
-                    self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
-            except BaseException:
-                self.close()  # none of ours stays installed
-                raise
+            for sig in dict.fromkeys(signals):  # each once
+                _listen(sig, self)
+                self._listening[sig] = True
 
     # ------------------------------------------------------------------ signals
-    def _on_signal(self, signum, frame) -> None:
-        self._stop_requested = True
-
     def request_stop(self) -> None:
         """Sets the stop flag, as a caught signal does."""
         self._stop_requested = True
@@ -150,10 +180,10 @@ class TrainingState:
         return self._stop_requested
 
     def close(self) -> None:
-        """Restores the signal handlers that were there before."""
-        for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)
-        self._previous_handlers = {}
+        """Stops listening; the handlers that were there before come back once no TrainingState listens."""
+        for sig in self._listening:
+            _unlisten(sig, self)
+        self._listening = {}
 
     def __enter__(self) -> "TrainingState":
         return self
@@ -213,6 +243,12 @@ class TrainingState:
         skipped with a warning naming it, and the previous good state is used; when states exist but none
         can be used, RuntimeError lists each one's problem (nothing is changed)."""
         _check_objects(model=model, optimizer=optimizer, scaler=scaler)
+        if isinstance(map_location, (str, torch.device)):
+            try:
+                torch.empty(0, device=map_location)
+            except (RuntimeError, ValueError) as e:
+                raise ValueError(f"TrainingState.load: map_location {map_location!r} is not a usable device "
+                                 f"({str(e).splitlines()[0]})") from None
         states, notes = self._store.states()
         for note in notes:
             warnings.warn(f"TrainingState: {note}")

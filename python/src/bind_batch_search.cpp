@@ -5,6 +5,7 @@
 #include <torch/csrc/Exceptions.h>  // torch::PyWarningHandler
 
 #include "bindings.h"
+#include "py_args.h"
 #include "gpuops/batch_search.h"
 #include "gpuops/memory_budget.h"
 
@@ -19,15 +20,35 @@ void bind_batch_search(py::module_& m) {
       .def_readonly("points", &MemoryProfile::points)
       .def_readonly("linear", &MemoryProfile::linear)
       .def_readonly("note", &MemoryProfile::note)
-      .def("predict", &MemoryProfile::predict, py::arg("batch"), "Predicted peak bytes at `batch`.")
-      .def("max_batch_for", &MemoryProfile::max_batch_for, py::arg("bytes"),
+      .def("predict",
+           [](const MemoryProfile& p, const py::object& batch) {
+             return p.predict(int_arg("MemoryProfile.predict", "batch", batch));
+           },
+           py::arg("batch"), "Predicted peak bytes at `batch`.")
+      .def("max_batch_for",
+           [](const MemoryProfile& p, const py::object& bytes) {
+             return p.max_batch_for(int_arg("MemoryProfile.max_batch_for", "bytes", bytes));
+           },
+           py::arg("bytes"),
            "Largest batch whose predicted peak fits in `bytes` (0 when none).")
       .def("__repr__", [](const MemoryProfile& p) {
         return "MemoryProfile(fixed_bytes=" + std::to_string(static_cast<int64_t>(p.fixed_bytes)) +
                ", per_sample_bytes=" + std::to_string(static_cast<int64_t>(p.per_sample_bytes)) +
                ", linear=" + (p.linear ? "True" : "False") + ")";
       });
-  m.def("fit_memory_profile", &fit_memory_profile, py::arg("points"), py::arg("tolerance") = 0.05);
+  m.def("fit_memory_profile",
+        [](const py::object& points, const py::object& tolerance) {
+          const std::string where = "fit_memory_profile";
+          std::vector<std::pair<int64_t, int64_t>> pairs;
+          for (const py::handle point : py::reinterpret_borrow<py::iterable>(points)) {
+            const auto pair = point.cast<py::tuple>();
+            const std::string at = "points[" + std::to_string(pairs.size()) + "]";
+            if (pair.size() != 2) throw py::value_error(where + ": " + at + " must be (batch, peak_bytes)");
+            pairs.emplace_back(int_arg(where, at + ".batch", pair[0]), int_arg(where, at + ".peak_bytes", pair[1]));
+          }
+          return fit_memory_profile(pairs, real_arg(where, "tolerance", tolerance));
+        },
+        py::arg("points"), py::arg("tolerance") = 0.05);
 
   py::class_<BatchTrial>(m, "BatchTrial")
       .def_readonly("batch", &BatchTrial::batch)

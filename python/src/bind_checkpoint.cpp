@@ -2,9 +2,11 @@
 // knapsack (checkpoint_policy.h) shared by gpuops.apply_checkpointing.
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>  // torch::PyWarningHandler
 #include <torch/csrc/utils/pybind.h>  // torch.Tensor <-> at::Tensor
 
 #include "bindings.h"
+#include "py_args.h"
 #include "gpuops/checkpoint.h"
 #include "gpuops/checkpoint_policy.h"
 
@@ -14,11 +16,19 @@ namespace gpuops::python {
 
 void bind_checkpoint(py::module_& m) {
   m.def("choose_for_budget",
-        [](const std::vector<std::tuple<std::string, int64_t, int64_t, double>>& costs, int64_t budget_bytes,
-           int64_t units) {
+        [](const py::object& costs, const py::object& budget_bytes, const py::object& units) {
+          const std::string where = "choose_for_budget";
           std::vector<LayerCost> layers;
-          for (const auto& [name, saved, checkpointed, seconds] : costs) layers.push_back({name, saved, checkpointed, seconds});
-          return choose_for_budget(layers, budget_bytes, units);
+          for (const py::handle row : py::reinterpret_borrow<py::iterable>(costs)) {
+            const auto cost = row.cast<py::tuple>();
+            const std::string at = "costs[" + std::to_string(layers.size()) + "]";
+            if (cost.size() != 4)
+              throw py::value_error(where + ": " + at + " must be (name, saved_bytes, checkpointed_bytes, seconds)");
+            layers.push_back({py::str(cost[0]).cast<std::string>(), int_arg(where, at + ".saved_bytes", cost[1]),
+                              int_arg(where, at + ".checkpointed_bytes", cost[2]),
+                              real_arg(where, at + ".forward_seconds", cost[3])});
+          }
+          return choose_for_budget(layers, int_arg(where, "budget_bytes", budget_bytes), int_arg(where, "units", units));
         },
         py::arg("costs"), py::arg("budget_bytes"), py::arg("units") = 1 << 16,
         "Indices of the layers to checkpoint; costs: (name, saved_bytes, checkpointed_bytes, forward_seconds).");
@@ -31,7 +41,13 @@ void bind_checkpoint(py::module_& m) {
           CheckpointOptions options;
           options.preserve_rng_state = preserve_rng_state;
           options.buffers = buffers;
-          return checkpoint(fn, inputs, options);
+          torch::PyWarningHandler warnings;  // TORCH_WARN (no input requires grad) becomes a Python UserWarning
+          try {
+            return checkpoint(fn, inputs, options);
+          } catch (...) {
+            warnings.set_in_exception();
+            throw;
+          }
         },
         py::arg("fn"), py::arg("inputs"), py::arg("preserve_rng_state") = true, py::arg("buffers") = std::vector<at::Tensor>{});
 }

@@ -1,6 +1,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "py_args.h"
 #include "gpuops/device.h"
 
 namespace py = pybind11;
@@ -27,7 +28,15 @@ void bind_device(py::module_& m) {
                ", multiprocessors=" + std::to_string(d.multiprocessors) + ", compute_capability=(" +
                std::to_string(d.compute_major) + ", " + std::to_string(d.compute_minor) + "))";
       });
-  m.def("device_info", &device_info, py::arg("index") = py::none(),
+  m.def("device_info",
+        [](const py::object& index) {
+          if (index.is_none()) return device_info(std::nullopt);
+          const int64_t i = int_arg("device_info", "index", index);
+          if (i < INT32_MIN || i > INT32_MAX)  // device_info's own check names the accepted range
+            throw py::value_error("device_info: Invalid index value: " + std::to_string(i) + " (beyond int32)");
+          return device_info(static_cast<int>(i));
+        },
+        py::arg("index") = py::none(),
         "The CUDA device chosen by `index`, else by LOCAL_RANK, else device 0; the CPU when none is visible.");
 }
 

@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>  // torch.Tensor <-> at::Tensor
 
 #include "bindings.h"
+#include "py_args.h"
 #include "gpuops/flat_params.h"
 
 namespace py = pybind11;
@@ -20,8 +21,10 @@ void bind_flat_params(py::module_& m) {
         return slots;
       }, "(parameter, offset, numel) in elements");
   py::class_<FlatParams>(m, "FlatParams")
-      .def(py::init([](const std::vector<at::Tensor>& params, int64_t alignment_bytes, int64_t world_size) {
-             return FlatParams(params, FlatParamsOptions{alignment_bytes, world_size});
+      .def(py::init([](const py::object& params, const py::object& alignment_bytes, const py::object& world_size) {
+             return FlatParams(tensor_list_arg("FlatParams", "params", params),
+                               FlatParamsOptions{int_arg("FlatParams", "alignment_bytes", alignment_bytes),
+                                                 int_arg("FlatParams", "world_size", world_size)});
            }),
            py::arg("params"), py::arg("alignment_bytes") = 16, py::arg("world_size") = 1)
       .def_property_readonly("buckets", &FlatParams::buckets)
@@ -29,7 +32,13 @@ void bind_flat_params(py::module_& m) {
            "One leaf tensor per buffer, its .grad the flat gradient: an optimizer given these steps once per buffer")
       .def("zero_grad", &FlatParams::zero_grad)
       .def("intact", &FlatParams::intact)
-      .def_static("shard", &FlatParams::shard, py::arg("flat"), py::arg("rank"), py::arg("world_size"));
+      .def_static("shard",
+                  [](const py::object& flat, const py::object& rank, const py::object& world_size) {
+                    const std::string where = "FlatParams.shard";
+                    return FlatParams::shard(tensor_arg(where, "flat", flat), int_arg(where, "rank", rank),
+                                             int_arg(where, "world_size", world_size));
+                  },
+                  py::arg("flat"), py::arg("rank"), py::arg("world_size"));
 }
 
 }  // namespace gpuops::python

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "py_args.h"
 #include "gpuops/memory_budget.h"
 
 namespace py = pybind11;
@@ -25,8 +26,9 @@ class PyMemoryBudget {
  public:
   PyMemoryBudget(std::optional<int64_t> limit_bytes, const std::string& device)
       : limit_(limit_bytes.value_or(MemoryBudget::kUnlimited)), device_(parse_device(device)) {
-    TORCH_CHECK_VALUE(limit_ > 0 || limit_ == MemoryBudget::kUnlimited,
-                      "memory_budget: limit_bytes must be > 0 or None, got ", limit_);
+    // kUnlimited is how None is stored, not a value to give: -1 would silently mean "no limit".
+    TORCH_CHECK_VALUE(!limit_bytes || *limit_bytes > 0, "memory_budget: limit_bytes must be an int > 0 or None, got ",
+                      limit_);
     TORCH_CHECK_VALUE(device_.is_cpu() || device_.is_cuda(),
                       "memory_budget: device must be 'cpu' or 'cuda[:index]', got '", device, "'");
   }
@@ -82,8 +84,13 @@ void bind_memory_budget(py::module_& m) {
       .def_readonly("failed_allocations", &MemoryStats::failed_allocations);
 
   py::class_<PyMemoryBudget>(m, "MemoryBudget")
-      .def(py::init<std::optional<int64_t>, const std::string&>(), py::arg("limit_bytes") = py::none(),
-           py::arg("device") = "cpu")
+      .def(py::init([](const py::object& limit_bytes, const std::string& device) {
+             return std::make_unique<PyMemoryBudget>(
+                 limit_bytes.is_none() ? std::nullopt
+                                       : std::optional<int64_t>(int_arg("memory_budget", "limit_bytes", limit_bytes)),
+                 device);
+           }),
+           py::arg("limit_bytes") = py::none(), py::arg("device") = "cpu")
       .def("__enter__", &PyMemoryBudget::enter, py::return_value_policy::reference)
       .def("__exit__", [](PyMemoryBudget& self, py::args) { self.exit(); })
       .def("stats", &PyMemoryBudget::stats)

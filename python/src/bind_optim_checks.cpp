@@ -3,10 +3,10 @@
 // the same thing. This file only converts Python values, naming the argument when one is not a number.
 #include <pybind11/stl.h>
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/python_variable.h>  // THPVariable_Check / _Unpack
 #include <torch/csrc/utils/pybind.h>              // torch.Tensor <-> at::Tensor
 
 #include "bindings.h"
+#include "py_args.h"
 #include "gpuops/fused_adam.h"
 #include "gpuops/fused_sgd.h"
 #include "gpuops/grad_accumulator.h"
@@ -17,54 +17,21 @@ namespace py = pybind11;
 namespace gpuops::python {
 namespace {
 
-std::string text_of(const py::handle& value) { return py::repr(value).cast<std::string>(); }
-
-/// A real number (int, float, numpy scalar, one-element tensor); TypeError naming `name` otherwise.
-double real(const std::string& where, const std::string& name, const py::handle& value) {
-  const bool text = py::isinstance<py::str>(value) || py::isinstance<py::bytes>(value);
-  if (!value.is_none() && !text && PyNumber_Check(value.ptr())) {
-    const double v = PyFloat_AsDouble(value.ptr());
-    if (!(v == -1.0 && PyErr_Occurred())) return v;
-    const bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError);
-    PyErr_Clear();
-    if (overflow) throw py::value_error(where + ": Invalid " + name + " value: " + text_of(value) + " (beyond a double)");
-  }
-  throw py::type_error(where + ": " + name + " must be a real number, got " + text_of(value));
-}
-
-/// A Python int (or numpy integer; not bool or float); TypeError / ValueError naming `name` otherwise.
-int64_t integer(const std::string& where, const std::string& name, const py::handle& value) {
-  if (PyBool_Check(value.ptr()) || !PyIndex_Check(value.ptr()))
-    throw py::type_error(where + ": " + name + " must be an int, got " + text_of(value));
-  const py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(value.ptr()));
-  if (!index) throw py::error_already_set();
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
-  if (overflow != 0) throw py::value_error(where + ": Invalid " + name + " value: " + text_of(value) + " (beyond int64)");
-  return v;
-}
-
-at::Tensor tensor(const std::string& where, const std::string& name, const py::handle& value) {
-  if (!THPVariable_Check(value.ptr()))
-    throw py::type_error(where + ": " + name + " must be a torch.Tensor, got " + text_of(value));
-  return THPVariable_Unpack(value.ptr());
-}
-
 /// A count or divisor: a tensor as it is, a number as a float64 CPU scalar (checked before any rounding).
 at::Tensor count_tensor(const std::string& where, const std::string& name, const py::handle& value) {
   if (THPVariable_Check(value.ptr())) return THPVariable_Unpack(value.ptr());
-  return at::scalar_tensor(real(where, name, value), at::kDouble);
+  return at::scalar_tensor(real_arg(where, name, value), at::kDouble);
 }
 
 amp::GradScalerOptions scaler_options(const std::string& where, const py::dict& o) {
   amp::GradScalerOptions options;
-  options.init_scale = real(where, "init_scale", o["init_scale"]);
-  options.growth_factor = real(where, "growth_factor", o["growth_factor"]);
-  options.backoff_factor = real(where, "backoff_factor", o["backoff_factor"]);
-  options.growth_interval = integer(where, "growth_interval", o["growth_interval"]);
-  options.hysteresis = integer(where, "hysteresis", o["hysteresis"]);
-  options.min_scale = real(where, "min_scale", o["min_scale"]);
-  options.max_scale = o["max_scale"].is_none() ? 0.0 : real(where, "max_scale", o["max_scale"]);
+  options.init_scale = real_arg(where, "init_scale", o["init_scale"]);
+  options.growth_factor = real_arg(where, "growth_factor", o["growth_factor"]);
+  options.backoff_factor = real_arg(where, "backoff_factor", o["backoff_factor"]);
+  options.growth_interval = int_arg(where, "growth_interval", o["growth_interval"]);
+  options.hysteresis = int_arg(where, "hysteresis", o["hysteresis"]);
+  options.min_scale = real_arg(where, "min_scale", o["min_scale"]);
+  options.max_scale = o["max_scale"].is_none() ? 0.0 : real_arg(where, "max_scale", o["max_scale"]);
   return options;
 }
 
@@ -90,11 +57,11 @@ void bind_optim_checks(py::module_& m) {
         if (!py::isinstance<py::sequence>(betas) || py::isinstance<py::str>(betas) || py::len(betas) != 2)
           throw py::type_error(where + ": betas must be a pair of numbers, got " + text_of(betas));
         optim::AdamOptions o;
-        o.lr = real(where, "lr", lr);
-        o.beta1 = real(where, "betas[0]", betas[py::int_(0)]);
-        o.beta2 = real(where, "betas[1]", betas[py::int_(1)]);
-        o.eps = real(where, "eps", eps);
-        o.weight_decay = real(where, "weight_decay", weight_decay);
+        o.lr = real_arg(where, "lr", lr);
+        o.beta1 = real_arg(where, "betas[0]", betas[py::int_(0)]);
+        o.beta2 = real_arg(where, "betas[1]", betas[py::int_(1)]);
+        o.eps = real_arg(where, "eps", eps);
+        o.weight_decay = real_arg(where, "weight_decay", weight_decay);
         optim::check_adam_options(o, where);
       },
       py::arg("where"), py::arg("lr"), py::arg("betas"), py::arg("eps"), py::arg("weight_decay"),
@@ -104,10 +71,10 @@ void bind_optim_checks(py::module_& m) {
       [](const std::string& where, const py::object& lr, const py::object& momentum, const py::object& dampening,
          const py::object& weight_decay, const py::object& nesterov) {
         optim::SgdOptions o;
-        o.lr = real(where, "lr", lr);
-        o.momentum = real(where, "momentum", momentum);
-        o.dampening = real(where, "dampening", dampening);
-        o.weight_decay = real(where, "weight_decay", weight_decay);
+        o.lr = real_arg(where, "lr", lr);
+        o.momentum = real_arg(where, "momentum", momentum);
+        o.dampening = real_arg(where, "dampening", dampening);
+        o.weight_decay = real_arg(where, "weight_decay", weight_decay);
         o.nesterov = PyObject_IsTrue(nesterov.ptr()) == 1;
         optim::check_sgd_options(o, where);
       },
@@ -127,7 +94,7 @@ void bind_optim_checks(py::module_& m) {
         amp::GradScalerState values;
         for (const auto& [key, value] : state) {
           if (!py::isinstance<py::str>(key)) continue;  // (torch's keys are strings; others are not ours)
-          values[key.cast<std::string>()] = real(where, key.cast<std::string>(), value);
+          values[key.cast<std::string>()] = real_arg(where, key.cast<std::string>(), value);
         }
         const auto [options, counters] = amp::read_grad_scaler_state(values, scaler_options(where, current));
         py::dict result = scaler_dict(options);
@@ -151,8 +118,8 @@ void bind_optim_checks(py::module_& m) {
       "check_grad_accumulator_options",
       [](const py::object& window, const py::object& max_norm) {
         GradAccumulatorOptions o;
-        o.window = integer("GradAccumulator", "window", window);
-        if (!max_norm.is_none()) o.max_norm = real("GradAccumulator", "max_norm", max_norm);
+        o.window = int_arg("GradAccumulator", "window", window);
+        if (!max_norm.is_none()) o.max_norm = real_arg("GradAccumulator", "max_norm", max_norm);
         check_grad_accumulator_options(o);
       },
       py::arg("window"), py::arg("max_norm"));
@@ -160,7 +127,7 @@ void bind_optim_checks(py::module_& m) {
       "check_micro_batch",
       [](const py::object& loss_sum, const py::object& count) {
         const std::string where = "GradAccumulator.backward";
-        check_micro_batch(tensor(where, "loss_sum", loss_sum), count_tensor(where, "count", count));
+        check_micro_batch(tensor_arg(where, "loss_sum", loss_sum), count_tensor(where, "count", count));
       },
       py::arg("loss_sum"), py::arg("count"));
 }

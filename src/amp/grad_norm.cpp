@@ -101,7 +101,7 @@ at::Tensor grad_norm_cpu(at::TensorList grads, const at::Tensor& inv_scale, cons
     total += partial[c];
     any_inf = any_inf || nonfinite[c];
   }
-  if (any_inf) found_inf.fill_(1.0f);
+  if (any_inf || !std::isfinite(inv)) found_inf.fill_(1.0f);  // as unscale_cpu: a non-finite factor skips the step
   return at::full({1}, static_cast<float>(std::sqrt(total)), found_inf.options());
 }
 

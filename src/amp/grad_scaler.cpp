@@ -122,6 +122,7 @@ void GradScaler::require_scale(const char* method) const {
 }
 
 at::Tensor GradScaler::scale(const at::Tensor& loss) {
+  TORCH_CHECK_VALUE(loss.defined(), "GradScaler.scale: loss is an undefined tensor");
   if (!options_.enabled) return loss;
   if (!scale_.defined()) {
     const auto on = at::TensorOptions(loss.device());
@@ -148,6 +149,9 @@ at::Tensor GradScaler::gradient_scale(const PerOptimizer& state) const {
 }
 
 void GradScaler::set_grad_divisor(torch::optim::Optimizer& optimizer, const at::Tensor& divisor) {
+  // A disabled scaler steps the optimizer as it is: a divisor would be silently ignored.
+  TORCH_CHECK(options_.enabled, "GradScaler.set_grad_divisor: the scaler is disabled, so nothing would divide the "
+              "gradients; divide the loss instead, or use GradAccumulator (which keeps its own scaler)");
   require_scale("set_grad_divisor");
   check_positive_count(divisor, "GradScaler.set_grad_divisor", "divisor", scale_.device());
   PerOptimizer& state = per_optimizer_[&optimizer];

@@ -17,16 +17,21 @@ namespace gpuops::amp {
 namespace {
 
 math::ScaleUpdateParams to_params(const ScaleUpdateOptions& o) {
-  TORCH_CHECK_VALUE(o.growth_factor > 1.0, "growth_factor must be > 1, got ", o.growth_factor);
+  // The scale is a float32 tensor: a factor or bound beyond float32 would make it inf (then every step skips).
+  constexpr double max_float = std::numeric_limits<float>::max();
+  TORCH_CHECK_VALUE(o.growth_factor > 1.0 && o.growth_factor <= max_float,
+                    "update_scale_: growth_factor must be a finite float32 number > 1, got ", o.growth_factor);
   TORCH_CHECK_VALUE(o.backoff_factor > 0.0 && o.backoff_factor < 1.0, "backoff_factor must be in (0, 1), got ",
                     o.backoff_factor);
   TORCH_CHECK_VALUE(o.growth_interval >= 1 && o.growth_interval <= std::numeric_limits<int32_t>::max(),
                     "growth_interval must be in [1, 2^31), got ", o.growth_interval);
   TORCH_CHECK_VALUE(o.hysteresis >= 1 && o.hysteresis <= std::numeric_limits<int32_t>::max(),
                     "hysteresis must be >= 1, got ", o.hysteresis);
-  TORCH_CHECK_VALUE(o.min_scale >= 0.0, "min_scale must be >= 0, got ", o.min_scale);
-  TORCH_CHECK_VALUE(o.max_scale == 0.0 || o.max_scale >= o.min_scale,
-                    "max_scale must be 0 (no maximum) or >= min_scale=", o.min_scale, ", got ", o.max_scale);
+  TORCH_CHECK_VALUE(o.min_scale >= 0.0 && o.min_scale <= max_float,
+                    "update_scale_: min_scale must be a float32 number >= 0, got ", o.min_scale);
+  TORCH_CHECK_VALUE(o.max_scale == 0.0 || (o.max_scale >= o.min_scale && o.max_scale <= max_float),
+                    "update_scale_: max_scale must be 0 (no maximum) or a float32 number >= min_scale=", o.min_scale,
+                    ", got ", o.max_scale);
   math::ScaleUpdateParams p;
   p.growth_factor = static_cast<float>(o.growth_factor);
   p.backoff_factor = static_cast<float>(o.backoff_factor);

@@ -1,8 +1,11 @@
 // unscale_and_check_: argument checks, then the CPU loop or the CUDA multi-tensor launcher.
 #include <atomic>
+#include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include <ATen/Dispatch.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 
 #include "../common/cpu_parallel.h"
 #include "amp_checks.h"
@@ -59,7 +62,8 @@ void unscale_cpu(at::TensorList grads, const at::Tensor& found_inf, const at::Te
       if (local) any_inf.store(true, std::memory_order_relaxed);
     });
   });
-  if (any_inf.load()) found_inf.fill_(1.0f);
+  // A non-finite inv_scale makes finite gradients inf/nan: the step must be skipped as for an overflow.
+  if (any_inf.load() || !std::isfinite(inv)) found_inf.fill_(1.0f);
 }
 
 #ifdef GPUOPS_WITH_CUDA
@@ -80,10 +84,20 @@ void unscale_and_check_(at::TensorList grads, const at::Tensor& found_inf, const
   const at::Device device = found_inf.device();
   detail::check_scalar_state(found_inf, "found_inf", at::kFloat, device);
   detail::check_scalar_state(inv_scale, "inv_scale", at::kFloat, device);
-  detail::check_grads("unscale_and_check_", grads, device);
-  if (device.is_cpu()) return unscale_cpu(grads, found_inf, inv_scale);
+  detail::check_grads("unscale_and_check_", grads, device, /*any_view=*/true);
+  // The linear passes take dense float32/16/bf16 gradients; a strided view (a slice) or float64 goes to
+  // torch's own kernel, which handles any layout, as torch's scaler does for every gradient.
+  std::vector<at::Tensor> linear, others;
+  for (const auto& g : grads)
+    (g.is_non_overlapping_and_dense() && g.scalar_type() != at::kDouble ? linear : others).push_back(g);
+  if (!others.empty()) {
+    TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "unscale_and_check_: device ", device, " is not supported");
+    at::_amp_foreach_non_finite_check_and_unscale_(others, const_cast<at::Tensor&>(found_inf), inv_scale);
+  }
+  if (linear.empty()) return;
+  if (device.is_cpu()) return unscale_cpu(linear, found_inf, inv_scale);
 #ifdef GPUOPS_WITH_CUDA
-  if (device.is_cuda()) return unscale_cuda(grads, found_inf, inv_scale);
+  if (device.is_cuda()) return unscale_cuda(linear, found_inf, inv_scale);
 #endif
   TORCH_CHECK_VALUE(false, "unscale_and_check_: device ", device, " is not supported; accepted: cpu",
 #ifdef GPUOPS_WITH_CUDA

@@ -57,6 +57,8 @@ void check_options(const BatchSearchOptions& o) {
   TORCH_CHECK_VALUE(o.max_seconds >= 0, "find_max_batch_size: max_seconds must be >= 0 (0: no limit), got ",
                     o.max_seconds);
   TORCH_CHECK_VALUE(!o.seed || *o.seed >= 1, "find_max_batch_size: seed must be >= 1, got ", *o.seed);
+  TORCH_CHECK_VALUE(o.headroom_bytes >= -1, "find_max_batch_size: headroom_bytes must be >= 0 (or -1: detect), got ",
+                    o.headroom_bytes);
   TORCH_CHECK_VALUE(o.cache_file.empty() || !o.cache_key.empty(), "find_max_batch_size: a cache_file needs a cache_key");
   const int64_t unit = o.multiple_of;
   TORCH_CHECK_VALUE(o.low <= INT64_MAX - (unit - 1), "find_max_batch_size: low (", o.low, ") is too large");
@@ -76,7 +78,11 @@ int64_t physical_memory_bytes() {
 // The default high: a batch of b samples takes at least b bytes of the memory the trials may use.
 int64_t default_high(const BatchSearchOptions& o) {
   const int64_t first = (o.low + o.multiple_of - 1) / o.multiple_of * o.multiple_of;
-  return std::max(first, o.headroom_bytes > 0 ? o.headroom_bytes : physical_memory_bytes());
+  const int64_t limit = o.headroom_bytes > 0 ? o.headroom_bytes : physical_memory_bytes();
+  TORCH_CHECK_VALUE(first <= limit, "find_max_batch_size: the first batch, ", first, " (low=", o.low, ", multiple_of=",
+                    o.multiple_of, "), exceeds the ", limit, " bytes the trials may use, so it cannot fit; pass a "
+                    "smaller low or multiple_of, or high= to try it anyway");
+  return limit;
 }
 
 int64_t recommended_for(int64_t max_batch, const BatchSearchOptions& o) {
@@ -185,6 +191,9 @@ class Search {
     if (first_fail_k && k >= *first_fail_k) return false;
     const int64_t batch = k * unit();
     TrialOutcome outcome = run_(batch);
+    // A runner's bug (a negative peak) is its own error, not one of the memory fit that reads it later.
+    TORCH_CHECK_VALUE(outcome.peak_bytes >= 0, "find_max_batch_size: the trial of batch ", batch,
+                      " reported peak_bytes ", outcome.peak_bytes, "; accepted: >= 0");
     const bool ok = agree(outcome.ok ? 1 : 0) == 1;
     result.trials.push_back({batch, ok, outcome.peak_bytes, outcome.seconds, phase});
     if (ok) {
@@ -303,6 +312,7 @@ void profile_seeded_search(Search& s, const BatchSearchOptions& o) {
 
 BatchSearchResult search_max_batch(const TrialRunner& run, const BatchSearchOptions& options,
                                    const AgreeMin& agree_min) {
+  TORCH_CHECK_VALUE(static_cast<bool>(run), "find_max_batch_size: run must be a function");
   check_options(options);
   if (const auto hit = cached(options)) {
     BatchSearchResult r;

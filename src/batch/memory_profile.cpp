@@ -1,5 +1,6 @@
 // fit_memory_profile and MemoryProfile (batch_search.h): the linear memory model of the profiled estimator.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include <c10/util/Exception.h>
@@ -8,14 +9,28 @@
 
 namespace gpuops {
 
+namespace {
+
+// A double as int64, saturated (a cast past the range, or of NaN, is undefined behaviour); NaN gives `nan_as`.
+int64_t saturated(double v, int64_t nan_as) {
+  if (std::isnan(v)) return nan_as;
+  if (v >= 9223372036854775807.0) return INT64_MAX;  // 2^63: the first double past the range
+  if (v <= -9223372036854775808.0) return INT64_MIN;
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
 int64_t MemoryProfile::predict(int64_t batch) const {
-  return static_cast<int64_t>(std::ceil(fixed_bytes + per_sample_bytes * static_cast<double>(batch)));
+  TORCH_CHECK_VALUE(batch >= 0, "MemoryProfile::predict: batch must be >= 0, got ", batch);
+  // Unknown (NaN) predicts the most memory: nothing is thought to fit.
+  return saturated(std::ceil(fixed_bytes + per_sample_bytes * static_cast<double>(batch)), INT64_MAX);
 }
 
 int64_t MemoryProfile::max_batch_for(int64_t bytes) const {
-  if (per_sample_bytes <= 0) return 0;  // memory does not grow with the batch: the fit cannot bound it
+  if (!(per_sample_bytes > 0)) return 0;  // memory does not grow with the batch (or NaN): the fit cannot bound it
   const double room = static_cast<double>(bytes) - fixed_bytes;
-  return room < per_sample_bytes ? 0 : static_cast<int64_t>(std::floor(room / per_sample_bytes));
+  return room >= per_sample_bytes ? saturated(std::floor(room / per_sample_bytes), 0) : 0;  // NaN room: 0
 }
 
 MemoryProfile fit_memory_profile(const std::vector<std::pair<int64_t, int64_t>>& points, double tolerance) {

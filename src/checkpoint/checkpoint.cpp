@@ -1,6 +1,7 @@
 // gpuops::checkpoint (checkpoint.h): a custom autograd Node that recomputes its segment in the backward.
 #include "gpuops/checkpoint.h"
 
+#include <algorithm>
 #include <optional>
 
 #include <ATen/ATen.h>
@@ -69,12 +70,17 @@ struct CheckpointBackward : public torch::autograd::Node {
   std::string name() const override { return "gpuops::CheckpointBackward"; }
 
   variable_list apply(variable_list&& grads) override {
+    // release_variables() ran: the inputs are gone, as torch's saved tensors are after a backward.
+    TORCH_CHECK(static_cast<bool>(fn), "gpuops::checkpoint: Trying to backward through the graph a second time; the "
+                "segment's saved inputs were freed by the first backward. Specify retain_graph=True if you need to "
+                "backward through the graph a second time");
     TORCH_CHECK_VALUE(torch::autograd::Engine::get_default_engine().is_checkpoint_valid(),
                       "gpuops::checkpoint: torch::autograd::grad with `inputs` cannot reach into a checkpointed "
                       "segment (the reentrant recomputation accumulates into .grad); call backward() instead");
     std::vector<at::Tensor> leaves;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      at::Tensor x = inputs[i].unpack(shared_from_this()).detach();  // throws if modified in place
+      at::Tensor x = inputs[i].unpack(shared_from_this());  // throws if modified in place
+      if (x.defined()) x = x.detach();  // an undefined input goes back to fn as it came
       if (input_needs_grad[i]) x.requires_grad_(true);
       leaves.push_back(x);
     }
@@ -97,6 +103,15 @@ struct CheckpointBackward : public torch::autograd::Node {
     TORCH_CHECK(outputs.size() == slot_of_output.size(), "gpuops::checkpoint: the recomputation returned ",
                 outputs.size(), " outputs, the forward ", slot_of_output.size(), "; the segment must be deterministic "
                 "in its structure");
+    // As torch's reentrant checkpoint: the forward ran without grad, so it could not know; now it does.
+    const bool any_output_needs_grad = [&] {
+      for (size_t i = 0; i < outputs.size(); ++i)
+        if (slot_of_output[i] >= 0 && outputs[i].defined() && outputs[i].requires_grad()) return true;
+      return false;
+    }();
+    TORCH_CHECK(any_output_needs_grad, "gpuops::checkpoint: none of output has requires_grad=True, this checkpoint() "
+                "is not necessary: no output of the segment depends on an input or parameter that requires grad; "
+                "call the function without checkpointing it");
     variable_list roots, root_grads;
     for (size_t i = 0; i < outputs.size(); ++i) {
       const int slot = slot_of_output[i];
@@ -121,12 +136,19 @@ struct CheckpointBackward : public torch::autograd::Node {
 
 std::vector<at::Tensor> checkpoint(const SegmentFn& fn, const std::vector<at::Tensor>& inputs,
                                    const CheckpointOptions& options) {
+  TORCH_CHECK_VALUE(static_cast<bool>(fn), "gpuops::checkpoint: fn is an empty function");
+  for (size_t i = 0; i < options.buffers.size(); ++i)  // checked now: they are copied only in the backward
+    TORCH_CHECK_VALUE(options.buffers[i].defined(), "gpuops::checkpoint: options.buffers[", i, "] is undefined");
   if (!c10::GradMode::is_enabled()) return fn(inputs);
   const bool any_needs_grad =
       std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
-  TORCH_CHECK_VALUE(any_needs_grad, "gpuops::checkpoint: no input requires grad, so the parameters inside the "
-                    "segment would get no gradient; make an input require grad (x.requires_grad_()) or do not "
-                    "checkpoint this segment");
+  if (!any_needs_grad) {  // as torch's reentrant checkpoint: a warning, and outputs that need no grad
+    TORCH_WARN("gpuops::checkpoint: None of the inputs have requires_grad=True. Gradients will be None: the "
+               "parameters inside the segment get no gradient; make an input require grad (x.requires_grad_()) "
+               "or do not checkpoint this segment");
+    c10::NoGradGuard no_grad;
+    return fn(inputs);
+  }
   auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(), torch::autograd::deleteNode);
   node->fn = fn;
   node->options = options;
@@ -147,7 +169,10 @@ std::vector<at::Tensor> checkpoint(const SegmentFn& fn, const std::vector<at::Te
       node->slot_of_output.push_back(-1);
       continue;
     }
-    if (!out.is_leaf() || out.requires_grad()) out = out.detach().clone();  // an input passed through
+    // An input passed through (even one that needs no grad) gets a copy: the node's edge must not go onto
+    // the caller's tensor.
+    const bool is_input = std::any_of(inputs.begin(), inputs.end(), [&](const at::Tensor& x) { return x.is_same(out); });
+    if (!out.is_leaf() || out.requires_grad() || is_input) out = out.detach().clone();
     node->slot_of_output.push_back(static_cast<int>(node->num_inputs()));
     torch::autograd::create_gradient_edge(out, node);
   }
@@ -156,6 +181,7 @@ std::vector<at::Tensor> checkpoint(const SegmentFn& fn, const std::vector<at::Te
 
 at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& input,
                       const CheckpointOptions& options) {
+  TORCH_CHECK_VALUE(static_cast<bool>(fn), "gpuops::checkpoint: fn is an empty function");
   return checkpoint([fn](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{fn(in[0])}; },
                     {input}, options)[0];
 }

@@ -35,11 +35,24 @@ int64_t storage_bytes(const at::Tensor& t) {
 
 CheckpointedSequentialImpl::CheckpointedSequentialImpl(torch::nn::Sequential layers_)
     : layers(register_module("layers", std::move(layers_))) {
-  for (const auto& item : layers->named_children()) names_.push_back(item.key());
-  checkpointed_.assign(names_.size(), false);
+  sync_layers();
+}
+
+void CheckpointedSequentialImpl::sync_layers() const {
+  std::vector<std::string> now;
+  for (const auto& item : layers->named_children()) now.push_back(item.key());
+  if (now == names_) return;
+  std::vector<bool> chosen(now.size(), false);
+  for (size_t i = 0; i < now.size(); ++i) {
+    const auto was = std::find(names_.begin(), names_.end(), now[i]);
+    if (was != names_.end()) chosen[i] = checkpointed_[static_cast<size_t>(was - names_.begin())];
+  }
+  names_ = std::move(now);
+  checkpointed_ = std::move(chosen);
 }
 
 at::Tensor CheckpointedSequentialImpl::forward(at::Tensor x) {
+  sync_layers();
   size_t i = 0;
   for (auto& layer : *layers) {
     if (!checkpointed_[i++] || !c10::GradMode::is_enabled()) {
@@ -65,6 +78,7 @@ std::vector<std::string> CheckpointedSequentialImpl::choose(const std::vector<bo
 }
 
 std::vector<std::string> CheckpointedSequentialImpl::checkpoint_every(int64_t k) {
+  sync_layers();
   TORCH_CHECK_VALUE(k >= 1, "CheckpointedSequential::checkpoint_every: k must be >= 1, got ", k);
   std::vector<bool> chosen(names_.size());
   for (size_t i = 0; i < chosen.size(); ++i) chosen[i] = i % static_cast<size_t>(k) == 0;
@@ -72,6 +86,7 @@ std::vector<std::string> CheckpointedSequentialImpl::checkpoint_every(int64_t k)
 }
 
 std::vector<std::string> CheckpointedSequentialImpl::checkpoint_named(const std::vector<std::string>& names) {
+  sync_layers();
   const std::set<std::string> known(names_.begin(), names_.end());
   for (const auto& name : names) {
     if (known.count(name)) continue;
@@ -95,9 +110,13 @@ std::vector<std::string> CheckpointedSequentialImpl::checkpoint_to_budget(int64_
   return choose(chosen);
 }
 
-void CheckpointedSequentialImpl::checkpoint_none() { checkpointed_.assign(names_.size(), false); }
+void CheckpointedSequentialImpl::checkpoint_none() {
+  sync_layers();
+  checkpointed_.assign(names_.size(), false);
+}
 
 std::vector<LayerCost> CheckpointedSequentialImpl::measure_layers(const at::Tensor& sample) {
+  sync_layers();
   TORCH_CHECK_VALUE(sample.defined(), "CheckpointedSequential::measure_layers: sample must be a defined tensor");
   {
     c10::NoGradGuard warm_up;  // first-call allocations and lazy initialisation out of the measurement
@@ -123,6 +142,7 @@ std::vector<LayerCost> CheckpointedSequentialImpl::measure_layers(const at::Tens
 }
 
 std::vector<std::string> CheckpointedSequentialImpl::checkpointed() const {
+  sync_layers();
   std::vector<std::string> chosen;
   for (size_t i = 0; i < names_.size(); ++i)
     if (checkpointed_[i]) chosen.push_back(names_[i]);

@@ -2,23 +2,33 @@
 #include "gpuops/checkpoint_policy.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include <c10/util/Exception.h>
 
 namespace gpuops {
 
+constexpr int64_t kMaxUnits = int64_t{1} << 24;
+
 std::vector<size_t> choose_for_budget(const std::vector<LayerCost>& costs, int64_t budget_bytes, int64_t units) {
   TORCH_CHECK_VALUE(budget_bytes >= 0, "choose_for_budget: budget_bytes must be >= 0, got ", budget_bytes);
-  TORCH_CHECK_VALUE(units >= 1, "choose_for_budget: units must be >= 1, got ", units);
+  // The table is layers x units entries: past 2^24 units it would take gigabytes for no useful precision.
+  TORCH_CHECK_VALUE(units >= 1 && units <= kMaxUnits, "choose_for_budget: units must be in [1, ", kMaxUnits,
+                    "], got ", units);
   int64_t total = 0, total_saving = 0;
   std::vector<int64_t> savings;
   for (const auto& c : costs) {
-    TORCH_CHECK_VALUE(c.saved_bytes >= 0 && c.checkpointed_bytes >= 0 && c.forward_seconds >= 0,
-                      "choose_for_budget: layer '", c.name, "' has a negative cost");
-    total += c.saved_bytes;
+    TORCH_CHECK_VALUE(c.saved_bytes >= 0, "choose_for_budget: layer '", c.name, "' has saved_bytes ", c.saved_bytes,
+                      "; accepted: >= 0");
+    TORCH_CHECK_VALUE(c.checkpointed_bytes >= 0, "choose_for_budget: layer '", c.name, "' has checkpointed_bytes ",
+                      c.checkpointed_bytes, "; accepted: >= 0");
+    TORCH_CHECK_VALUE(std::isfinite(c.forward_seconds) && c.forward_seconds >= 0, "choose_for_budget: layer '",
+                      c.name, "' has forward_seconds ", c.forward_seconds, "; accepted: a finite number >= 0");
     savings.push_back(std::max<int64_t>(c.saved_bytes - c.checkpointed_bytes, 0));
-    total_saving += savings.back();
+    TORCH_CHECK_VALUE(!__builtin_add_overflow(total, c.saved_bytes, &total) &&
+                          !__builtin_add_overflow(total_saving, savings.back(), &total_saving),
+                      "choose_for_budget: the layers' saved_bytes add up past 2^63 (overflow) at layer '", c.name, "'");
   }
   const int64_t need = total - budget_bytes;
   if (need <= 0) return {};

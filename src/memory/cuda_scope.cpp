@@ -26,9 +26,6 @@ constexpr size_t kAggregate = static_cast<size_t>(c10::CachingAllocator::StatTyp
 class CudaScope final : public MemoryBudget::Scope {
  public:
   CudaScope(int64_t limit, c10::DeviceIndex device) : limit_(limit), device_(device) {
-    const c10::DeviceIndex count = c10::cuda::device_count();
-    TORCH_CHECK_VALUE(device >= 0 && device < count, "MemoryBudget: device index must be in [0, ", count,
-                      "), got ", static_cast<int>(device));
     alloc::emptyCache();
     const auto stats = alloc::getDeviceStats(device);
     baseline_ = stats.allocated_bytes[kAggregate].current;
@@ -64,10 +61,22 @@ class CudaScope final : public MemoryBudget::Scope {
   double previous_fraction_ = 1.0;
 };
 
+// The ordinal `device` names (its index, else the current device), checked against the visible devices first:
+// asking the runtime about a device it does not have raises a raw CUDA error that names no argument.
+c10::DeviceIndex visible_index(c10::Device device, const char* where) {
+  const int count = c10::cuda::device_count();  // 0, not an error, without a usable driver or device
+  TORCH_CHECK_VALUE(count > 0, where, ": device '", device.str(), "' is not available: this process sees no CUDA ",
+                    "device (check the driver and CUDA_VISIBLE_DEVICES)");
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  TORCH_CHECK_VALUE(index >= 0 && index < count, where, ": device '", device.str(), "' has index ", index,
+                    "; accepted: 0..", count - 1, " (the CUDA devices this process sees)");
+  return static_cast<c10::DeviceIndex>(index);
+}
+
 }  // namespace
 
 int64_t cuda_headroom_bytes(c10::Device device) {
-  const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+  const c10::DeviceIndex index = visible_index(device, "memory_headroom_bytes");
   size_t free_bytes = 0, total_bytes = 0;
   {
     c10::cuda::CUDAGuard guard(index);
@@ -82,7 +91,7 @@ int64_t cuda_headroom_bytes(c10::Device device) {
 }
 
 std::unique_ptr<MemoryBudget::Scope> make_cuda_scope(int64_t limit_bytes, c10::Device device) {
-  return std::make_unique<CudaScope>(limit_bytes, device.has_index() ? device.index() : c10::cuda::current_device());
+  return std::make_unique<CudaScope>(limit_bytes, visible_index(device, "MemoryBudget"));
 }
 #else
 int64_t cuda_headroom_bytes(c10::Device device) {

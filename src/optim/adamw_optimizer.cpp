@@ -116,13 +116,13 @@ AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions defaults)
 const char* AdamW::name() const { return "AdamW"; }
 
 void AdamW::check_options(size_t index) const {
-  check(static_cast<const AdamWOptions&>(param_groups_[index].options()),
+  check(group_options<AdamWOptions>(index),
         std::string(name()) + ": param_groups[" + std::to_string(index) + "]");
 }
 
 void AdamW::step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf) {
-  const auto& o = static_cast<const AdamWOptions&>(param_groups_[index].options());
+  const auto& o = group_options<AdamWOptions>(index);
   AdamOptions step_options = step_options_of(o);
   if (o.capturable()) step_options.lr_tensor = o.device_lr.on(params[0].device(), o.lr());
   // One fused call per parameter dtype: float32 directly, float16/bfloat16 on their fp32 master copies.

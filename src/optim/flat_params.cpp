@@ -110,20 +110,23 @@ void FlatParams::zero_grad() {
 }
 
 bool FlatParams::intact() const {
+  // Storage and offset, not data_ptr: a parameter with no elements has a null data_ptr yet is a view.
+  const auto views = [](const at::Tensor& t, const at::Tensor& flat, int64_t offset) {
+    return t.defined() && t.storage().is_alias_of(flat.storage()) &&
+           t.storage_offset() == flat.storage_offset() + offset;
+  };
   for (const auto& bucket : buckets_) {
-    const auto data_base = static_cast<const char*>(bucket.data.data_ptr());
-    const auto grad_base = static_cast<const char*>(bucket.grad.data_ptr());
-    const auto size = static_cast<int64_t>(c10::elementSize(bucket.dtype));
     for (const auto& slot : bucket.slots) {
-      const at::Tensor& grad = slot.param.grad();
-      if (slot.param.data_ptr() != data_base + slot.offset * size) return false;
-      if (!grad.defined() || grad.data_ptr() != grad_base + slot.offset * size) return false;
+      if (!views(slot.param, bucket.data, slot.offset) || !views(slot.param.grad(), bucket.grad, slot.offset))
+        return false;
     }
   }
   return true;
 }
 
 at::Tensor FlatParams::shard(const at::Tensor& flat, int64_t rank, int64_t world_size) {
+  TORCH_CHECK_VALUE(flat.defined() && flat.dim() == 1, "FlatParams::shard: flat must be a one-dimensional buffer, got ",
+                    flat.defined() ? "a tensor of shape " + c10::str(flat.sizes()) : std::string("an undefined tensor"));
   TORCH_CHECK_VALUE(world_size >= 1 && flat.numel() % world_size == 0, "FlatParams::shard: world_size must divide the "
                     "buffer (", flat.numel(), " elements), got ", world_size);
   TORCH_CHECK_VALUE(rank >= 0 && rank < world_size, "FlatParams::shard: rank must be in [0, ", world_size, "), got ",

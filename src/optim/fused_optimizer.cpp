@@ -63,6 +63,12 @@ at::Tensor FusedOptimizer::step(LossClosure closure) {
 void FusedOptimizer::step_scaled(const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   c10::NoGradGuard no_grad;
   // Check every group first: a failed step leaves every parameter and state as it was.
+  for (const auto& [what, t] : {std::make_pair("grad_scale", &grad_scale), std::make_pair("found_inf", &found_inf)}) {
+    TORCH_CHECK_VALUE(!*t || ((*t)->defined() && (*t)->numel() == 1 && (*t)->scalar_type() == at::kFloat), name(),
+                      ".step_scaled: ", what, " must be a one-element float32 tensor, got ",
+                      !*t || !(*t)->defined() ? std::string("an undefined tensor")
+                                              : (*t)->toString() + " of shape " + c10::str((*t)->sizes()));
+  }
   check_unique_params();
   std::vector<std::vector<at::Tensor>> with_grad(param_groups_.size());
   std::vector<std::optional<c10::Device>> devices(param_groups_.size());
@@ -83,6 +89,12 @@ void FusedOptimizer::step_scaled(const std::optional<at::Tensor>& grad_scale, co
       TORCH_CHECK_VALUE(!device || *device == p.device(), name(), ": param_groups[", i,
                         "] has parameters on several devices (", *device, ", ", p.device(),
                         "); give each device's parameters their own optimizer");
+      // What the fused step reads linearly: the gradient laid out as its parameter (checked here, not in the
+      // step of group i, which would come after groups 0..i-1 were stepped).
+      TORCH_CHECK_VALUE(p.is_non_overlapping_and_dense() && g.sizes() == p.sizes() && g.strides() == p.strides(),
+                        name(), ": param_groups[", i, "] has a parameter of sizes ", p.sizes(), " and strides ",
+                        p.strides(), " whose gradient has sizes ", g.sizes(), " and strides ", g.strides(),
+                        "; accepted: a dense parameter and a gradient of its sizes and strides");
       device = p.device();
       with_grad[i].push_back(p);
     }

@@ -1,8 +1,10 @@
 #pragma once
 // Argument checks shared by the fused optimizer steps: every list matches params element by element.
+#include <cstring>
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
@@ -25,6 +27,7 @@ inline void check_step_lists(const char* op, at::TensorList params, std::initial
   }
   TORCH_CHECK_VALUE(steps.size() == n, op, ": steps has ", steps.size(), " tensors but params has ", n);
   if (n == 0) return;
+  TORCH_CHECK_VALUE(params[0].defined(), op, ": params[0] must be a dense tensor, got an undefined one");
   const at::Device device = params[0].device();
   auto check = [&](const at::Tensor& t, const at::Tensor& param, const std::string& name, size_t i) {
     TORCH_CHECK_VALUE(t.defined() && t.layout() == at::kStrided, op, ": ", name, "[", i, "] must be a dense tensor",
@@ -42,16 +45,33 @@ inline void check_step_lists(const char* op, at::TensorList params, std::initial
   for (size_t i = 0; i < n; ++i) {
     check(params[i], params[i], "params", i);
     for (const auto& [name, list] : like_params) check(list[i], params[i], name, i);
-    TORCH_CHECK_VALUE(steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat && steps[i].device() == device,
+    TORCH_CHECK_VALUE(steps[i].defined() && steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat &&
+                          steps[i].device() == device,
                       op, ": steps[", i, "] must be a one-element float32 tensor on ", device);
   }
   for (const auto& [name, t] : {std::make_pair("grad_scale", &grad_scale), std::make_pair("found_inf", &found_inf),
                                 std::make_pair("lr", &lr)}) {
     if (!*t) continue;
     const at::Tensor& value = **t;
-    TORCH_CHECK_VALUE(value.numel() == 1 && value.scalar_type() == at::kFloat && value.device() == device, op, ": ",
-                      name, " must be a one-element float32 tensor on ", device, ", got ", value.toString(), " on ",
-                      value.device());
+    TORCH_CHECK_VALUE(value.defined() && value.numel() == 1 && value.scalar_type() == at::kFloat &&
+                          value.device() == device,
+                      op, ": ", name, " must be a one-element float32 tensor on ", device, ", got ",
+                      value.defined() ? value.toString() + " on " + value.device().str() : "an undefined tensor");
+  }
+  // Every tensor the step writes once: the same memory twice (a parameter listed twice, two states sharing a
+  // buffer) would be updated twice in one call.
+  std::unordered_map<const void*, std::pair<const char*, size_t>> written;
+  auto claim = [&](const at::Tensor& t, const char* name, size_t i) {
+    if (t.numel() == 0) return;  // owns no memory
+    const auto [seen, fresh] = written.emplace(t.data_ptr(), std::make_pair(name, i));
+    TORCH_CHECK_VALUE(fresh, op, ": ", name, "[", i, "] is the memory of ", seen->second.first, "[",
+                      seen->second.second, "]; each tensor the step writes must be given once");
+  };
+  for (size_t i = 0; i < n; ++i) {
+    claim(params[i], "params", i);
+    claim(steps[i], "steps", i);
+    for (const auto& [name, list] : like_params)
+      if (std::strcmp(name, "grads") != 0) claim(list[i], name, i);  // gradients are only read
   }
 }
 
@@ -62,6 +82,8 @@ inline void check_half_lists(const char* op, at::TensorList params, at::TensorLi
                     params.size(), "), grads (", grads.size(), ") and master_params (", masters.size(),
                     ") must have the same length");
   for (size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK_VALUE(params[i].defined() && grads[i].defined(), op, ": ", params[i].defined() ? "grads[" : "params[",
+                      i, "] is undefined");
     const auto dtype = params[i].scalar_type();
     TORCH_CHECK_VALUE(dtype == at::kHalf || dtype == at::kBFloat16, op, ": params[", i, "] has dtype ", dtype,
                       "; accepted: float16 or bfloat16 (float32 parameters take the plain step)");

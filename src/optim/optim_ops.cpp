@@ -1,5 +1,8 @@
-// The fused optimizer steps as torch operators (torch.ops.gpuops.*), for the Python optimizers.
+// The fused optimizer steps as torch operators (torch.ops.gpuops.*), for the Python optimizers; registered for
+// autograd, fake tensors and torch.compile by common/op_registration.h.
 #include <torch/library.h>
+
+#include "../common/op_registration.h"
 
 #include "gpuops/fused_adam.h"
 #include "gpuops/fused_sgd.h"
@@ -48,27 +51,28 @@ void sgd_step_master_op(at::TensorList params, at::TensorList grads, at::TensorL
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(gpuops, m) {
+  using gpuops::ops::impl_mutating_op, gpuops::ops::no_outputs_meta_kernel;
   m.def(
       "adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
       "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
       "float weight_decay, bool decoupled, bool amsgrad, bool maximize, Tensor? grad_scale, Tensor? found_inf, "
-      "Tensor? lr_tensor=None) -> ()",
-      TORCH_FN(adam_step_op));
+      "Tensor? lr_tensor=None) -> ()");
+  impl_mutating_op(m, "adam_step_", TORCH_FN(adam_step_op), no_outputs_meta_kernel());
   m.def(
       "adam_step_master_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_params, Tensor(c!)[] exp_avgs, "
       "Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] steps, float lr, float beta1, "
       "float beta2, float eps, float weight_decay, bool decoupled, bool amsgrad, bool maximize, Tensor? grad_scale, "
-      "Tensor? found_inf, Tensor? lr_tensor=None) -> ()",
-      TORCH_FN(adam_step_master_op));
+      "Tensor? found_inf, Tensor? lr_tensor=None) -> ()");
+  impl_mutating_op(m, "adam_step_master_", TORCH_FN(adam_step_master_op), no_outputs_meta_kernel());
   m.def(
       "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, float lr, "
       "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, Tensor? grad_scale, "
-      "Tensor? found_inf, Tensor? lr_tensor=None) -> ()",
-      TORCH_FN(sgd_step_op));
+      "Tensor? found_inf, Tensor? lr_tensor=None) -> ()");
+  impl_mutating_op(m, "sgd_step_", TORCH_FN(sgd_step_op), no_outputs_meta_kernel());
   m.def(
       "sgd_step_master_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] master_params, "
       "Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, float lr, float momentum, float dampening, "
       "float weight_decay, bool nesterov, bool maximize, Tensor? grad_scale, Tensor? found_inf, "
-      "Tensor? lr_tensor=None) -> ()",
-      TORCH_FN(sgd_step_master_op));
+      "Tensor? lr_tensor=None) -> ()");
+  impl_mutating_op(m, "sgd_step_master_", TORCH_FN(sgd_step_master_op), no_outputs_meta_kernel());
 }

@@ -103,13 +103,13 @@ SGD::SGD(std::vector<at::Tensor> params, SGDOptions defaults)
 const char* SGD::name() const { return "SGD"; }
 
 void SGD::check_options(size_t index) const {
-  check(static_cast<const SGDOptions&>(param_groups_[index].options()),
+  check(group_options<SGDOptions>(index),
         std::string(name()) + ": param_groups[" + std::to_string(index) + "]");
 }
 
 void SGD::step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                      const std::optional<at::Tensor>& found_inf) {
-  const auto& o = static_cast<const SGDOptions&>(param_groups_[index].options());
+  const auto& o = group_options<SGDOptions>(index);
   SgdOptions step_options = step_options_of(o);
   if (o.capturable()) step_options.lr_tensor = o.device_lr.on(params[0].device(), o.lr());
   // One fused call per parameter dtype: float32 directly, float16/bfloat16 on their fp32 master copies.

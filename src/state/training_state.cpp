@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <mutex>
 #include <fstream>
 #include <sstream>
 
@@ -25,9 +26,20 @@ namespace gpuops {
 namespace {
 
 constexpr int64_t kFormat = 1;
-volatile std::sig_atomic_t g_signal_seen = 0;
+// Signals are process-wide, TrainingStates are not: our handler is installed for a signal while any live
+// object asks for it (the handler found first comes back when the last one goes), and each object compares
+// the signal's count with the count it saw when it was made. A set of counters, not one flag, so that two
+// objects (or one listing a signal twice) neither reset each other nor uninstall each other's handler.
+constexpr int kMaxSignal = 65;
+volatile std::sig_atomic_t g_signal_count[kMaxSignal] = {};
 
-void on_signal(int) { g_signal_seen = 1; }
+void on_signal(int sig) {
+  if (sig > 0 && sig < kMaxSignal) g_signal_count[sig] = g_signal_count[sig] + 1;
+}
+
+std::mutex g_handlers_mutex;
+int g_handler_users[kMaxSignal] = {};
+struct sigaction g_original_handler[kMaxSignal];
 
 void write_rng(torch::serialize::OutputArchive& archive) {
   const auto rng = detail::RngState::capture();
@@ -127,33 +139,51 @@ struct Backup {
 }  // namespace
 
 struct TrainingState::Handlers {
-  std::vector<std::pair<int, struct sigaction>> previous;
+  std::vector<std::pair<int, std::sig_atomic_t>> seen;  // (signal, its count when this object was made)
 
   explicit Handlers(const std::vector<int>& signals) {
-    g_signal_seen = 0;
-    struct sigaction action {};
-    action.sa_handler = on_signal;
-    sigemptyset(&action.sa_mask);
+    std::lock_guard<std::mutex> lock(g_handlers_mutex);
     for (int sig : signals) {
-      struct sigaction old {};
-      if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, &action, &old) != 0) {
-        restore();  // none of ours stays installed
+      if (std::any_of(seen.begin(), seen.end(), [&](const auto& s) { return s.first == sig; })) continue;
+      if (!install(sig)) {
+        release();  // none of ours stays installed
         TORCH_CHECK_VALUE(false, "TrainingState: signals has ", sig, ", which is not a signal that can be caught");
       }
-      previous.emplace_back(sig, old);
+      seen.emplace_back(sig, g_signal_count[sig]);
     }
   }
-  ~Handlers() { restore(); }
+  ~Handlers() {
+    std::lock_guard<std::mutex> lock(g_handlers_mutex);
+    release();
+  }
 
-  void restore() {
-    for (auto it = previous.rbegin(); it != previous.rend(); ++it) sigaction(it->first, &it->second, nullptr);
-    previous.clear();
+  bool caught() const {
+    return std::any_of(seen.begin(), seen.end(), [](const auto& s) { return g_signal_count[s.first] != s.second; });
+  }
+
+ private:
+  static bool install(int sig) {
+    if (sig <= 0 || sig >= kMaxSignal || sig == SIGKILL || sig == SIGSTOP) return false;
+    if (g_handler_users[sig] == 0) {
+      struct sigaction action {};
+      action.sa_handler = on_signal;
+      sigemptyset(&action.sa_mask);
+      if (sigaction(sig, &action, &g_original_handler[sig]) != 0) return false;
+    }
+    ++g_handler_users[sig];
+    return true;
+  }
+  void release() {
+    for (const auto& [sig, count] : seen)
+      if (--g_handler_users[sig] == 0) sigaction(sig, &g_original_handler[sig], nullptr);
+    seen.clear();
   }
 };
 
 TrainingState::TrainingState(std::string directory, TrainingStateOptions options)
     : directory_(std::move(directory)), options_(std::move(options)) {
   TORCH_CHECK_VALUE(options_.keep >= 1, "TrainingState: keep must be >= 1, got ", options_.keep);
+  TORCH_CHECK_VALUE(!directory_.empty(), "TrainingState: directory '' must name a folder");
   detail::make_directories(directory_);
   handlers_ = std::make_unique<Handlers>(options_.signals);
 }
@@ -161,7 +191,7 @@ TrainingState::TrainingState(std::string directory, TrainingStateOptions options
 TrainingState::~TrainingState() = default;
 
 bool TrainingState::should_stop() {
-  if (g_signal_seen) stop_requested_ = true;
+  if (handlers_->caught()) stop_requested_ = true;
   if (!options_.process_group) return stop_requested_;
   const bool nccl = options_.process_group->getBackendName() == "nccl";
   auto flag = at::full({1}, stop_requested_ ? 1 : 0, at::TensorOptions(at::kInt).device(nccl ? at::kCUDA : at::kCPU));

@@ -120,12 +120,8 @@ TEST(Checkpoint, SeveralOutputsCapturedArgumentsAndNonDifferentiableOutputs) {
 TEST(Checkpoint, ErrorsSayWhatToDo) {
   auto w = at::randn({4, 4}).requires_grad_();
   auto segment = [&](const at::Tensor& t) { return t.matmul(w); };
-  try {
-    gpuops::checkpoint(segment, at::randn({2, 4}));
-    ADD_FAILURE() << "no error without an input requiring grad";
-  } catch (const c10::ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("requires_grad_"), std::string::npos);
-  }
+  // no input requiring grad: a warning and outputs that need no grad, as torch's reentrant checkpoint
+  EXPECT_FALSE(gpuops::checkpoint(segment, at::randn({2, 4})).requires_grad());
   auto x = at::randn({2, 4}).requires_grad_();
   auto out = gpuops::checkpoint(segment, x).sum();
   EXPECT_THROW(torch::autograd::grad({out}, {x}), c10::ValueError);  // w is not even an edge of the graph

@@ -1,7 +1,7 @@
 """Hostile input to gpuops.estimate and the `gpuops` command (issue 10, defects 1, 2 and 8): every case ends
 in a TypeError/ValueError naming the argument, or exit status 2 (bad input) / 1 (output not written) with
-one error line, never a traceback, a hang or a wrong number. The command runs both as the pip console
-script and as the native binary when the build has one."""
+one error line, never a traceback, a hang or a wrong number. The command runs both as the installed `gpuops`
+(the native binary) and as `python -m gpuops.cli` (the Python API's front door)."""
 
 import json
 import math
@@ -16,16 +16,12 @@ import pytest
 
 import gpuops
 
-ROOT = Path(__file__).resolve().parents[2]
-CONSOLE_SCRIPT = str(Path(sys.executable).parent / "gpuops")
-NATIVE = ROOT / "build" / "py" / "gpuops"
-COMMANDS = [pytest.param(CONSOLE_SCRIPT, id="console-script"),
-            pytest.param(str(NATIVE), id="native", marks=pytest.mark.skipif(
-                not NATIVE.is_file(), reason="no native binary in build/py"))]
+COMMANDS = [pytest.param([str(Path(sys.executable).parent / "gpuops")], id="native"),
+            pytest.param([sys.executable, "-m", "gpuops.cli"], id="python-m")]
 
 
 def run(command, *args, timeout=60, **kwargs):
-    return subprocess.run([command, *args], capture_output=True, timeout=timeout, **kwargs)
+    return subprocess.run([*command, *args], capture_output=True, timeout=timeout, **kwargs)
 
 
 def assert_one_error_line(result, needle=b"", code=2):
@@ -168,7 +164,7 @@ def test_a_config_whose_name_is_not_utf8_loads(tmp_path):
     assert gpuops.estimate(config=os.fsdecode(path), seq_len=64) == expected  # str with a surrogate escape
 
 
-# ---- defect 2: the command, as console script and native binary ------------------------------------
+# ---- defect 2: the command, as the native binary and from Python ------------------------------------
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_reported_cli_cases(command, tmp_path):
@@ -197,11 +193,23 @@ def test_reported_cli_cases(command, tmp_path):
 @pytest.mark.parametrize("args", [["estimate", "--model", "gpt2"], ["presets", "--json"], ["--help"]])
 def test_output_to_a_full_device_exits_1_with_one_line(command, args):
     with open("/dev/full", "wb") as full:
-        result = subprocess.run([command, *args], stdout=full, stderr=subprocess.PIPE, timeout=60)
+        result = subprocess.run([*command, *args], stdout=full, stderr=subprocess.PIPE, timeout=60)
     assert_one_error_line(result, b"cannot write the output", code=1)
     with open("/dev/full", "wb") as full:  # nowhere to write even the error: the status says it
-        result = subprocess.run([command, *args], stdout=full, stderr=full, timeout=60)
+        result = subprocess.run([*command, *args], stdout=full, stderr=full, timeout=60)
     assert result.returncode == 1
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("args", [["gpus"], ["estimate", "--json"]])  # within and past one stdio buffer
+def test_output_to_a_closed_pipe_exits_1_with_one_line(command, args):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone (`gpuops ... | head` after head exits), with SIGPIPE at its default
+    try:
+        result = subprocess.run([*command, *args], stdout=write_end, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write_end)
+    assert_one_error_line(result, b"cannot write the output", code=1)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -217,7 +225,7 @@ def test_non_utf8_config_path_and_output(command, tmp_path):
     assert result.returncode == 0 and b"cfg\\xff.json" in result.stdout, result
 
 
-def test_console_script_main_takes_str_and_bytes(capfdbinary):
+def test_python_main_takes_str_and_bytes(capfdbinary):
     from gpuops.cli import main
 
     assert main(["estimate", b"--model", "\udcff"]) == 2

@@ -157,9 +157,9 @@ def test_bad_hyperparameters_name_the_argument(kwargs, match):
 
 def test_bad_gradients_are_clear_errors_and_change_nothing():
     dense = torch.nn.Parameter(torch.randn(5))
-    half = torch.nn.Parameter(torch.randn(4).double())
+    half = torch.nn.Parameter(torch.zeros(4, dtype=torch.float8_e4m3fn))  # a dtype no optimizer steps
     optimizer = gpuops.optim.AdamW([dense, half], lr=0.1)
-    dense.grad, half.grad = torch.randn(5), torch.randn(4).double()
+    dense.grad, half.grad = torch.randn(5), torch.zeros(4, dtype=torch.float8_e4m3fn)
     before = dense.detach().clone()
     with pytest.raises(ValueError, match="float32"):
         optimizer.step()
@@ -250,13 +250,13 @@ def test_sgd_on_16_bit_params_follows_torch_float32_on_the_master():
         assert torch.equal(p, master.half())
 
 
-def test_a_float64_parameter_is_refused_before_anything_changes():
+def test_a_float8_parameter_is_refused_before_anything_changes():
     good = torch.nn.Parameter(torch.randn(5))
-    wide = torch.nn.Parameter(torch.randn(5, dtype=torch.float64))
+    wide = torch.nn.Parameter(torch.zeros(5, dtype=torch.float8_e5m2))
     opt = gpuops.optim.SGD([{"params": [good]}, {"params": [wide]}], lr=0.1, momentum=0.9)
-    good.grad, wide.grad = torch.randn(5), torch.randn(5, dtype=torch.float64)
+    good.grad, wide.grad = torch.randn(5), torch.zeros(5, dtype=torch.float8_e5m2)
     before = good.detach().clone()
-    with pytest.raises(ValueError, match=r"param_groups\[1\].*float32, float16 or bfloat16"):
+    with pytest.raises(ValueError, match=r"param_groups\[1\].*float32, float16, bfloat16, float64"):
         opt.step()
     assert torch.equal(good, before) and len(opt.state) == 0
 

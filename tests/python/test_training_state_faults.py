@@ -271,3 +271,31 @@ def test_objects_without_state_dicts_are_named(tmp_path, name):
         with pytest.raises(TypeError, match=f"{name} must have state_dict"):
             state.load(**{name: [1, 2]})
         assert names(tmp_path) == []
+
+
+def test_two_open_states_both_hear_a_signal_and_closing_one_keeps_the_other_listening(tmp_path):
+    before = signal.getsignal(signal.SIGUSR1)
+    a = gpuops.TrainingState(tmp_path / "a", signals=(signal.SIGUSR1, signal.SIGUSR1))
+    b = gpuops.TrainingState(tmp_path / "b", signals=(signal.SIGUSR1,))
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert a.should_stop() and b.should_stop()
+    a.close()
+    c = gpuops.TrainingState(tmp_path / "c", signals=(signal.SIGUSR1,))
+    os.kill(os.getpid(), signal.SIGUSR1)  # would kill the process if closing a had uninstalled the handler
+    assert c.should_stop()
+    b.close()
+    c.close()
+    assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_bad_constructor_and_load_arguments_are_named(tmp_path):
+    with pytest.raises(ValueError, match="directory must be a non-empty path"):
+        gpuops.TrainingState("")
+    with pytest.raises(TypeError, match="signals must be a sequence"):
+        gpuops.TrainingState(tmp_path, signals=None)
+    with pytest.raises(TypeError, match="process_group must be a torch.distributed ProcessGroup"):
+        gpuops.TrainingState(tmp_path, process_group="x")
+    with gpuops.TrainingState(tmp_path, signals=()) as state:
+        state.save(step=1)
+        with pytest.raises(ValueError, match="map_location 'tpu' is not a usable device"):
+            state.load(map_location="tpu")
