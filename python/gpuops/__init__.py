@@ -18,6 +18,7 @@ from .amp import GradScaler, clip_grad_norm_
 from .batch_size import find_max_batch_size, profile_memory
 from .checkpointing import apply_checkpointing, checkpoint, remove_checkpointing
 from .estimator import Breakdown, estimate, gpu_catalog, presets
+from .estimator import Advice, advise, estimate_svg, plot_estimate  # pictures and advice
 from .training_state import TrainingState
 
 __version__ = "0.1.0"
@@ -26,6 +27,10 @@ __version__ = "0.1.0"
 cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
 
 __all__ = [
+    "Advice",
+    "advise",
+    "estimate_svg",
+    "plot_estimate",
     "Breakdown",
     "GradScaler",
     "apply_checkpointing",

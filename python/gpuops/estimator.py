@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -13,7 +14,13 @@ from . import _C
 @dataclass(frozen=True)
 class Breakdown:
     """Bytes per category at the peak of one training step on one device, and the moment of that peak
-    (``peak_phase``: loss-backward, attention-backward, backward-end or optimizer-step)."""
+    (``peak_phase``: loss-backward, attention-backward, backward-end or optimizer-step).
+
+    Three figures: ``allocated_peak`` (what ``torch.cuda.max_memory_allocated`` sees), ``reserved_peak`` (the
+    caching allocator's segments, ``max_memory_reserved``) and ``total_bytes``, the device memory in use as
+    nvidia-smi shows it (reserved + CUDA context + NCCL buffers), with its uncertainty band
+    ``total_low``..``total_high``; a GPU fits the job when ``total_high`` fits. ``host_memory`` is host RAM
+    the setup needs (offloaded or paged optimizer state), on no device."""
 
     weights: int
     gradients: int
@@ -25,17 +32,43 @@ class Breakdown:
     cuda_context: int
     allocator_slack: int
     peak_phase: str = "optimizer-step"
+    workspaces: int = 0
+    block_rounding: int = 0
+    nccl_buffers: int = 0
+    host_memory: int = 0
+    band_below: int = 0
+    band_above: int = 0
+
+    _NOT_DEVICE = ("peak_phase", "host_memory", "band_below", "band_above")
+    _NOT_ALLOCATED = ("allocator_slack", "cuda_context", "nccl_buffers")
 
     def byte_items(self) -> dict:
-        """The categories and their bytes (everything but peak_phase)."""
-        return {k: v for k, v in asdict(self).items() if k != "peak_phase"}
+        """The device categories and their bytes (they sum to ``total_bytes``)."""
+        return {k: v for k, v in asdict(self).items() if k not in self._NOT_DEVICE}
+
+    @property
+    def allocated_peak(self) -> int:
+        return sum(v for k, v in self.byte_items().items() if k not in self._NOT_ALLOCATED)
+
+    @property
+    def reserved_peak(self) -> int:
+        return self.allocated_peak + self.allocator_slack
 
     @property
     def total_bytes(self) -> int:
         return sum(self.byte_items().values())
 
+    @property
+    def total_low(self) -> int:
+        return self.total_bytes - self.band_below
+
+    @property
+    def total_high(self) -> int:
+        return self.total_bytes + self.band_above
+
     def as_dict(self) -> dict:
-        return {**asdict(self), "total": self.total_bytes}
+        return {**asdict(self), "allocated_peak": self.allocated_peak, "reserved_peak": self.reserved_peak,
+                "total": self.total_bytes, "total_low": self.total_low, "total_high": self.total_high}
 
 
 def _model_spec(model, config, params) -> _C.ModelSpec:
@@ -77,12 +110,27 @@ def estimate(
     micro_batch: int = 1,
     seq_len: int = 512,
     grad_accum: int = 1,
+    zero_grad: str = "none",
+    sharding: str = "flat",
+    reshard_after_forward: bool = True,
+    offload_optimizer: bool = False,
+    quantize_lm_head: bool = False,
+    loss: str = "standard",
+    lora_dropout: float = 0.0,
+    compile: bool = False,
     device: str = "cuda",
+    gpu: Optional[str] = None,
+    cuda: int = 13,
+    module_loading: str = "lazy",
+    allocator: str = "default",
+    context_bytes: Optional[int] = None,
 ) -> Breakdown:
     """Peak memory of one training step, per GPU (``device="cuda"``) or on the CPU (``device="cpu"``).
 
     The architecture is a preset name (``gpuops.presets()``), a Hugging Face ``config.json`` (path or
-    dict) or a bare parameter count (``7_000_000_000`` or ``"7B"``). The options are those of
+    dict: gpt2, bert or any decoder-only model, MoE included; an unknown ``model_type`` is read Llama-style and
+    the assumptions are listed in ``gpuops._C.model_from_config_json(...).assumptions``) or a bare parameter
+    count (``7_000_000_000`` or ``"7B"``). The options are those of
     ``gpuops estimate``; a value of the wrong type raises ``TypeError`` and a bad value ``ValueError``, each
     naming the argument (integers must be ints: ``micro_batch=2.5`` or ``"2"`` is a TypeError; a setup whose
     bytes would pass 2**63 is a ValueError naming the size that is too large). ``lora_targets`` is a sequence
@@ -90,15 +138,46 @@ def estimate(
     precision keeps its weights: ``"autocast"`` (torch.autocast: fp32 weights) or ``"master-copy"`` (16-bit
     weights and an fp32 master copy); ``optimizer_impl`` is ``"default"`` (torch's for the device),
     ``"for-loop"``, ``"foreach"`` or ``"fused"``.
+
+    Optimizers, offload and sharding (docs/estimator.md): ``optimizer`` also takes ``"adafactor"``
+    (transformers' Adafactor defaults: factored fp32 second moment), ``"paged-adamw-8bit"`` and
+    ``"paged-adamw-32bit"`` (bitsandbytes; states of tensors of >= 100,000 values in host memory).
+    ``offload_optimizer=True`` is ZeRO-Offload (states, fp32 master and the step on the host).
+    ``sharding="fsdp2"`` is torch's ``fully_shard`` (per-tensor dim-0 shards; ``zero_stage`` 0 means 3) with
+    ``reshard_after_forward`` as given to the blocks. ``base_dtype`` also takes ``"nf4-nodq"`` (NF4 without
+    double quantisation); ``quantize_lm_head=True`` stores an untied LM head like an int8/nf4 base; and
+    ``lora_targets`` also takes ``"lm_head"`` and ``"embed"``. The bools must be bools (``TypeError``).
+
+    Checkpointing policies, chunked loss, LoRA dropout, torch.compile (docs/estimator.md):
+    ``checkpointing="selective"`` is op-level selective checkpointing of every block (non-reentrant
+    ``torch.utils.checkpoint`` with torchtitan's "op" policy: every other ``aten.mm`` output and, on CUDA, the
+    SDPA outputs are kept). ``loss`` is ``"standard"`` (Hugging Face's cross-entropy), ``"chunked:C"``
+    (torchtune's ``CEWithChunkedOutputLoss`` / litgpt's ``chunked_cross_entropy`` with ``C`` token chunks) or
+    ``"fused-linear-ce"`` (Liger's fused linear cross-entropy). ``lora_dropout`` is PEFT's ``lora_dropout``, a
+    float ``0 <= p < 1`` (LoRA only). ``compile=True`` models ``torch.compile`` of the model (inductor's saved
+    tensors; not with ``attention="eager"``).
+
+    ``zero_grad`` says what ``optimizer.zero_grad()`` leaves between steps: ``"none"`` (``set_to_none=True``,
+    torch >= 2.0's default: the forward runs without gradients) or ``"zeros"`` (torch < 2.0's default: they
+    stay allocated through the next step).
+
+    The CUDA software (``device="cuda"``): ``gpu`` a catalog GPU whose profile to use (its compute capability:
+    context and workspaces; ``None``: an H100), ``cuda`` the CUDA major version of the torch build (11-13),
+    ``module_loading`` ``"lazy"`` (torch's default) or ``"eager"``, ``allocator`` ``"default"`` or
+    ``"expandable"`` (``expandable_segments:True``), ``context_bytes`` a measured CUDA context (nvidia-smi minus
+    ``max_memory_reserved``) instead of the table's.
     """
     spec = _model_spec(model, config, params)
     # Types and ranges are checked in C++ (gpuops._C), each error naming its argument.
-    items, phase = _C.estimate_memory(
+    items, phase, off_device = _C.estimate_memory(
         spec, device, precision=precision, amp=amp, optimizer=optimizer, optimizer_impl=optimizer_impl,
         zero_stage=zero_stage, num_gpus=num_gpus, checkpointing=checkpointing, attention=attention,
         lora_rank=lora_rank, lora_targets=lora_targets, base_dtype=base_dtype, micro_batch=micro_batch,
-        seq_len=seq_len, grad_accum=grad_accum)
-    return Breakdown(**dict(items), peak_phase=phase)
+        seq_len=seq_len, grad_accum=grad_accum, zero_grad=zero_grad, sharding=sharding, reshard_after_forward=reshard_after_forward,
+        offload_optimizer=offload_optimizer, quantize_lm_head=quantize_lm_head, loss=loss, lora_dropout=lora_dropout,
+        compile=compile, gpu=gpu, cuda=cuda, module_loading=module_loading, allocator=allocator,
+        context_bytes=context_bytes)
+    return Breakdown(**dict(items), peak_phase=phase, **off_device)
 
 
 def presets() -> list:
@@ -107,5 +186,104 @@ def presets() -> list:
 
 
 def gpu_catalog() -> list:
-    """The GPU models the estimator knows: memory, bandwidth, bf16 rate and a typical spot price."""
-    return _C.gpu_catalog()
+    """The GPU models the estimator knows, as ``gpuops gpus --json`` lists them: memory, compute capability and
+    tensor-core precisions, bandwidth, 16-bit tensor rate and a typical spot price."""
+    code, out, err = _C.run_cli(["gpus", "--json"])
+    if code != 0:  # the catalog is built in; a failure here is a bug, not bad input
+        raise RuntimeError(err.decode(errors="replace").strip())
+    return json.loads(out)["gpus"]
+
+
+# --- Pictures and advice (docs/estimator.md, "Pictures and advice"): the C++ engine of `gpuops estimate
+# --plot` and `--advise` through gpuops._C, so Python draws the same SVG and gives the same advice.
+
+
+def _estimate_inputs(caller: str, model, keywords: dict):
+    """The model spec, the device and the setup keywords of an estimate() call with ``keywords``: estimate()'s
+    own keywords and defaults, so these functions take exactly what estimate() takes."""
+    params = inspect.signature(estimate).parameters
+    defaults = {n: p.default for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    for name in keywords:
+        if name not in defaults:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+    merged = {**defaults, **keywords}
+    spec = _model_spec(model, merged.pop("config"), merged.pop("params"))
+    device = merged.pop("device")
+    merged.pop("gpu")  # the callers take gpu themselves
+    return spec, device, merged
+
+
+def estimate_svg(model: Optional[str] = None, *, gpu: Optional[str] = None, **keywords) -> str:
+    """The SVG picture of ``gpuops estimate --plot``, as text: a stacked bar per moment of the step (by
+    category, the peak outlined and labelled with its largest term, a GiB axis and a legend, and a line at
+    ``gpu``'s memory when given) and the largest micro-batch per catalog GPU (0 where micro-batch 1 does not
+    fit). Takes the arguments of :func:`estimate` (``model``, ``config``, ``params``, the setup keywords and
+    ``device``); with ``gpu`` (a catalog name) and ``device="cuda"`` the bars use that GPU's CUDA profile."""
+    spec, device, setup = _estimate_inputs("estimate_svg", model, keywords)
+    return _C.estimate_svg(spec, device, gpu, **setup)
+
+
+def plot_estimate(path: Union[str, bytes, os.PathLike], model: Optional[str] = None, *, gpu: Optional[str] = None,
+                  **keywords) -> str:
+    """Writes :func:`estimate_svg`'s picture to ``path`` (through a temporary file in the same folder,
+    renamed over it) and returns the path. ``OSError`` when it cannot be written (a missing folder, a
+    directory, no permission); ``path`` must be a str, bytes or os.PathLike (``TypeError``)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"path must be a str, bytes or os.PathLike, got {type(path).__name__} {path!r}")
+    svg = estimate_svg(model, gpu=gpu, **keywords)
+    _C.write_file_atomically(os.fsencode(path), svg)
+    return os.fsdecode(path)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One change of the setup and its estimate on the GPU (see :func:`advise`)."""
+
+    description: str      #: the change in words
+    options: str          #: the same as ``gpuops estimate`` options
+    changes: int          #: 1, or 2 for a pair of changes
+    keeps_numerics: bool  #: False for LoRA, a quantised base and the 8-bit optimizer
+    fits: bool            #: on the GPU, by the catalog's criterion (the top of the uncertainty band)
+    total_bytes: int      #: device memory used (Breakdown.total_bytes on the GPU's CUDA profile)
+    total_high_bytes: int  #: the top of its uncertainty band (what must fit)
+    headroom_bytes: int   #: the GPU's memory minus total_high_bytes
+    breakdown: Breakdown
+    setup: dict           #: estimate()'s keywords for the changed setup: ``estimate(model, **a.setup)``
+
+
+class AdviceList(list):
+    """The advice, fitting changes first, with the setup as given: ``gpu``, ``memory_bytes``, ``total_bytes``,
+    ``total_high_bytes``, ``fits`` and ``headroom_bytes`` (from the top of the band)."""
+
+    gpu: str
+    memory_bytes: int
+    total_bytes: int
+    total_high_bytes: int
+    fits: bool
+    headroom_bytes: int
+
+
+def advise(gpu: str, model: Optional[str] = None, **keywords) -> AdviceList:
+    """What to change to fit on the catalog GPU ``gpu`` (``gpuops estimate --advise GPU``): the fused optimizer,
+    flash attention, activation checkpointing, a smaller micro-batch with more accumulation (same global
+    batch), a ZeRO stage (``num_gpus > 1``), the 8-bit optimizer, LoRA rank 16 on q,k,v,o with a bf16 or an
+    nf4 base; pairs of them when no single change fits. Each is estimated on the GPU's CUDA profile; the ones
+    that fit come first, then the least invasive (numerics-preserving changes before LoRA and quantisation).
+    Takes the arguments of :func:`estimate` (``device`` must be ``"cuda"``). The list's attributes describe
+    the setup as given (``.fits``, ``.headroom_bytes``, ...)."""
+    spec, device, setup = _estimate_inputs("advise", model, keywords)
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a str such as 'cuda', got {type(device).__name__} {device!r}")
+    if device != "cuda":
+        raise ValueError(f"device {device!r} is not accepted by advise; accepted: 'cuda' (advice is for a GPU)")
+    given, items = _C.advise(spec, gpu, **setup)
+    out = AdviceList()
+    for a in items:
+        breakdown = Breakdown(**dict(a["items"]), peak_phase=a["peak_phase"], **a["off_device"])
+        out.append(Advice(description=a["description"], options=a["options"], changes=a["changes"],
+                          keeps_numerics=a["keeps_numerics"], fits=a["fits"], total_bytes=a["total_bytes"],
+                          total_high_bytes=a["total_high_bytes"], headroom_bytes=a["headroom_bytes"],
+                          breakdown=breakdown, setup={**setup, **a["setup"]}))
+    for name, value in given.items():
+        setattr(out, name, value)
+    return out

@@ -3,6 +3,7 @@
 // overload error lists the whole signature instead).
 #include <climits>
 #include <sstream>
+#include <system_error>
 
 #include <pybind11/stl.h>
 
@@ -10,6 +11,7 @@
 #include "gpuops/cli.h"
 #include "gpuops/errors.h"
 #include "gpuops/estimator.h"
+#include "gpuops/plot_svg.h"
 
 namespace py = pybind11;
 
@@ -93,6 +95,76 @@ DeviceProfile device_arg(py::handle value) {
   throw ArgumentError(fmt::format("device '{}' is not accepted; accepted: cuda, cpu", device));
 }
 
+// A bool (True or False), not an int or a str.
+bool bool_arg(py::handle value, const char* name) {
+  if (!PyBool_Check(value.ptr()))
+    throw py::type_error(fmt::format("{} must be a bool (True or False), got {}", name, describe(value)));
+  return value.ptr() == Py_True;
+}
+
+// Optimizer placement and sharding (docs/estimator.md, "Optimizers, offload and sharding"); keywords left
+// out keep the C++ defaults. sharding="fsdp2" with zero_stage 0 means stage 3, as on the command line.
+void read_state_options(const py::dict& a, TrainingSetup& s) {
+  if (a.contains("sharding")) s.sharding = parse_sharding(str_arg(a["sharding"], "sharding", "fsdp2"));
+  if (s.sharding == ShardingLayout::Fsdp2 && s.zero_stage == 0) s.zero_stage = 3;
+  if (a.contains("reshard_after_forward"))
+    s.reshard_after_forward = bool_arg(a["reshard_after_forward"], "reshard_after_forward");
+  if (a.contains("offload_optimizer")) s.offload_optimizer = bool_arg(a["offload_optimizer"], "offload_optimizer");
+  if (a.contains("quantize_lm_head")) s.lora.quantize_lm_head = bool_arg(a["quantize_lm_head"], "quantize_lm_head");
+}
+
+// A Python float or int (not a bool); nan and inf are left to validate(), which names the argument.
+double float_arg(py::handle value, const char* name) {
+  if (PyBool_Check(value.ptr()) || !(PyFloat_Check(value.ptr()) || PyLong_Check(value.ptr())))
+    throw py::type_error(fmt::format("{} must be a float such as 0.05, got {}", name, describe(value)));
+  const double v = PyFloat_AsDouble(value.ptr());
+  if (v == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw ArgumentError(fmt::format("{} {} is out of range; accepted: a probability 0 <= p < 1", name,
+                                    printable(py::repr(value).cast<std::string>())));
+  }
+  return v;
+}
+
+// The CUDA software from the keywords cuda, module_loading, allocator and context_bytes (those of
+// `gpuops estimate`); absent keywords keep the defaults.
+CudaRuntime runtime_arg(const py::dict& a) {
+  CudaRuntime rt;
+  if (a.contains("cuda")) {
+    const int64_t cuda = int_arg(a["cuda"], "cuda");
+    GPUOPS_CHECK_ARG(cuda >= 11 && cuda <= 13, "cuda {} is not accepted; accepted: 11, 12, 13", cuda);
+    rt.cuda_major = static_cast<int>(cuda);
+  }
+  if (a.contains("module_loading")) {
+    const std::string loading = str_arg(a["module_loading"], "module_loading", "lazy");
+    GPUOPS_CHECK_ARG(loading == "lazy" || loading == "eager",
+                     "module_loading '{}' is not accepted; accepted: lazy, eager", loading);
+    rt.lazy_loading = loading == "lazy";
+  }
+  if (a.contains("allocator")) {
+    const std::string allocator = str_arg(a["allocator"], "allocator", "default");
+    GPUOPS_CHECK_ARG(allocator == "default" || allocator == "expandable",
+                     "allocator '{}' is not accepted; accepted: default, expandable", allocator);
+    rt.allocator = allocator == "expandable" ? AllocatorMode::ExpandableSegments : AllocatorMode::Default;
+  }
+  if (a.contains("context_bytes") && !a["context_bytes"].is_none()) {
+    rt.context_bytes = int_arg(a["context_bytes"], "context_bytes");
+    GPUOPS_CHECK_ARG(rt.context_bytes >= 0 && rt.context_bytes <= (int64_t{1} << 40),
+                     "context_bytes {} is not accepted; accepted: None or 0 to 2**40", rt.context_bytes);
+  }
+  return rt;
+}
+
+// The device profile: "cpu", or "cuda" with the CUDA software of runtime_arg on the catalog GPU `gpu`
+// (None: an H100).
+DeviceProfile profile_arg(py::handle device, const py::dict& a) {
+  const DeviceProfile base = device_arg(device);
+  if (base.is_cpu()) return base;
+  const CudaRuntime rt = runtime_arg(a);
+  if (a.contains("gpu") && !a["gpu"].is_none()) return device_of(find_gpu(str_arg(a["gpu"], "gpu", "H100-80GB")), rt);
+  return cuda_device(90, rt);
+}
+
 // The setup, with the C++ parsers, so that names and their errors are the CLI's own.
 TrainingSetup make_setup(const py::dict& a) {
   TrainingSetup s;
@@ -112,6 +184,11 @@ TrainingSetup make_setup(const py::dict& a) {
   s.micro_batch = int_arg(a["micro_batch"], "micro_batch");
   s.seq_len = int_arg(a["seq_len"], "seq_len");
   s.grad_accum = int_arg(a["grad_accum"], "grad_accum");
+  if (a.contains("zero_grad")) s.grads_set_to_none = parse_zero_grad(str_arg(a["zero_grad"], "zero_grad", "none"));
+  if (a.contains("loss")) parse_loss(str_arg(a["loss"], "loss", "chunked:8"), s);
+  if (a.contains("lora_dropout")) s.lora_dropout = float_arg(a["lora_dropout"], "lora_dropout");
+  if (a.contains("compile")) s.compile = bool_arg(a["compile"], "compile");
+  read_state_options(a, s);
   return s;
 }
 
@@ -127,6 +204,67 @@ void translate_argument_errors() {
   });
 }
 
+// Pictures and advice (docs/estimator.md, "Pictures and advice"): the C++ engine of `gpuops estimate --plot`
+// and `--advise`, so that Python writes the same SVG and gives the same advice.
+
+// A catalog GPU named by keyword `name` (None: no GPU when `optional`).
+const GpuModel* gpu_arg(py::handle value, const char* name, bool optional) {
+  if (optional && value.is_none()) return nullptr;
+  const std::string text = str_arg(value, name, "H100-80GB");
+  try {
+    return &find_gpu(text);
+  } catch (const ArgumentError& e) {
+    throw ArgumentError(fmt::format("{}: {}", name, e.what()));
+  }
+}
+
+// The setup fields an Advice may change, as estimate()'s keywords (the rest is what the caller gave).
+py::dict advised_keywords(const TrainingSetup& s) {
+  py::dict d;
+  d["optimizer"] = std::string(to_string(s.optimizer));
+  d["optimizer_impl"] = std::string(to_string(s.optimizer_impl));
+  d["zero_stage"] = s.zero_stage;
+  d["checkpointing"] = checkpointing_to_string(s);
+  d["attention"] = std::string(to_string(s.attention));
+  d["lora_rank"] = s.lora.rank;
+  d["lora_targets"] = s.lora.targets;
+  d["base_dtype"] = std::string(to_string(s.lora.base));
+  d["micro_batch"] = s.micro_batch;
+  d["grad_accum"] = s.grad_accum;
+  d["zero_grad"] = s.grads_set_to_none ? "none" : "zeros";
+  return d;
+}
+
+py::dict advice_dict(const Advice& a, const GpuModel& gpu) {
+  py::dict d;
+  d["description"] = a.description;
+  d["options"] = a.options;
+  d["changes"] = a.changes;
+  d["keeps_numerics"] = a.keeps_numerics;
+  d["fits"] = a.fits;
+  d["total_bytes"] = a.breakdown.total();
+  d["total_high_bytes"] = a.breakdown.total_high();
+  d["headroom_bytes"] = gpu.memory_bytes - a.breakdown.total_high();
+  d["items"] = a.breakdown.items();
+  d["off_device"] = py::dict(py::arg("host_memory") = a.breakdown.host_memory,
+                             py::arg("band_below") = a.breakdown.band_below,
+                             py::arg("band_above") = a.breakdown.band_above);
+  d["peak_phase"] = std::string(to_string(a.breakdown.peak_phase));
+  d["setup"] = advised_keywords(a.setup);
+  return d;
+}
+
+// write_file_atomically with its failure as OSError(errno, message, path).
+void write_file(py::bytes path, const std::string& text) {
+  const std::string p = path;
+  try {
+    write_file_atomically(p, text);
+  } catch (const std::system_error& e) {
+    PyErr_SetObject(PyExc_OSError, py::make_tuple(e.code().value(), printable(e.what()), path).ptr());
+    throw py::error_already_set();
+  }
+}
+
 }  // namespace
 
 void bind_estimator(py::module_& m) {
@@ -136,6 +274,15 @@ void bind_estimator(py::module_& m) {
       .def_readonly("hidden_size", &ModelSpec::hidden_size)
       .def_readonly("num_layers", &ModelSpec::num_layers)
       .def_readonly("vocab_size", &ModelSpec::vocab_size)
+      // Model families: config text may hold any bytes, so the strings are made printable (\xNN).
+      .def_property_readonly("model_type", [](const ModelSpec& s) { return printable(s.model_type); })
+      .def_readonly("num_experts", &ModelSpec::num_experts)
+      .def_readonly("experts_per_token", &ModelSpec::experts_per_token)
+      .def_property_readonly("assumptions", [](const ModelSpec& s) {
+        std::vector<std::string> out;
+        for (const auto& a : s.assumptions) out.push_back(printable(a));
+        return out;
+      })
       .def_property_readonly("parameter_count", [](const ModelSpec& s) { return parameter_count(s); })
       .def("__repr__", [](const ModelSpec& s) {
         return "ModelSpec(name='" + printable(s.name) + "', parameters=" + std::to_string(parameter_count(s)) + ")";
@@ -151,29 +298,56 @@ void bind_estimator(py::module_& m) {
   m.def(
       "estimate_memory",
       [](const ModelSpec& model, py::object device, py::kwargs setup) {
-        const DeviceProfile profile = device_arg(device);
+        const DeviceProfile profile = profile_arg(device, setup);
         const MemoryBreakdown peak = estimate_memory(model, make_setup(setup), profile);
-        return py::make_tuple(peak.items(), std::string(to_string(peak.peak_phase)));
+        py::dict off_device;  // what items() leaves out: host memory and the band of the device figure
+        off_device["host_memory"] = peak.host_memory;
+        off_device["band_below"] = peak.band_below;
+        off_device["band_above"] = peak.band_above;
+        return py::make_tuple(peak.items(), std::string(to_string(peak.peak_phase)), off_device);
       },
       py::arg("model"), py::arg("device"),
       "Peak of one step; the setup as keywords precision, amp, optimizer, optimizer_impl, zero_stage, num_gpus, "
-      "checkpointing, attention, lora_rank, lora_targets, base_dtype, micro_batch, seq_len, grad_accum.");
+      "checkpointing, attention, lora_rank, lora_targets, base_dtype, micro_batch, seq_len, grad_accum, sharding, "
+      "reshard_after_forward, offload_optimizer, quantize_lm_head.");
 
   m.attr("CUDA_CONTEXT_BYTES") = cuda_device().cuda_context_bytes;  // what the estimator assumes
-  m.def("gpu_catalog", [] {
-    std::vector<py::dict> rows;
-    for (const auto& gpu : gpu_catalog()) {
-      py::dict row;
-      row["name"] = gpu.name;
-      row["memory_bytes"] = gpu.memory_bytes;
-      row["bandwidth_gb_s"] = gpu.bandwidth_gb_s;
-      row["bf16_tflops"] = gpu.bf16_tflops;
-      row["spot_price_usd_per_hour"] = gpu.spot_price_usd_per_hour;
-      rows.push_back(std::move(row));
-    }
-    return rows;
-  });
 
+  // Pictures and advice.
+  m.def(
+      "estimate_svg",
+      [](const ModelSpec& model, py::object device, py::object gpu, py::kwargs setup) {
+        const GpuModel* line = gpu_arg(gpu, "gpu", true);
+        DeviceProfile profile = device_arg(device);
+        const CudaRuntime rt = runtime_arg(setup);
+        if (!profile.is_cpu()) profile = line ? device_of(*line, rt) : cuda_device(90, rt);  // as `gpuops estimate`
+        return estimate_svg(model, make_setup(setup), profile, line);
+      },
+      py::arg("model"), py::arg("device"), py::arg("gpu"),
+      "The SVG text of `gpuops estimate --plot`; the setup as estimate_memory's keywords.");
+  m.def(
+      "advise",
+      [](const ModelSpec& model, py::object gpu, py::kwargs setup) {
+        const GpuModel& g = *gpu_arg(gpu, "gpu", false);
+        const TrainingSetup s = make_setup(setup);
+        const CudaRuntime rt = runtime_arg(setup);
+        const MemoryBreakdown given = estimate_memory(model, s, device_of(g, rt));
+        py::dict as_given;
+        as_given["gpu"] = g.name;
+        as_given["memory_bytes"] = g.memory_bytes;
+        as_given["total_bytes"] = given.total();
+        as_given["total_high_bytes"] = given.total_high();
+        as_given["fits"] = fits_on(given, g);
+        as_given["headroom_bytes"] = g.memory_bytes - given.total_high();
+        py::list advice;
+        for (const Advice& a : advise(model, s, g, rt)) advice.append(advice_dict(a, g));
+        return py::make_tuple(as_given, advice);
+      },
+      py::arg("model"), py::arg("gpu"),
+      "`gpuops estimate --advise`: ({gpu, memory_bytes, total_bytes, fits, headroom_bytes} of the setup as given, "
+      "[advice dicts]); the setup as estimate_memory's keywords.");
+  m.def("write_file_atomically", &write_file, py::arg("path"), py::arg("text"),
+        "Writes text (UTF-8) through a temporary file in the same folder renamed over path; OSError on failure.");
   m.def(
       "run_cli",
       [](const std::vector<std::string>& args) {  // str or bytes (os.fsencode'd argv) items

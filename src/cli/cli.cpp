@@ -8,13 +8,17 @@
 #include <charconv>
 #include <climits>
 #include <cstring>
+#include <stdexcept>
+#include <system_error>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 
 #include "gpuops/errors.h"
 #include "gpuops/estimator.h"
+#include "gpuops/plot_svg.h"
 #include "report.h"
 
 namespace gpuops {
@@ -25,6 +29,11 @@ constexpr int kFailure = 1;
 constexpr int kBadInput = 2;
 constexpr int64_t kDefaultSeq = 2048;
 
+// A --plot file that could not be written (exit 1, like output that cannot be written).
+struct PlotWriteError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // Integer options are read as text and converted by parse_integer: CLI11 reads them with strtoll in
 // base 0 (so "010" was 8 and "0x10" 16) and clamps values past int64 without a word.
 struct EstimateOptions {
@@ -33,9 +42,20 @@ struct EstimateOptions {
   std::string checkpointing = "none", attention = "sdpa";
   std::string base_dtype = "bf16", device = "cuda", gpu;
   std::string zero = "0", gpus = "1", lora_rank = "0", batch = "1", seq = std::to_string(kDefaultSeq),
-              grad_accum = "1";
+              grad_accum = "1", zero_grad = "none";
   std::vector<std::string> lora_targets = {"q", "v"};
   bool recommend = false, json = false;
+  // Optimizer placement and sharding (docs/estimator.md, "Optimizers, offload and sharding"):
+  std::string sharding = "flat", reshard_after_forward = "true";
+  bool offload_optimizer = false, quantize_lm_head = false;
+  // The CUDA software (docs/estimator.md, "Three figures"):
+  std::string cuda = "13", module_loading = "lazy", allocator = "default", context_bytes = "-1";
+  // Pictures and advice (docs/estimator.md, "Pictures and advice"):
+  std::string plot;    ///< --plot FILE.svg
+  std::string advise;  ///< --advise GPU
+  // Activation-side setups (docs/estimator.md, "Checkpointing policies, chunked loss, LoRA dropout, torch.compile"):
+  std::string loss = "standard", lora_dropout = "0";
+  bool compile = false;
 };
 
 // A decimal integer ([-]digits) that fits int64; ArgumentError naming `option` otherwise.
@@ -77,8 +97,63 @@ est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& m
   s.seq_len = parse_integer("--seq", o.seq);
   if (!seq_given && model.learned_positions) s.seq_len = std::min(s.seq_len, model.max_positions);
   s.grad_accum = parse_integer("--grad-accum", o.grad_accum);
+  s.grads_set_to_none = est::parse_zero_grad(o.zero_grad);
+  est::parse_loss(o.loss, s);
+  s.lora_dropout = est::parse_lora_dropout(o.lora_dropout);
+  s.compile = o.compile;
+  s.sharding = est::parse_sharding(o.sharding);
+  if (s.sharding == est::ShardingLayout::Fsdp2 && s.zero_stage == 0) s.zero_stage = 3;  // fsdp2 shards everything
+  s.reshard_after_forward = est::parse_bool(o.reshard_after_forward, "--reshard-after-forward");
+  s.offload_optimizer = o.offload_optimizer;
+  s.lora.quantize_lm_head = o.quantize_lm_head;
   est::validate(s, model);
   return s;
+}
+
+// The --advise GPU, with an error that names the option.
+const est::GpuModel& find_advise_gpu(const std::string& name) {
+  try {
+    return est::find_gpu(name);
+  } catch (const ArgumentError& e) {
+    throw ArgumentError(fmt::format("--advise: {}", e.what()));
+  }
+}
+
+// --plot: one panel per run, written atomically before anything is printed; a file that cannot be
+// written is an output failure (exit 1) naming --plot.
+void write_plot(const std::vector<cli::Run>& runs, const EstimateOptions& o, bool gpu_given) {
+  const est::GpuModel* line = gpu_given ? &est::find_gpu(o.gpu) : nullptr;
+  std::vector<EstimatePlot> plots;
+  for (const cli::Run& r : runs) {
+    plots.push_back(make_estimate_plot(r.model, r.setup, r.profile, line, r.runtime));
+    plots.back().title = r.label;
+  }
+  const std::string svg = render_estimate_svg(plots);
+  try {
+    write_file_atomically(o.plot, svg);
+  } catch (const std::system_error& e) {
+    throw PlotWriteError(fmt::format("--plot '{}': cannot write the picture ({})", o.plot, e.what()));
+  }
+}
+
+// The CUDA software of the job: what sizes the context and how the allocator reserves.
+est::CudaRuntime build_runtime(const EstimateOptions& o) {
+  est::CudaRuntime rt;
+  const int64_t cuda = parse_integer("--cuda", o.cuda);
+  GPUOPS_CHECK_ARG(cuda >= 11 && cuda <= 13, "--cuda {} is not accepted; accepted: 11, 12, 13 (the CUDA major "
+                   "version of the torch build)", cuda);
+  rt.cuda_major = static_cast<int>(cuda);
+  GPUOPS_CHECK_ARG(o.module_loading == "lazy" || o.module_loading == "eager", "--module-loading '{}' is not "
+                   "accepted; accepted: lazy, eager", o.module_loading);
+  rt.lazy_loading = o.module_loading == "lazy";
+  GPUOPS_CHECK_ARG(o.allocator == "default" || o.allocator == "expandable", "--allocator '{}' is not accepted; "
+                   "accepted: default, expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)", o.allocator);
+  rt.allocator = o.allocator == "expandable" ? est::AllocatorMode::ExpandableSegments : est::AllocatorMode::Default;
+  rt.context_bytes = parse_integer("--context-bytes", o.context_bytes);
+  GPUOPS_CHECK_ARG(rt.context_bytes >= -1 && rt.context_bytes <= (int64_t{1} << 40), "--context-bytes {} is not "
+                   "accepted; accepted: 0 to 1099511627776 (what nvidia-smi shows minus max_memory_reserved)",
+                   rt.context_bytes);
+  return rt;
 }
 
 cli::Run make_run(std::string label, const est::ModelSpec& model, const est::TrainingSetup& setup,
@@ -90,20 +165,48 @@ cli::Run make_run(std::string label, const est::ModelSpec& model, const est::Tra
   r.model = model;
   r.setup = setup;
   r.device = o.device;
-  r.breakdown = est::estimate_memory(model, setup, o.device == "cuda" ? est::cuda_device() : est::cpu_device());
+  const est::CudaRuntime runtime = build_runtime(o);
+  // The breakdown's CUDA profile: the --gpu's, else an H100's (torch 2.11's CUDA 13 by default).
+  const est::DeviceProfile cuda = gpu_given ? est::device_of(est::find_gpu(o.gpu), runtime) : est::cuda_device(90, runtime);
+  r.breakdown = est::estimate_memory(model, setup, o.device == "cuda" ? cuda : est::cpu_device());
   r.recommend = o.recommend;
-  r.gpus = o.recommend ? est::recommend(model, setup) : est::fit_catalog(model, setup);
+  r.gpus = o.recommend ? est::recommend(model, setup, runtime) : est::fit_catalog(model, setup, runtime);
   if (gpu_given) {  // an empty --gpu "" is an error, not "every GPU"
     const est::GpuModel& only = est::find_gpu(o.gpu);
     r.gpus.erase(std::remove_if(r.gpus.begin(), r.gpus.end(), [&](const est::GpuFit& f) { return f.gpu != &only; }),
                  r.gpus.end());
   }
+  r.profile = o.device == "cuda" ? cuda : est::cpu_device();
+  r.runtime = runtime;
+  if (!o.advise.empty()) {
+    r.advise_gpu = &find_advise_gpu(o.advise);
+    r.advise_given = est::estimate_memory(model, setup, est::device_of(*r.advise_gpu, runtime));
+    r.advice = est::advise(model, setup, *r.advise_gpu, runtime);
+  }
   if (model.family == est::ModelFamily::ParamsOnly)
     r.notes.push_back("a bare parameter count has no architecture: activations and logits are not modelled "
                       "(use --model or --config for them)");
   if (o.device == "cpu") r.notes.push_back("the breakdown is for the CPU; the GPU table uses the CUDA profile");
+  else r.notes.push_back(fmt::format("{}; band: +-5% of the allocated bytes, +-50% of the allocator's reserve and "
+                                     "NCCL's buffers, the context's range", cuda.context_basis));
+  std::vector<std::string> no_precision;
+  for (const auto& g : est::gpu_catalog())
+    if (!est::runs_precision(g, setup.precision) && (!gpu_given || &g == &est::find_gpu(o.gpu)))
+      no_precision.push_back(fmt::format("{} (sm_{})", g.name, g.compute_capability));
+  if (!no_precision.empty())
+    r.notes.push_back(fmt::format("{} has no bf16 tensor cores: {} runs there only as fp16-mixed (same memory, "
+                                  "with a GradScaler){}", fmt::join(no_precision, ", "), est::to_string(setup.precision),
+                                  o.recommend ? "; left out of the recommendation" : ""));
   if (setup.zero_stage > 0 && setup.num_gpus == 1)
     r.notes.push_back("ZeRO with one GPU partitions nothing: use --gpus N for the per-GPU share");
+  if (r.breakdown.host_memory > 0)  // paged or offloaded optimizer state
+    r.notes.push_back(fmt::format("{:.2f} GiB of optimizer state live in host RAM ({}): the fit also needs that much "
+                                  "free host memory per GPU", static_cast<double>(r.breakdown.host_memory) / (1 << 30),
+                                  setup.offload_optimizer ? "--offload-optimizer"
+                                                          : "paged: evicted to the host under pressure; the device "
+                                                            "figure is the least it needs"));
+  // What was assumed reading the model's config (unknown model_type, MLA, softcapping, sliding window).
+  r.notes.insert(r.notes.end(), model.assumptions.begin(), model.assumptions.end());
   return r;
 }
 
@@ -152,7 +255,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   CLI::App* estimate = app.add_subcommand(
       "estimate", "Estimate peak memory per GPU of one training step; no options: a 7B LoRA and full fine-tune");
   CLI::Option* model = estimate->add_option("--model", o.model, "Built-in preset (see `gpuops presets`)");
-  CLI::Option* config = estimate->add_option("--config", o.config, "Hugging Face config.json");
+  CLI::Option* config = estimate->add_option("--config", o.config,
+                                                "Hugging Face config.json: gpt2, bert or any decoder-only model "
+                                                "(Llama, Gemma-2, Phi-3, Mixtral, Qwen-MoE, DeepSeek, ...)");
   CLI::Option* params = estimate->add_option("--params", o.params, "Bare parameter count: 7B, 125M, ...");
   model->excludes(config)->excludes(params);
   config->excludes(params);
@@ -164,7 +269,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
           ->capture_default_str(),
       estimate->add_option("--amp", o.amp, "Mixed-precision layout: autocast (fp32 weights) or master-copy "
                            "(16-bit weights + fp32 master)")->capture_default_str(),
-      estimate->add_option("--optimizer", o.optimizer, "adamw, adam, sgd, sgd-momentum or adamw-8bit")
+      estimate->add_option("--optimizer", o.optimizer, "adamw, adam, sgd, sgd-momentum, adamw-8bit, adafactor, "
+                           "paged-adamw-8bit or paged-adamw-32bit")
           ->capture_default_str(),
       estimate->add_option("--optimizer-impl", o.optimizer_impl, "default (torch's for the device), for-loop, "
                            "foreach or fused")->capture_default_str(),
@@ -172,27 +278,60 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       estimate->add_option("--gpus", o.gpus, "Data-parallel GPUs (ZeRO divides by this)")
           ->type_name("INT")
           ->capture_default_str(),
-      estimate->add_option("--checkpointing", o.checkpointing, "none, full or every:K")->capture_default_str(),
+      estimate->add_option("--checkpointing", o.checkpointing, "none, full, every:K or selective (op-level, "
+                           "torchtitan's policy)")->capture_default_str(),
       estimate->add_option("--attention", o.attention, "eager, sdpa (torch's, as Hugging Face calls it) or flash")->capture_default_str(),
       estimate->add_option("--lora-rank", o.lora_rank, "LoRA rank, 0 = full fine-tune")
           ->type_name("INT")
           ->capture_default_str(),
-      estimate->add_option("--lora-targets", o.lora_targets, "Comma list of q,k,v,o,gate,up,down")
+      estimate->add_option("--lora-targets", o.lora_targets, "Comma list of q,k,v,o,gate,up,down (the blocks' projections), "
+                           "lm_head, embed")
           ->delimiter(',')
           ->capture_default_str(),
-      estimate->add_option("--base-dtype", o.base_dtype, "Frozen LoRA base: fp16, bf16, int8 or nf4")
+      estimate->add_option("--base-dtype", o.base_dtype, "Frozen LoRA base: fp16, bf16, int8, nf4 (double "
+                           "quantisation) or nf4-nodq")
           ->capture_default_str(),
       estimate->add_option("--batch", o.batch, "Micro-batch per GPU")->type_name("INT")->capture_default_str(),
       seq_option,
       estimate->add_option("--grad-accum", o.grad_accum, "Gradient accumulation steps")
           ->type_name("INT")
           ->capture_default_str(),
+      estimate->add_option("--zero-grad", o.zero_grad, "Between steps the gradients are: none "
+                           "(zero_grad(set_to_none=True), torch >= 2.0) or zeros (kept, torch < 2.0)")
+          ->capture_default_str(),
+      estimate->add_option("--loss", o.loss, "standard (HF cross-entropy), chunked:C (torchtune/litgpt chunked "
+                           "cross-entropy, C token chunks) or fused-linear-ce (Liger)")->capture_default_str(),
+      estimate->add_option("--lora-dropout", o.lora_dropout, "PEFT lora_dropout, 0 <= P < 1 (LoRA only)")
+          ->type_name("P")
+          ->capture_default_str(),
+      estimate->add_flag("--compile", o.compile, "torch.compile the model (inductor's saved tensors)"),
+      estimate->add_option("--sharding", o.sharding, "ZeRO-3 layout: flat (DeepSpeed's flat partitions) or fsdp2 "
+                           "(torch fully_shard, per-tensor dim-0 shards; implies --zero 3)")->capture_default_str(),
+      estimate->add_option("--reshard-after-forward", o.reshard_after_forward, "fsdp2: true (re-gather in backward) "
+                           "or false (blocks stay unsharded from forward to backward)")->capture_default_str(),
+      estimate->add_flag("--offload-optimizer", o.offload_optimizer, "ZeRO-Offload: optimizer states, fp32 master and "
+                         "the step on the host (host memory reported apart)"),
+      estimate->add_flag("--quantize-lm-head", o.quantize_lm_head, "int8/nf4 LoRA base: store the LM head like the "
+                         "base linears (default: 16-bit)"),
   };
   estimate->add_option("--device", o.device, "Profile of the breakdown: cuda or cpu")->capture_default_str();
+  estimate->add_option("--cuda", o.cuda, "CUDA major version of the torch build: 11, 12 or 13")->capture_default_str();
+  estimate->add_option("--module-loading", o.module_loading, "CUDA_MODULE_LOADING: lazy (torch's default) or eager")
+      ->capture_default_str();
+  estimate->add_option("--allocator", o.allocator, "Caching allocator: default or expandable (expandable_segments)")
+      ->capture_default_str();
+  estimate->add_option("--context-bytes", o.context_bytes, "Measured CUDA context in bytes (nvidia-smi minus "
+                       "max_memory_reserved) instead of the table's")->type_name("INT");
   CLI::Option* gpu_option =
       estimate->add_option("--gpu", o.gpu, "Show only this catalog GPU (see `gpuops gpus`)");
   estimate->add_flag("--recommend", o.recommend, "Only the GPUs that fit, cheapest first");
   estimate->add_flag("--json", o.json, "One JSON document instead of tables");
+  CLI::Option* plot_option = estimate->add_option(
+      "--plot", o.plot, "Also write an SVG picture: memory per moment of the step, largest micro-batch per GPU")
+      ->type_name("FILE.svg");
+  CLI::Option* advise_option = estimate->add_option(
+      "--advise", o.advise, "What to change to fit on this catalog GPU (checkpointing, micro-batch, ZeRO, LoRA...)")
+      ->type_name("GPU");
 
   bool gpus_json = false, presets_json = false;
   CLI::App* gpus = app.add_subcommand("gpus", "List the GPU catalog");
@@ -219,6 +358,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       return finish(0, out, err);
     }
 
+    GPUOPS_CHECK_ARG(plot_option->count() == 0 || !o.plot.empty(), "--plot '' is not a file name; accepted: a path "
+                     "such as estimate.svg");
+    GPUOPS_CHECK_ARG(advise_option->count() == 0 || !o.advise.empty(), "--advise '' is not a GPU; accepted: a name "
+                     "from `gpuops gpus`");
     const bool has_model = model->count() + config->count() + params->count() > 0;
     const bool has_training = std::any_of(training.begin(), training.end(), [](CLI::Option* t) { return t->count() > 0; });
     std::vector<cli::Run> runs;
@@ -242,6 +385,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                                           spec.name), spec, setup, o, gpu_option->count() > 0));
       if (!note.empty()) runs.back().notes.insert(runs.back().notes.begin(), note);
     }
+    if (plot_option->count() > 0) write_plot(runs, o, gpu_option->count() > 0);
     o.json ? emit_json(cli::runs_json(runs), out) : cli::print_runs(runs, out);
     return finish(0, out, err);
   } catch (const CLI::CallForHelp& e) {
@@ -255,6 +399,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   } catch (const ArgumentError& e) {
     err << "gpuops: error: " << one_line(e.what()) << '\n';
     return kBadInput;
+  } catch (const PlotWriteError& e) {
+    err << "gpuops: error: " << one_line(e.what()) << '\n';
+    return kFailure;
   } catch (const std::exception& e) {
     err << "gpuops: error: internal error: " << one_line(e.what()) << '\n';
     return kFailure;

@@ -23,6 +23,19 @@ std::string short_count(int64_t n) {
   return fmt::format("{}", n);
 }
 
+// Optimizer placement and sharding, when not the defaults.
+std::string describe_state_options(const est::TrainingSetup& s) {
+  std::string out;
+  if (s.sharding == est::ShardingLayout::Fsdp2)
+    out += fmt::format(", FSDP2 (reshard after forward {})", s.reshard_after_forward ? "true" : "false");
+  if (s.offload_optimizer) out += ", optimizer offloaded to the host";
+  if (s.lora.quantize_lm_head) out += fmt::format(", LM head in {}", est::to_string(s.lora.base));
+  if (s.loss != est::LossKind::Standard) out += fmt::format(", loss {}", est::loss_to_string(s));
+  if (s.lora_dropout > 0) out += fmt::format(", LoRA dropout {}", s.lora_dropout);
+  if (s.compile) out += ", torch.compile";
+  return out;
+}
+
 std::string describe_setup(const est::TrainingSetup& s) {
   std::string lora = s.lora.rank > 0 ? fmt::format("LoRA rank {} on {} ({} frozen base)", s.lora.rank,
                                                    fmt::join(s.lora.targets, ","), est::to_string(s.lora.base))
@@ -34,7 +47,7 @@ std::string describe_setup(const est::TrainingSetup& s) {
                      "checkpointing {}, attention {}",
                      lora, est::to_string(s.precision), amp, est::to_string(s.optimizer), impl, s.micro_batch, s.seq_len,
                      s.grad_accum, s.num_gpus, s.zero_stage, est::checkpointing_to_string(s),
-                     est::to_string(s.attention));
+                     est::to_string(s.attention)) + describe_state_options(s);
 }
 
 bool params_only(const Run& r) { return r.model.family == est::ModelFamily::ParamsOnly; }
@@ -53,6 +66,15 @@ json model_json(const est::ModelSpec& m, const est::TrainingSetup& s) {
     j["intermediate_size"] = m.intermediate_size;
     j["max_positions"] = m.max_positions;
   }
+  // Model families: the config's model_type, MoE shape, and the assumptions made reading the config.
+  if (!m.model_type.empty()) j["model_type"] = m.model_type;
+  if (m.num_experts > 0) {
+    j["num_experts"] = m.num_experts;
+    j["experts_per_token"] = m.experts_per_token;
+    j["moe_intermediate_size"] = m.moe_intermediate_size;
+    j["moe_layers"] = est::moe_layer_count(m);
+  }
+  j["assumptions"] = m.assumptions;
   return j;
 }
 
@@ -67,14 +89,91 @@ json setup_json(const est::TrainingSetup& s) {
           {"attention", std::string(est::to_string(s.attention))},
           {"lora", {{"rank", s.lora.rank},
                     {"targets", s.lora.rank > 0 ? s.lora.targets : std::vector<std::string>{}},
-                    {"base_dtype", std::string(est::to_string(s.lora.base))}}},
+                    {"base_dtype", std::string(est::to_string(s.lora.base))},
+                    {"quantize_lm_head", s.lora.quantize_lm_head}}},
+          {"offload_optimizer", s.offload_optimizer},
+          {"sharding", std::string(est::to_string(s.sharding))},
+          {"reshard_after_forward", s.reshard_after_forward},
           {"micro_batch", s.micro_batch},
           {"seq_len", s.seq_len},
           {"grad_accum", s.grad_accum},
-          {"global_batch", (est::CheckedInt(s.micro_batch) * s.grad_accum * s.num_gpus).get()}};
+          {"zero_grad", s.grads_set_to_none ? "none" : "zeros"},
+          {"global_batch", (est::CheckedInt(s.micro_batch) * s.grad_accum * s.num_gpus).get()},
+          {"loss", est::loss_to_string(s)},
+          {"lora_dropout", s.lora_dropout},
+          {"compile", s.compile}};
+}
+
+// --advise: the setup as given on the GPU, then each alternative with its device figure.
+void print_advice(const Run& r, std::ostream& out) {
+  const est::GpuModel& g = *r.advise_gpu;
+  const int64_t given = r.advise_given.total();
+  const bool fits = est::fits_on(r.advise_given, g);
+  fmt::print(out, "\nAdvice for {} ({:.2f} GiB): as given, {:.2f} GiB (CUDA estimate) {}", g.name, gib(g.memory_bytes),
+             gib(given), fits ? fmt::format("fits, {:.2f} GiB headroom.\n", gib(g.memory_bytes - r.advise_given.total_high()))
+                              : std::string("does not fit.\n"));
+  if (r.advice.empty()) {
+    fmt::print(out, "  no change of checkpointing, attention, micro-batch, ZeRO, optimizer or LoRA lowers it\n");
+    return;
+  }
+  if (!fits && !r.advice.front().fits) fmt::print(out, "  no single change or pair of changes fits; closest:\n");
+  fmt::print(out, "  {:<4} {:>8} {:>9} {:<8} {}\n", "fits", "GiB", "headroom", "numerics", "change (options)");
+  for (const est::Advice& a : r.advice)
+    fmt::print(out, "  {:<4} {:>8.2f} {:>9.2f} {:<8} {} ({})\n", a.fits ? "yes" : "no", gib(a.breakdown.total()),
+               gib(g.memory_bytes - a.breakdown.total_high()), a.keeps_numerics ? "same" : "changed", a.description,
+               a.options);
+}
+
+json advice_json(const Run& r) {
+  json list = json::array();
+  for (const est::Advice& a : r.advice)
+    list.push_back({{"description", a.description},
+                    {"options", a.options},
+                    {"changes", a.changes},
+                    {"keeps_numerics", a.keeps_numerics},
+                    {"fits", a.fits},
+                    {"total_bytes", a.breakdown.total()},
+                    {"total_high_bytes", a.breakdown.total_high()},
+                    {"headroom_bytes", r.advise_gpu->memory_bytes - a.breakdown.total_high()},
+                    {"peak_phase", std::string(est::to_string(a.breakdown.peak_phase))},
+                    {"setup", setup_json(a.setup)}});
+  return list;
 }
 
 }  // namespace
+
+// The categories, then the three figures (allocated, reserved, device used) with the band.
+void print_breakdown(const Run& r, std::ostream& out) {
+  const est::MemoryBreakdown& b = r.breakdown;
+  fmt::print(out, "{:<22} {:>9}\n", fmt::format("Memory per GPU ({})", r.device), "GiB");
+  for (const auto& [name, bytes] : b.items())
+    if (r.device == "cuda" || bytes != 0) fmt::print(out, "  {:<20} {:>9.2f}\n", name, gib(bytes));
+  fmt::print(out, "  {:<20} {:>9.2f}   max_memory_allocated, peak at {}\n", "allocated peak", gib(b.allocated_peak()),
+             est::to_string(b.peak_phase));
+  if (r.device == "cuda") {
+    fmt::print(out, "  {:<20} {:>9.2f}   max_memory_reserved (caching allocator)\n", "reserved peak",
+               gib(b.reserved_peak()));
+    fmt::print(out, "  {:<20} {:>9.2f}   device used (nvidia-smi), band {:.2f} to {:.2f}\n", "total", gib(b.total()),
+               gib(b.total_low()), gib(b.total_high()));
+  } else {
+    fmt::print(out, "  {:<20} {:>9.2f}\n", "total", gib(b.total()));
+  }
+  if (b.host_memory > 0) fmt::print(out, "  {:<20} {:>9.2f}   host RAM (not on the device)\n", "host memory", gib(b.host_memory));
+  fmt::print(out, "\n");
+}
+
+json breakdown_json(const est::MemoryBreakdown& b) {
+  json j = json::object();
+  for (const auto& [name, bytes] : b.items()) j[name] = bytes;
+  j["allocated_peak"] = b.allocated_peak();
+  j["reserved_peak"] = b.reserved_peak();
+  j["total"] = b.total();
+  j["total_low"] = b.total_low();
+  j["total_high"] = b.total_high();
+  j["host_memory"] = b.host_memory;
+  j["peak_phase"] = std::string(est::to_string(b.peak_phase));
+  return j;
+}
 
 void print_runs(const std::vector<Run>& runs, std::ostream& out) {
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -86,23 +185,24 @@ void print_runs(const std::vector<Run>& runs, std::ostream& out) {
     fmt::print(out, "model: {} ({} parameters, {} trainable)\n", est::printable(r.model.name), short_count(params),
                short_count(trainable));
     fmt::print(out, "setup: {}\n\n", describe_setup(r.setup));
-    fmt::print(out, "{:<22} {:>9}\n", fmt::format("Memory per GPU ({})", r.device), "GiB");
-    for (const auto& [name, bytes] : r.breakdown.items()) fmt::print(out, "  {:<20} {:>9.2f}\n", name, gib(bytes));
-    fmt::print(out, "  {:<20} {:>9.2f}   (peak at {})\n\n", "total", gib(r.breakdown.total()),
-               est::to_string(r.breakdown.peak_phase));
+    print_breakdown(r, out);
 
-    fmt::print(out, "{}\n", r.recommend ? "GPUs that fit, cheapest first (CUDA estimate):"
-                                        : "Fit per GPU (CUDA estimate):");
+    fmt::print(out, "{}\n", r.recommend ? "GPUs that fit, cheapest first (each on its own CUDA profile; fits = the "
+                                          "top of the band fits):"
+                                        : "Fit per GPU (each on its own CUDA profile; fits = the top of the band fits):");
     if (r.gpus.empty()) fmt::print(out, "  none of the catalog GPUs fits this setup\n");
     else
-      fmt::print(out, "  {:<10} {:>10} {:>5} {:>13} {:>16} {:>7}\n", "GPU", "memory GiB", "fits", "headroom GiB",
-                 "max micro-batch", "$/h");
+      fmt::print(out, "  {:<10} {:>10} {:>5} {:>10} {:>13} {:>16} {:>7}  {}\n", "GPU", "memory GiB", "fits",
+                 "used GiB", "headroom GiB", "max micro-batch", "$/h", "precision");
     for (const auto& f : r.gpus) {
       const std::string max_b = params_only(r) ? std::string("-") : fmt::format("{}", f.max_micro_batch);
-      fmt::print(out, "  {:<10} {:>10.2f} {:>5} {:>13.2f} {:>16} {:>7.2f}\n", f.gpu->name, gib(f.gpu->memory_bytes),
-                 f.fits ? "yes" : "no", gib(f.gpu->memory_bytes - f.at_requested.total()), max_b,
-                 f.gpu->spot_price_usd_per_hour);
+      fmt::print(out, "  {:<10} {:>10.2f} {:>5} {:>10.2f} {:>13.2f} {:>16} {:>7.2f}  {}\n", f.gpu->name,
+                 gib(f.gpu->memory_bytes), f.fits ? "yes" : "no", gib(f.at_requested.total()),
+                 gib(f.gpu->memory_bytes - f.at_requested.total_high()), max_b, f.gpu->spot_price_usd_per_hour,
+                 f.precision_ok ? "ok" : fmt::format("no {} on sm_{}: use fp16-mixed", est::to_string(r.setup.precision),
+                                                     f.gpu->compute_capability));
     }
+    if (r.advise_gpu) print_advice(r, out);
     for (const auto& n : r.notes) fmt::print(out, "note: {}\n", est::printable(n));
   }
 }
@@ -110,17 +210,16 @@ void print_runs(const std::vector<Run>& runs, std::ostream& out) {
 json runs_json(const std::vector<Run>& runs) {
   json list = json::array();
   for (const Run& r : runs) {
-    json breakdown = json::object();
-    for (const auto& [name, bytes] : r.breakdown.items()) breakdown[name] = bytes;
-    breakdown["total"] = r.breakdown.total();
-    breakdown["peak_phase"] = std::string(est::to_string(r.breakdown.peak_phase));
+    const json breakdown = breakdown_json(r.breakdown);
     json gpus = json::array();
     for (const auto& f : r.gpus) {
       gpus.push_back({{"name", f.gpu->name},
                       {"memory_bytes", f.gpu->memory_bytes},
                       {"fits", f.fits},
+                      {"precision_supported", f.precision_ok},
                       {"total_bytes", f.at_requested.total()},
-                      {"headroom_bytes", f.gpu->memory_bytes - f.at_requested.total()},
+                      {"total_high_bytes", f.at_requested.total_high()},
+                      {"headroom_bytes", f.gpu->memory_bytes - f.at_requested.total_high()},
                       {"max_micro_batch", params_only(r) ? json(nullptr) : json(f.max_micro_batch)},
                       {"spot_price_usd_per_hour", f.gpu->spot_price_usd_per_hour}});
     }
@@ -132,35 +231,60 @@ json runs_json(const std::vector<Run>& runs) {
                     {"recommend", r.recommend},
                     {"gpus", gpus},
                     {"notes", r.notes}});
+    if (r.advise_gpu) {
+      list.back()["advice_for"] = {{"gpu", r.advise_gpu->name},
+                                   {"memory_bytes", r.advise_gpu->memory_bytes},
+                                   {"total_bytes", r.advise_given.total()},
+                                   {"total_high_bytes", r.advise_given.total_high()},
+                                   {"fits", est::fits_on(r.advise_given, *r.advise_gpu)},
+                                   {"headroom_bytes", r.advise_gpu->memory_bytes - r.advise_given.total_high()}};
+      list.back()["advice"] = advice_json(r);
+    }
   }
   return {{"runs", list}};
 }
 
 void print_gpus(std::ostream& out) {
-  fmt::print(out, "{:<10} {:>10} {:>15} {:>12} {:>11}\n", "GPU", "memory GiB", "bandwidth GB/s", "bf16 TFLOPS",
-             "spot $/h");
+  fmt::print(out, "{:<10} {:>10} {:>4} {:<17} {:>15} {:>14} {:>9}\n", "GPU", "memory GiB", "sm", "tensor precisions",
+             "bandwidth GB/s", "16-bit TFLOPS", "spot $/h");
   for (const auto& g : est::gpu_catalog())
-    fmt::print(out, "{:<10} {:>10.2f} {:>15.0f} {:>12.0f} {:>11.2f}\n", g.name, gib(g.memory_bytes),
-               g.bandwidth_gb_s, g.bf16_tflops, g.spot_price_usd_per_hour);
+    fmt::print(out, "{:<10} {:>10.2f} {:>4} {:<17} {:>15.0f} {:>14} {:>9.2f}\n", g.name, gib(g.memory_bytes),
+               g.compute_capability, est::precisions_of(g.compute_capability), g.bandwidth_gb_s,
+               fmt::format("{:.0f} {}", g.tensor_tflops, est::supports_bf16(g.compute_capability) ? "bf16" : "fp16"),
+               g.spot_price_usd_per_hour);
+}
+
+json gpu_json(const est::GpuModel& g) {
+  json precisions = json::array({"fp32", "fp16"});
+  if (est::supports_bf16(g.compute_capability)) precisions.push_back("bf16");
+  if (est::supports_fp8(g.compute_capability)) precisions.push_back("fp8");
+  return {{"name", g.name},
+          {"memory_bytes", g.memory_bytes},
+          {"compute_capability", fmt::format("{}.{}", g.compute_capability / 10, g.compute_capability % 10)},
+          {"tensor_precisions", precisions},
+          {"bandwidth_gb_s", g.bandwidth_gb_s},
+          {"tensor_tflops", g.tensor_tflops},
+          {"tensor_tflops_dtype", est::supports_bf16(g.compute_capability) ? "bf16" : "fp16"},
+          {"nvlink", g.nvlink},
+          {"spot_price_usd_per_hour", g.spot_price_usd_per_hour}};
 }
 
 json gpus_json() {
   json list = json::array();
-  for (const auto& g : est::gpu_catalog())
-    list.push_back({{"name", g.name},
-                    {"memory_bytes", g.memory_bytes},
-                    {"bandwidth_gb_s", g.bandwidth_gb_s},
-                    {"bf16_tflops", g.bf16_tflops},
-                    {"spot_price_usd_per_hour", g.spot_price_usd_per_hour}});
+  for (const auto& g : est::gpu_catalog()) list.push_back(gpu_json(g));
   return {{"gpus", list}};
 }
 
 void print_presets(std::ostream& out) {
-  fmt::print(out, "{:<12} {:>15}  {}\n", "preset", "parameters", "architecture");
+  fmt::print(out, "{:<17} {:>15}  {}\n", "preset", "parameters", "architecture");
   for (const auto& name : est::preset_names()) {
     const est::ModelSpec m = est::preset(name);
-    fmt::print(out, "{:<12} {:>15}  {} layers, hidden {}, {} heads ({} kv), vocab {}\n", name,
-               est::parameter_count(m), m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.vocab_size);
+    // MoE presets also show their experts (top-k of E).
+    const std::string experts =
+        m.num_experts > 0 ? fmt::format(", {} experts (top-{})", m.num_experts, m.experts_per_token) : "";
+    fmt::print(out, "{:<17} {:>15}  {} layers, hidden {}, {} heads ({} kv), vocab {}{}\n", name,
+               est::parameter_count(m), m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.vocab_size,
+               experts);
   }
 }
 

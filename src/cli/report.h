@@ -21,6 +21,13 @@ struct Run {
   std::vector<estimator::GpuFit> gpus;       ///< always with the CUDA profile
   bool recommend = false;                    ///< gpus holds only fitting GPUs, cheapest first
   std::vector<std::string> notes;
+  // --advise GPU: the setup as given on that GPU (CUDA profile) and what to change to fit.
+  const estimator::GpuModel* advise_gpu = nullptr;
+  estimator::MemoryBreakdown advise_given;
+  std::vector<estimator::Advice> advice;
+  // For --plot: the profile of `breakdown` and the CUDA software of the GPU table.
+  estimator::DeviceProfile profile;
+  estimator::CudaRuntime runtime;
 };
 
 /// The breakdown and the GPU table of every run.

@@ -5,7 +5,10 @@
 // terms below reduce to a similar count but follow the dtype each op really saves in.
 #include "gpuops/estimator/activations.h"
 
+#include <algorithm>
+
 #include "gpuops/estimator/estimate.h"
+#include "gpuops/estimator/param_tensors.h"
 
 namespace gpuops::estimator {
 namespace {
@@ -29,6 +32,7 @@ struct Shape {
   C r;              // residual-stream / norm-input dtype bytes
   C mask;           // dropout mask bytes: the input dtype on the CPU, 1-byte bool on CUDA
   bool cpu;
+  bool compiled;    // torch.compile: inductor's partition (activation_setups below)
   C Nq() const { return N * a * d; }          // q (and k, v after GQA expansion) elements
   C scores() const { return b * a * s * s; }  // one attention matrix for all heads
 };
@@ -45,12 +49,20 @@ Shape shape_of(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& 
   x.r = x.mode == Numerics::Half ? 2 : 4;
   x.cpu = dev.is_cpu();
   x.mask = x.cpu ? x.e : 1;
+  x.compiled = t.compile;
   return x;
 }
 
 // A norm's saved tensors; `consumers` linears read its output (each casts it to 16 bits under autocast).
 C norm_bytes(const ModelSpec& m, const Shape& x, int64_t consumers) {
   const C Nh = x.N * x.h;
+  if (x.compiled) {  // inductor: input, one output (its 16-bit cast under autocast, shared by readers), rstd
+    switch (x.mode) {
+      case Numerics::Fp32: return 2 * Nh * 4 + x.N * 4;
+      case Numerics::Autocast: return Nh * 4 + Nh * 2 + x.N * 4;
+      case Numerics::Half: return 2 * Nh * 2 + x.N * 4;
+    }
+  }
   if (m.norm == NormKind::RmsNorm) {  // fp32 input copy, rsqrt per token, normed, weighted output
     switch (x.mode) {
       case Numerics::Fp32: return 3 * Nh * 4 + x.N * 4;
@@ -82,33 +94,129 @@ bool sdpa_math_path(const ModelSpec& m, const TrainingSetup& t, const Shape& x) 
 C block_attention_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
   const C qkv_and_out = 4 * x.Nq() * x.e;  // q, k, v (expanded to every head), output-projection input
   const C lse = x.b * x.a * x.s * 4;         // flash kernels' fp32 log-sum-exp per row
-  if (t.attention == AttentionKind::Eager) return qkv_and_out + eager_scores_bytes(m, x);
+  // Gemma-2's attn_logit_softcapping: tanh(scores / cap) * cap saves the tanh output, one more s x s tensor.
+  const C softcap = m.attn_logit_softcapping > 0 ? x.scores() * x.e : C(0);
+  if (t.attention == AttentionKind::Eager) return qkv_and_out + eager_scores_bytes(m, x) + softcap;
   if (sdpa_math_path(m, t, x)) return 3 * x.Nq() * 4 + 3 * x.scores() * 4 + x.Nq() * x.e;
-  if (t.attention == AttentionKind::Sdpa && x.cpu) return qkv_and_out + x.b * x.s * x.s * x.e + lse;  // + mask
+  if (t.attention == AttentionKind::Sdpa && x.cpu)  // + mask (compiled: one shared mask, in extras)
+    return qkv_and_out + (x.compiled ? C(0) : x.b * x.s * x.s * x.e) + lse;
   return qkv_and_out + lse;  // flash, or SDPA on CUDA (is_causal, no mask)
 }
 
 C block_mlp_bytes(const ModelSpec& m, const Shape& x) {
   // SwiGLU: gate, up, silu(gate), product. GELU: its input and output, plus gelu_new's 3 intermediates.
   const C saved = m.mlp == MlpKind::SwiGlu ? 4 : (m.composite_gelu ? 5 : 2);
+  if (x.compiled) return (m.mlp == MlpKind::SwiGlu ? 3 : 2) * x.N * x.i * x.e;  // inductor recomputes silu / GELU
   return saved * x.N * x.i * x.e;
+}
+
+// Linears that read the MLP's input norm (each casts it to 16 bits under autocast): gate and up, or one.
+int64_t mlp_input_consumers(const ModelSpec& m) { return m.mlp == MlpKind::SwiGlu && !m.fused_gate_up ? 2 : 1; }
+
+// A mixture-of-experts MLP (transformers 4.57's MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock, DeepseekV2MoE):
+// each token goes through experts_per_token experts, so k·N rows pass through expert MLPs of width
+// moe_intermediate_size; experts no token picked save nothing. Counted relative to the dense MLP's norm.
+C moe_mlp_bytes(const ModelSpec& m, const Shape& x) {
+  const C k = m.experts_per_token, E = m.num_experts, Im = m.moe_intermediate_size;
+  const C S = m.shared_expert_intermediate_size, Nh = x.N * x.h;
+  // Per routed row (listed with saved_tensors_hooks on transformers 4.57's Mixtral and Qwen2-MoE blocks, fp32):
+  // its gathered input (under autocast the 16-bit casts expert gate and up make), gate, up, act(gate),
+  // product, the expert output the routing weight multiplies, the weighted output index_add_ keeps (residual
+  // dtype), the row's token and top-k slot indices (int64) and its routing weight.
+  const C input = x.mode == Numerics::Autocast ? 2 * x.h * 2 : x.h * x.r;
+  C bytes = k * x.N * (input + 4 * Im * x.e + x.h * x.e + x.h * x.r + 16 + x.r);
+  bytes += x.N * E * 4 + x.N * k * 8;  // router: fp32 softmax over experts, top-k indices
+  if (m.norm_topk_prob) bytes += x.N * k * 4 + x.N * 4;  // renormalised: the fp32 top-k weights and their sum
+  if (m.router_fp32 && x.mode == Numerics::Half) bytes += Nh * 4 + E * x.h * 4;  // DeepSeek's fp32 router inputs
+  if (S > 0) bytes += 4 * x.N * S * x.e;  // shared experts: one SwiGLU MLP on every token
+  if (m.shared_expert_gate) bytes += Nh * x.e + x.N * x.e;  // sigmoid(gate) times the shared output: both saved
+  if (x.mode == Numerics::Autocast) {  // the norm is read by the router, shared gate/up and their gate
+    const int64_t consumers = 1 + (m.shared_expert_intermediate_size > 0 ? 2 : 0) + (m.shared_expert_gate ? 1 : 0);
+    bytes = bytes + C(consumers) * Nh * 2 - C(mlp_input_consumers(m)) * Nh * 2;
+  }
+  return bytes;
+}
+
+// ---- Activation-side setups (docs/estimator.md, "Checkpointing policies, chunked loss, LoRA dropout,
+// torch.compile").
+
+// PEFT's lora_dropout > 0: each block target's dropout(x) is a new N x in tensor that lora_A's matmul
+// saves, plus its mask (the input dtype on the CPU, a 1-byte bool on CUDA).
+C lora_dropout_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+  const auto names = projection_names(m);
+  C bytes = 0;
+  for (const auto& target : t.lora.targets)
+    if (std::find(names.begin(), names.end(), target) != names.end())
+      bytes += x.N * projection_shape(m, target).in_features * (x.e + x.mask);
+  return bytes;
+}
+
+// What torchtitan's op-level selective policy keeps of one block (MUST_SAVE outputs, held by the
+// checkpoint until its recomputation pops them): every odd aten.mm of the block in call order (q, k, v, o,
+// then gate, up, down; a LoRA target's A and B matmuls follow its base; biased linears dispatch to addmm and
+// quantised bases to bitsandbytes, which the list does not name), and on CUDA SDPA's output and fp32
+// log-sum-exp (the CPU's _scaled_dot_product_flash_attention_for_cpu, eager's bmm/softmax are not listed).
+C selective_cache_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+  const bool quantised = t.lora.rank > 0 && (t.lora.base == BaseWeightDtype::Int8 || t.lora.base == BaseWeightDtype::Nf4);
+  C bytes = 0;
+  int64_t count = 0;
+  const auto mm = [&](int64_t out_features) {
+    if (++count % 2 == 1) bytes += x.N * out_features * x.e;
+  };
+  for (const auto& p : projection_names(m)) {
+    const LinearShape l = projection_shape(m, p);
+    if (!l.bias && !quantised) mm(l.out_features);
+    if (t.lora.rank > 0 && std::find(t.lora.targets.begin(), t.lora.targets.end(), p) != t.lora.targets.end()) {
+      mm(t.lora.rank);
+      mm(l.out_features);
+    }
+  }
+  if (t.attention == AttentionKind::Sdpa && !x.cpu) bytes += x.Nq() * x.e + x.b * x.a * x.s * 4;
+  return bytes;
+}
+
+// The loss's saved bytes. Standard (Hugging Face): the fp32 log-softmax, the shifted int64 labels, the loss;
+// compiled (standard or chunked), the logits in the compute dtype, two fp32 values per row and labels padded
+// by one per sequence. Chunked (eager): the log-softmax of every chunk is saved, N x V fp32 in all. Fused linear CE (Liger): the
+// input gradient (final-norm dtype), the LM-head weight gradient (full fine-tune), the fp32 per-token loss.
+C loss_bytes(const TrainingSetup& t, const Shape& x) {
+  const C labels = x.N * 8 + 4;
+  if (t.loss == LossKind::FusedLinearCe) {
+    const C weight_grad = t.lora.rank == 0 ? x.V * x.h * (runs_in_16_bits(t) ? 2 : 4) : C(0);
+    return x.N * x.h * x.r + weight_grad + x.N * 4 + labels;
+  }
+  // Compiled, a chunked loss is compiled chunk by chunk (torchtune compiles its loss with the model): the same.
+  if (x.compiled) return x.N * x.V * x.e + 2 * x.N * 4 + x.b * (x.s + 1) * 8 + 4;
+  return x.N * x.V * 4 + labels;
 }
 
 // The rest of a block: both norms, residual dropout masks, LoRA's low-rank intermediates.
 C block_other_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
-  const int64_t qkv_consumers = m.fused_qkv ? 1 : 3, mlp_consumers = m.mlp == MlpKind::SwiGlu ? 2 : 1;
+  const int64_t qkv_consumers = m.fused_qkv ? 1 : 3, mlp_consumers = mlp_input_consumers(m);
   C bytes = norm_bytes(m, x, qkv_consumers) + norm_bytes(m, x, mlp_consumers);
+  if (m.norms_per_layer > 2) bytes += (m.norms_per_layer - 2) * norm_bytes(m, x, 0);  // Gemma-2's post-norms
   if (m.dropout) bytes += 2 * x.N * x.h * x.mask;
   // Each adapter saves x·A for B's gradient; frozen linears are counted as saving their inputs (conservative).
-  if (t.lora.rank > 0) bytes += static_cast<int64_t>(t.lora.targets.size()) * x.N * t.lora.rank * x.e;
+  if (t.lora.rank > 0) bytes += block_lora_target_count(t.lora) * x.N * t.lora.rank * x.e;
+  if (t.lora_dropout > 0) bytes += lora_dropout_bytes(m, t, x);
   return bytes;
 }
 
-C linear_weights_per_layer(const ModelSpec& m) {
+// Weights of the block linears (experts included) of `layers` of the model's blocks: exact when every block
+// is alike, the mean block otherwise (DeepSeek's first dense layers).
+C linear_weights_of_layers(const ModelSpec& m, int64_t layers) {
   C n = 0;
-  for (const auto& p : projection_names(m)) {
-    const LinearShape l = projection_shape(m, p);
-    n += C(l.in_features) * l.out_features;
+  for (const auto& g : block_linears(m)) n += C(g.count) * g.shape.in_features * g.shape.out_features;
+  return layers == m.num_layers ? n : n / m.num_layers * layers;
+}
+
+// Blocks of a MoE model that are MoE and not checkpointed (their MLP saves moe_mlp_bytes).
+int64_t whole_moe_layers(const ModelSpec& m, const TrainingSetup& t) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < m.num_layers; ++i) {
+    const bool checkpointed = t.checkpoint == CheckpointKind::Full || t.checkpoint == CheckpointKind::Selective ||
+                              (t.checkpoint == CheckpointKind::EveryK && i % t.checkpoint_every_k == 0);
+    if (is_moe_layer(m, i) && !checkpointed) ++n;
   }
   return n;
 }
@@ -132,10 +240,26 @@ ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const Dev
   int64_t checkpointed = 0;
   if (t.checkpoint == CheckpointKind::Full) checkpointed = L;
   if (t.checkpoint == CheckpointKind::EveryK) checkpointed = ceil_div(L, t.checkpoint_every_k);
-  f.last_block_checkpointed = t.checkpoint == CheckpointKind::Full ||
+  // Selective (non-reentrant, op policy): every block keeps its input, the RNG state and the policy's cache,
+  // and, as measured, no autocast weight copies (like a reentrant checkpointed block).
+  const bool selective = t.checkpoint == CheckpointKind::Selective;
+  if (selective) checkpointed = L;
+  f.last_block_checkpointed = selective || t.checkpoint == CheckpointKind::Full ||
                               (t.checkpoint == CheckpointKind::EveryK && (L - 1) % t.checkpoint_every_k == 0);
   const int64_t rng = x.cpu ? kCpuRngStateBytes : 0;
   f.layers = (checkpointed * (Nh * x.r + rng) + (L - checkpointed) * block).get();
+  if (moe_layer_count(m) > 0) {  // MoE blocks save the routed experts' tensors instead of a dense MLP's
+    const C moe = moe_mlp_bytes(m, x);
+    const int64_t whole_moe = whole_moe_layers(m, t);
+    f.layers = (checkpointed * (Nh * x.r + rng) + (L - checkpointed - whole_moe) * block +
+                whole_moe * (block - mlp + moe)).get();
+    if (is_moe_layer(m, L - 1)) f.block_mlp = moe.get();
+  }
+  if (selective) {
+    const C cache = selective_cache_bytes(m, t, x);
+    f.last_block_cache = cache.get();
+    f.layers = (C(f.layers) + cache * L).get();
+  }
 
   // Outside the blocks.
   C extras = 0;
@@ -146,24 +270,33 @@ ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const Dev
   if (m.learned_positions) {
     extras += x.s * 8;  // position ids
   } else {              // RoPE cos and sin, and with checkpointing the position ids and a scalar
-    extras += 2 * x.s * x.d * (x.mode == Numerics::Half ? 2 : 4);
+    extras += x.compiled ? 2 * x.s * x.d : 2 * x.s * x.d * (x.mode == Numerics::Half ? 2 : 4);  // compiled: fp32 freqs
     if (checkpointed > 0) extras += x.s * 8 + 4;
   }
+  if (x.compiled && t.attention == AttentionKind::Sdpa && x.cpu && checkpointed < L) extras += x.b * x.s * x.s * x.e;
   if (m.dropout) extras += Nh * (x.cpu ? x.r : 1);  // embedding dropout mask
   if (m.family == ModelFamily::Encoder) extras += norm_bytes(m, x, 3);  // BERT's embedding LayerNorm
+  // LoRA on lm_head / embed: B's matmul saves A's output, N x r (x·A; the embedding adapter's gather of
+  // lora_embedding_A saves the ids, which are the inputs already counted).
+  if (t.lora.rank > 0)
+    extras += (static_cast<int64_t>(t.lora.targets.size()) - block_lora_target_count(t.lora)) * x.N * t.lora.rank * x.e;
   // Autocast caches a 16-bit copy of every weight it casts during a forward with grad enabled; mm saves
   // it, so it lives until the backward. Checkpointed blocks run their forward without grad.
   if (x.mode == Numerics::Autocast && t.lora.rank == 0) {
     const bool head = m.family == ModelFamily::Decoder || m.masked_lm_head;
-    extras += 2 * ((head ? x.V * x.h : 0) + (L - checkpointed) * linear_weights_per_layer(m));
+    extras += 2 * ((head ? x.V * x.h : 0) + linear_weights_of_layers(m, L - checkpointed));
   }
   f.extras = extras.get();
 
   // The head: the final norm (or BERT's MLM transform), the fp32 log-softmax the loss saves, the
   // shifted int64 labels and the loss value.
   if (m.family == ModelFamily::Decoder) f.final_norm = norm_bytes(m, x, 1).get();
+  // Compiled under autocast, the final norm keeps its input and output as 16-bit only (measured, docs).
+  if (m.family == ModelFamily::Decoder && x.compiled && x.mode == Numerics::Autocast)
+    f.final_norm = (2 * Nh * 2 + x.N * 4).get();
   if (m.masked_lm_head) f.final_norm = (norm_bytes(m, x, 1) + 2 * Nh * x.e).get();  // + dense input, GELU input
-  if (m.family == ModelFamily::Decoder || m.masked_lm_head) f.loss = (x.N * x.V * 4 + x.N * 8 + 4).get();
+  if (m.family == ModelFamily::Decoder || m.masked_lm_head) f.loss = loss_bytes(t, x).get();
+  if (m.final_logit_softcapping > 0 && t.loss != LossKind::FusedLinearCe) f.loss = (C(f.loss) + x.N * x.V * x.e).get();  // Gemma-2: tanh(logits / cap)
   f.total();  // the sum must fit too
   return f;
 }

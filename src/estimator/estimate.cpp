@@ -3,13 +3,16 @@
 // autograd saves (activations.cpp) and the transients of each moment.
 #include "gpuops/estimator/estimate.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
 
 #include "gpuops/errors.h"
 
+#include "gpuops/estimator/state_layout.h"
 #include "gpuops/estimator/step_phases.h"
+#include "step_trace.h"
 
 namespace gpuops::estimator {
 namespace {
@@ -30,47 +33,32 @@ int64_t optimizer_bytes(int64_t n, int64_t tensors, const TrainingSetup& s, cons
     case OptimizerKind::Sgd: return 0;
     case OptimizerKind::SgdMomentum: return (state * C(n)).get();  // momentum buffer
     case OptimizerKind::AdamW8bit:
+    case OptimizerKind::PagedAdamW8bit:  // where the bytes live: place_optimizer_state (state_layout.cpp)
       // bitsandbytes block-wise 8-bit: two 1-byte states plus one fp32 absmax per 2048-value block each.
-      return (2 * C(n) + 2 * 4 * ceil_div(n, 2048)).get();
+      return eight_bit_adam_state_bytes(n);
+    case OptimizerKind::PagedAdamW32bit: return (8 * C(n)).get();  // two fp32 states whatever the params' dtype
+    case OptimizerKind::Adafactor: return 0;  // per tensor shape: adafactor_state_bytes (state_layout.cpp)
   }
   return 0;
 }
 
 // Quantised storage of one frozen linear weight (bias stays 16-bit).
 int64_t quantised_linear_bytes(const LinearShape& l, BaseWeightDtype dtype) {
-  const int64_t n = (C(l.in_features) * l.out_features).get();
   const C bias = l.bias ? 2 * C(l.out_features) : 0;
-  if (dtype == BaseWeightDtype::Int8) return (n + 4 * C(l.out_features) + bias).get();  // LLM.int8: fp32 scale per row
-  // NF4 with double quantisation (QLoRA): 4 bits per value, one 8-bit absmax per 64 values and one fp32
-  // constant per 256 absmax values.
-  return (ceil_div(n, 2) + C(ceil_div(n, 64)) + 4 * C(ceil_div(n, 64 * 256)) + bias).get();
+  return (quantised_weight_bytes(l.in_features, l.out_features, dtype) + bias).get();  // see state_layout.h
 }
 
 }  // namespace
 
-DeviceProfile cuda_device() {
-  DeviceProfile d;
-  d.kind = DeviceProfile::Cuda;
-  // CUDA 12 with lazy module loading: the context, torch's kernels and the cuBLAS/cuDNN handles take
-  // roughly 400-600 MiB outside the caching allocator on A100/H100 (nvidia-smi minus memory_reserved).
-  d.cuda_context_bytes = int64_t{512} << 20;
-  // The caching allocator's reserved/allocated ratio in transformer training is typically 1.05-1.15, and
-  // the excess comes from transient tensors (activations, logits, workspaces) that split blocks every
-  // step; persistent states are allocated once in large blocks. So 10% of the transient bytes.
-  d.allocator_slack_fraction = 0.10;
-  return d;
-}
-
-DeviceProfile cpu_device() { return DeviceProfile{}; }
-
 int64_t lora_parameter_count(const ModelSpec& m, const LoraSetup& lora) {
   if (lora.rank == 0 || m.family == ModelFamily::ParamsOnly) return 0;
-  C per_layer = 0;
+  C per_layer = 0, outer = 0;  // outer: the lm_head and embed adapters, once
   for (const auto& t : lora.targets) {
-    const LinearShape l = projection_shape(m, t);
-    per_layer += lora.rank * (C(l.in_features) + l.out_features);  // A: in x r, B: r x out, no bias
+    const bool once = is_outer_lora_target(t);
+    const LinearShape l = once ? outer_lora_shape(m, t) : projection_shape(m, t);
+    (once ? outer : per_layer) += lora.rank * (C(l.in_features) + l.out_features);  // A: in x r, B: r x out
   }
-  return (m.num_layers * per_layer).get();
+  return (m.num_layers * per_layer + outer).get();
 }
 
 int64_t trainable_parameter_count(const ModelSpec& m, const TrainingSetup& s) {
@@ -84,12 +72,14 @@ int64_t frozen_weight_bytes(const ModelSpec& m, const TrainingSetup& s) {
   if (base == BaseWeightDtype::Fp16 || base == BaseWeightDtype::Bf16) return (2 * C(total)).get();
   // bitsandbytes quantises the linears inside the blocks; embeddings, norms and the LM head stay 16-bit.
   C linear_params = 0, linear_bytes = 0;
-  for (const auto& p : projection_names(m)) {
-    const LinearShape l = projection_shape(m, p);
-    linear_params += l.parameters();
-    linear_bytes += quantised_linear_bytes(l, base);
+  for (const auto& g : block_linears(m)) {  // every block linear, MoE experts and routers included
+    linear_params += C(g.count) * g.shape.parameters();
+    linear_bytes += C(g.count) * quantised_linear_bytes(g.shape, base);
   }
-  return (m.num_layers * linear_bytes + 2 * (total - m.num_layers * linear_params)).get();
+  C bytes = linear_bytes + 2 * (total - linear_params);
+  if (s.lora.quantize_lm_head)  // the untied V x h LM head stored like the base linears
+    bytes = bytes - 2 * C(m.vocab_size) * m.hidden_size + quantised_weight_bytes(m.hidden_size, m.vocab_size, base);
+  return bytes.get();
 }
 
 int64_t zero_shard(int64_t count, const TrainingSetup& s, int from_stage) {
@@ -109,20 +99,25 @@ int64_t buffer_bytes(const ModelSpec& m, const TrainingSetup& s) {
 }
 
 int64_t trainable_tensor_count(const ModelSpec& m, const TrainingSetup& s) {
-  if (s.lora.rank > 0) return (2 * C(m.num_layers) * static_cast<int64_t>(s.lora.targets.size())).get();  // A and B
+  if (s.lora.rank > 0)  // A and B per block target and layer, and per outer target
+    return (2 * C(m.num_layers) * block_lora_target_count(s.lora) +
+            2 * (static_cast<int64_t>(s.lora.targets.size()) - block_lora_target_count(s.lora))).get();
   return parameter_tensor_count(m);
 }
 
 MemoryBreakdown persistent_memory(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
-  const int64_t trainable = trainable_parameter_count(m, s);
   const int64_t wbytes = trainable_weight_bytes(s);
+  // Local shares: the flat layout divides totals (zero_shard), FSDP2 pads every tensor (state_layout.cpp).
+  const int64_t local_weights = sharded_trainable_elements(m, s, 3), local_grads = sharded_trainable_elements(m, s, 2),
+                local_states = sharded_trainable_elements(m, s, 1);
   MemoryBreakdown b;
-  b.weights = (C(zero_shard(trainable, s, 3)) * wbytes + zero_shard(frozen_weight_bytes(m, s), s, 3) +
-               buffer_bytes(m, s)).get();
-  b.gradients = (C(zero_shard(trainable, s, 2)) * wbytes).get();
-  b.master_weights =
-      is_mixed(s.precision) && s.amp == AmpLayout::MasterCopy ? (C(zero_shard(trainable, s, 1)) * 4).get() : 0;
-  b.optimizer_states = optimizer_bytes(zero_shard(trainable, s, 1), trainable_tensor_count(m, s), s, device);
+  b.weights = (C(local_weights) * wbytes + sharded_frozen_bytes(m, s) + buffer_bytes(m, s)).get();
+  b.gradients = (C(local_grads) * wbytes).get();
+  b.master_weights = is_mixed(s.precision) && s.amp == AmpLayout::MasterCopy ? (C(local_states) * 4).get() : 0;
+  b.optimizer_states = s.optimizer == OptimizerKind::Adafactor
+                           ? adafactor_state_bytes(m, s)
+                           : optimizer_bytes(local_states, trainable_tensor_count(m, s), s, device);
+  place_optimizer_state(m, s, device, b);  // paged and offloaded states move to host_memory
   return b;
 }
 
@@ -132,23 +127,57 @@ void validate(const DeviceProfile& d) {
   GPUOPS_CHECK_ARG(d.kind == DeviceProfile::Cpu || d.kind == DeviceProfile::Cuda,
                    "device kind {} is not a DeviceProfile::Kind; accepted: Cpu, Cuda", static_cast<int>(d.kind));
   GPUOPS_CHECK_ARG(d.cuda_context_bytes >= 0, "device cuda_context_bytes must be >= 0, got {}", d.cuda_context_bytes);
-  GPUOPS_CHECK_ARG(d.allocator_slack_fraction >= 0 && d.allocator_slack_fraction <= 1,
-                   "device allocator_slack_fraction must be in [0, 1], got {}", d.allocator_slack_fraction);
+  GPUOPS_CHECK_ARG(d.cuda_context_low >= 0 && d.cuda_context_low <= d.cuda_context_bytes &&
+                       d.cuda_context_high >= d.cuda_context_bytes,
+                   "device cuda_context_low/high ({}, {}) must enclose cuda_context_bytes {}", d.cuda_context_low,
+                   d.cuda_context_high, d.cuda_context_bytes);
+  GPUOPS_CHECK_ARG(d.workspace_bytes >= 0, "device workspace_bytes must be >= 0, got {}", d.workspace_bytes);
+  GPUOPS_CHECK_ARG(d.runtime.allocator == AllocatorMode::Default || d.runtime.allocator == AllocatorMode::ExpandableSegments,
+                   "device allocator mode {} is not an AllocatorMode; accepted: Default, ExpandableSegments",
+                   static_cast<int>(d.runtime.allocator));
 }
 
-// The largest phase; SizeOverflow escapes when a size leaves int64.
+// Relative uncertainty of the allocated bytes: the analytic terms' error on measured peaks (the CPU grid
+// and the published GPU rows, docs/estimator.md "Validation").
+constexpr double kAllocatedBand = 0.05;
+
+int64_t fraction_of(int64_t bytes, double f) {
+  const double v = static_cast<double>(bytes) * f;
+  if (v >= 9223372036854775808.0) throw SizeOverflow();  // 2^63: llround would overflow
+  return static_cast<int64_t>(std::llround(v));
+}
+
+// Every phase with the device's own terms, in StepPhase order. On CUDA: the workspaces, the blocks' rounding
+// and the allocator's reserve (the replayed step's allocated minus requested, reserved minus allocated
+// peaks), the context, NCCL, and the band around them. SizeOverflow escapes when a size leaves int64.
+std::vector<MemoryBreakdown> device_phases(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
+  const MemoryBreakdown persistent = persistent_memory(m, s, device);
+  std::vector<MemoryBreakdown> phases = phase_breakdowns(m, s, device, persistent);
+  if (device.is_cpu()) return phases;
+  const AllocatorPeaks replay = replay_training_steps(m, s, device, persistent, device.runtime.allocator);
+  const int64_t rounding = std::max<int64_t>(0, replay.allocated - replay.requested);
+  const int64_t slack = std::max<int64_t>(0, replay.reserved - replay.allocated);
+  for (MemoryBreakdown& phase : phases) {
+    phase.workspaces = device.workspace_bytes;
+    phase.block_rounding = rounding;
+    phase.allocator_slack = slack;
+    phase.cuda_context = device.cuda_context_bytes;
+    phase.nccl_buffers = nccl_buffer_bytes(s.num_gpus, device.nvlink);
+    // The allocator's reserve and NCCL's buffers are known to +-50%, the context to its measured range.
+    const C common = C(fraction_of(phase.allocated_peak(), kAllocatedBand)) + slack / 2 + phase.nccl_buffers / 2;
+    phase.band_below = (common + (device.cuda_context_bytes - device.cuda_context_low)).get();
+    phase.band_above = (common + (device.cuda_context_high - device.cuda_context_bytes)).get();
+    phase.total_high();  // every figure must fit in int64
+  }
+  return phases;
+}
+
+// The phase with the most allocated bytes (ties: the earlier phase).
 MemoryBreakdown peak_of(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
   MemoryBreakdown peak;
   bool first = true;
-  for (MemoryBreakdown phase : phase_breakdowns(m, s, device, persistent_memory(m, s, device))) {
-    if (device.kind == DeviceProfile::Cuda) {
-      phase.cuda_context = device.cuda_context_bytes;
-      const double slack = device.allocator_slack_fraction *
-                           static_cast<double>((C(phase.activations) + phase.logits + phase.temporaries).get());
-      if (slack >= 9223372036854775808.0) throw SizeOverflow();  // 2^63: llround would overflow
-      phase.allocator_slack = static_cast<int64_t>(std::llround(slack));
-    }
-    if (first || phase.total() > peak.total()) peak = phase;  // ties: the earlier phase
+  for (const MemoryBreakdown& phase : device_phases(m, s, device)) {
+    if (first || phase.allocated_peak() > peak.allocated_peak()) peak = phase;
     first = false;
   }
   return peak;
@@ -214,17 +243,27 @@ int64_t largest_without_overflow(int64_t hi, F overflows_at) {
                                  m.name, s.seq_len, max));
 }
 
-}  // namespace
-
-MemoryBreakdown estimate_memory(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
+// `compute()` on validated arguments, a size overflow turned into the error naming what is too large.
+template <typename F>
+auto checked_estimate(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device, F compute) {
   validate(m);
   validate(s, m);
   validate(device);
   try {
-    return peak_of(m, s, device);
+    return compute();
   } catch (const SizeOverflow&) {
     throw_overflow(m, s, device);
   }
+}
+
+}  // namespace
+
+MemoryBreakdown estimate_memory(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
+  return checked_estimate(m, s, device, [&] { return peak_of(m, s, device); });
+}
+
+std::vector<MemoryBreakdown> estimate_phases(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
+  return checked_estimate(m, s, device, [&] { return device_phases(m, s, device); });
 }
 
 }  // namespace gpuops::estimator

@@ -23,7 +23,142 @@ int64_t norm_params(const ModelSpec& s) {
 
 int64_t elements(const LinearShape& l) { return (C(l.in_features) * l.out_features).get(); }
 
+bool gated_mlp(const ModelSpec& s) { return s.mlp == MlpKind::SwiGlu; }
+
+std::vector<std::string> attention_names(const ModelSpec& s) {
+  if (!is_mla(s)) return {"q", "k", "v", "o"};
+  if (s.q_lora_rank > 0) return {"q_a", "q_b", "kv_a", "kv_b", "o"};
+  return {"q", "kv_a", "kv_b", "o"};
+}
+
+std::vector<std::string> mlp_names(const ModelSpec& s) {
+  if (gated_mlp(s)) return {"gate", "up", "down"};
+  return {"up", "down"};
+}
+
+// Shape of a block linear by name, without checking that the model has it.
+LinearShape shape_of(const ModelSpec& s, std::string_view name) {
+  const int64_t h = s.hidden_size;
+  if (is_mla(s)) {  // DeepSeek-V2/V3 (transformers' DeepseekV2Attention); attention_bias is kept in o_bias
+    const C qk = C(s.num_heads) * (C(s.qk_nope_head_dim) + s.qk_rope_head_dim);
+    if (name == "q") return {h, qk.get(), false};
+    if (name == "q_a") return {h, s.q_lora_rank, s.o_bias};
+    if (name == "q_b") return {s.q_lora_rank, qk.get(), false};
+    if (name == "kv_a") return {h, (C(s.kv_lora_rank) + s.qk_rope_head_dim).get(), s.o_bias};
+    if (name == "kv_b")
+      return {s.kv_lora_rank, (C(s.num_heads) * (C(s.qk_nope_head_dim) + s.v_head_dim)).get(), false};
+    if (name == "o") return {(C(s.num_heads) * s.v_head_dim).get(), h, s.o_bias};
+  }
+  const int64_t q_width = (C(s.num_heads) * effective_head_dim(s)).get();
+  const int64_t kv_width = (C(s.num_kv_heads) * effective_head_dim(s)).get();
+  const bool qkv_bias = s.linear_bias || s.qkv_bias;
+  const bool mlp_bias = s.linear_bias || s.mlp_bias;
+  // GPT-2's fused c_attn (and Phi-3's qkv_proj) is counted as three projections: same parameters, and
+  // LoRA on "q"/"v" then means the q and v slices.
+  if (name == "q") return {h, q_width, qkv_bias};
+  if (name == "k") return {h, kv_width, qkv_bias};
+  if (name == "v") return {h, kv_width, qkv_bias};
+  if (name == "o") return {q_width, h, s.linear_bias || s.o_bias};
+  if (name == "up" || name == "gate") return {h, s.intermediate_size, mlp_bias};
+  if (name == "down") return {s.intermediate_size, h, mlp_bias};
+  // Mixture of experts (Mixtral's w1/w3/w2, Qwen2-MoE's and DeepSeek's gate/up/down_proj per expert).
+  if (name == "expert_gate" || name == "expert_up") return {h, s.moe_intermediate_size, s.mlp_bias};
+  if (name == "expert_down") return {s.moe_intermediate_size, h, s.mlp_bias};
+  if (name == "router") return {h, s.num_experts, false};
+  if (name == "shared_gate" || name == "shared_up") return {h, s.shared_expert_intermediate_size, s.mlp_bias};
+  if (name == "shared_down") return {s.shared_expert_intermediate_size, h, s.mlp_bias};
+  if (name == "shared_expert_gate") return {h, 1, false};
+  return {};
+}
+
+// Parameters of one MoE layer's MLP: router, every routed expert, shared experts and their gate.
+C moe_mlp_parameters(const ModelSpec& s) {
+  C experts = 0;
+  for (const char* p : {"expert_gate", "expert_up", "expert_down"}) experts += shape_of(s, p).parameters();
+  C n = C(s.num_experts) * experts + shape_of(s, "router").parameters();
+  if (s.shared_expert_intermediate_size > 0)
+    for (const char* p : {"shared_gate", "shared_up", "shared_down"}) n += shape_of(s, p).parameters();
+  if (s.shared_expert_gate) n += shape_of(s, "shared_expert_gate").parameters();
+  return n;
+}
+
+// MLA's norms inside the attention: q_a_layernorm (with a q LoRA rank) and kv_a_layernorm, RMSNorm weights.
+int64_t mla_norm_params(const ModelSpec& s) { return is_mla(s) ? (C(s.q_lora_rank) + s.kv_lora_rank).get() : 0; }
+
+// The fields of the model families (Gemma-2, Phi-3, MoE, MLA), each named with its value.
+void validate_family_fields(const ModelSpec& s) {
+  auto at_least = [&](const char* field, int64_t v, int64_t min) {
+    GPUOPS_CHECK_ARG(v >= min, "model '{}': {} must be >= {}, got {}", s.name, field, min, v);
+  };
+  at_least("norms_per_layer", s.norms_per_layer, 1);
+  at_least("sliding_window", s.sliding_window, 0);
+  for (const auto& [field, v] : {std::pair{"attn_logit_softcapping", s.attn_logit_softcapping},
+                                 std::pair{"final_logit_softcapping", s.final_logit_softcapping}})
+    GPUOPS_CHECK_ARG(std::isfinite(v) && v >= 0, "model '{}': {} must be a finite number >= 0 (0: none), got {}",
+                     s.name, field, v);
+  at_least("num_experts", s.num_experts, 0);
+  at_least("shared_expert_intermediate_size", s.shared_expert_intermediate_size, 0);
+  if (s.num_experts > 0) {
+    GPUOPS_CHECK_ARG(s.family == ModelFamily::Decoder, "model '{}': experts apply to decoder models only", s.name);
+    GPUOPS_CHECK_ARG(s.experts_per_token >= 1 && s.experts_per_token <= s.num_experts,
+                     "model '{}': num_experts_per_tok must be from 1 to num_experts ({}), got {}", s.name,
+                     s.num_experts, s.experts_per_token);
+    at_least("moe_intermediate_size", s.moe_intermediate_size, 1);
+    GPUOPS_CHECK_ARG(static_cast<int64_t>(s.moe_layers.size()) == s.num_layers,
+                     "model '{}': moe_layers has {} entries; accepted: one per layer ({})", s.name,
+                     s.moe_layers.size(), s.num_layers);
+  } else {
+    GPUOPS_CHECK_ARG(s.experts_per_token == 0 && s.moe_layers.empty() && s.shared_expert_intermediate_size == 0 &&
+                         !s.shared_expert_gate,
+                     "model '{}': experts_per_token, moe_layers and shared experts need num_experts > 0", s.name);
+  }
+  for (const auto& [field, v] : {std::pair{"q_lora_rank", s.q_lora_rank}, std::pair{"kv_lora_rank", s.kv_lora_rank},
+                                 std::pair{"qk_nope_head_dim", s.qk_nope_head_dim},
+                                 std::pair{"qk_rope_head_dim", s.qk_rope_head_dim},
+                                 std::pair{"v_head_dim", s.v_head_dim}})
+    at_least(field, v, 0);
+  if (is_mla(s)) {
+    at_least("qk_rope_head_dim", s.qk_rope_head_dim, 1);
+    at_least("v_head_dim", s.v_head_dim, 1);
+    GPUOPS_CHECK_ARG(s.family == ModelFamily::Decoder, "model '{}': MLA attention applies to decoders only", s.name);
+  }
+  GPUOPS_CHECK_ARG(!s.fused_gate_up || s.mlp == MlpKind::SwiGlu,
+                   "model '{}': fused_gate_up needs a gated (SwiGlu) MLP", s.name);
+}
+
 }  // namespace
+
+bool is_mla(const ModelSpec& spec) { return spec.kv_lora_rank > 0; }
+
+int64_t moe_layer_count(const ModelSpec& spec) {
+  if (spec.num_experts == 0) return 0;
+  return static_cast<int64_t>(std::count(spec.moe_layers.begin(), spec.moe_layers.end(), true));
+}
+
+bool is_moe_layer(const ModelSpec& spec, int64_t layer) {
+  return spec.num_experts > 0 && layer >= 0 && layer < static_cast<int64_t>(spec.moe_layers.size()) &&
+         spec.moe_layers[static_cast<size_t>(layer)];
+}
+
+std::vector<LinearGroup> block_linears(const ModelSpec& s) {
+  std::vector<LinearGroup> groups;
+  if (s.family == ModelFamily::ParamsOnly) return groups;
+  const int64_t L = s.num_layers, moe = moe_layer_count(s);
+  auto add = [&](const std::string& name, int64_t count) {
+    if (count > 0) groups.push_back({name, shape_of(s, name), count});
+  };
+  for (const auto& p : attention_names(s)) add(p, L);
+  for (const auto& p : mlp_names(s)) add(p, L - moe);
+  if (moe > 0) {
+    const int64_t experts = (C(moe) * s.num_experts).get();
+    for (const char* p : {"expert_gate", "expert_up", "expert_down"}) add(p, experts);
+    add("router", moe);
+    if (s.shared_expert_intermediate_size > 0)
+      for (const char* p : {"shared_gate", "shared_up", "shared_down"}) add(p, moe);
+    if (s.shared_expert_gate) add("shared_expert_gate", moe);
+  }
+  return groups;
+}
 
 int64_t effective_head_dim(const ModelSpec& spec) {
   if (spec.head_dim > 0) return spec.head_dim;
@@ -31,24 +166,15 @@ int64_t effective_head_dim(const ModelSpec& spec) {
 }
 
 std::vector<std::string> projection_names(const ModelSpec& spec) {
-  if (spec.mlp == MlpKind::SwiGlu) return {"q", "k", "v", "o", "gate", "up", "down"};
-  return {"q", "k", "v", "o", "up", "down"};
+  std::vector<std::string> names = attention_names(spec);
+  if (moe_layer_count(spec) == 0)  // MoE models: LoRA targets the attention projections only
+    for (auto& p : mlp_names(spec)) names.push_back(std::move(p));
+  return names;
 }
 
 LinearShape projection_shape(const ModelSpec& s, std::string_view name) {
-  const int64_t h = s.hidden_size;
-  const int64_t q_width = (C(s.num_heads) * effective_head_dim(s)).get();
-  const int64_t kv_width = (C(s.num_kv_heads) * effective_head_dim(s)).get();
-  const bool qkv_bias = s.linear_bias || s.qkv_bias;
-  // GPT-2's fused c_attn is counted as three h x h projections: same parameters, and LoRA on "q"/"v"
-  // then means the q and v thirds.
-  if (name == "q") return {h, q_width, qkv_bias};
-  if (name == "k") return {h, kv_width, qkv_bias};
-  if (name == "v") return {h, kv_width, qkv_bias};
-  if (name == "o") return {q_width, h, s.linear_bias};
-  if (name == "up") return {h, s.intermediate_size, s.linear_bias};
-  if (name == "down") return {s.intermediate_size, h, s.linear_bias};
-  if (name == "gate" && s.mlp == MlpKind::SwiGlu) return {h, s.intermediate_size, s.linear_bias};
+  const auto names = projection_names(s);
+  if (std::find(names.begin(), names.end(), name) != names.end()) return shape_of(s, name);
   throw ArgumentError(fmt::format("projection '{}' is not in model '{}'; accepted: {}", name, s.name,
                                   fmt::join(projection_names(s), ",")));
 }
@@ -62,13 +188,14 @@ ParameterGroups parameter_groups(const ModelSpec& s) {
   if (s.learned_positions) embeddings += C(s.max_positions) * h;
   if (s.family == ModelFamily::Encoder) embeddings += 2 * h;  // BERT's embedding LayerNorm
   g.embeddings = embeddings.get();
-  C attention = 0, mlp = 0;
-  for (const char* p : {"q", "k", "v", "o"}) attention += projection_shape(s, p).parameters();
-  for (const auto& p : projection_names(s))
-    if (p == "gate" || p == "up" || p == "down") mlp += projection_shape(s, p).parameters();
+  C attention = mla_norm_params(s), mlp = 0;
+  for (const auto& p : attention_names(s)) attention += shape_of(s, p).parameters();
+  for (const auto& p : mlp_names(s)) mlp += shape_of(s, p).parameters();
   g.attention_per_layer = attention.get();
   g.mlp_per_layer = mlp.get();
-  g.norms_per_layer = (2 * C(norm_params(s))).get();
+  g.norms_per_layer = (C(s.norms_per_layer) * norm_params(s)).get();
+  g.moe_layers = moe_layer_count(s);
+  if (g.moe_layers > 0) g.moe_mlp_per_layer = moe_mlp_parameters(s).get();
   if (s.family == ModelFamily::Decoder) {
     g.final_norm = norm_params(s);
     g.head = s.tied_embeddings ? 0 : (C(s.vocab_size) * h).get();  // lm_head has no bias in GPT-2/Llama/Mistral
@@ -86,22 +213,31 @@ int64_t parameter_tensor_count(const ModelSpec& s) {
   const int64_t per_norm = s.norm == NormKind::LayerNorm ? 2 : 1;
   int64_t embeddings = 1 + (s.learned_positions ? 1 : 0) + (s.type_vocab_size > 0 ? 1 : 0);
   if (s.family == ModelFamily::Encoder) embeddings += 2;  // embedding LayerNorm
-  const int64_t qkv = s.fused_qkv ? 1 : 3, mlp = s.mlp == MlpKind::SwiGlu ? 3 : 2;
-  const int64_t per_layer = qkv + 1 + mlp + 2 * per_norm + (s.linear_bias ? qkv + 1 + mlp : s.qkv_bias ? qkv : 0);
+  // Every block linear is a weight and maybe a bias; fused projections are one tensor (GPT-2's c_attn,
+  // Phi-3's qkv_proj and gate_up_proj).
+  C linears = 0;
+  for (const auto& g : block_linears(s)) linears += C(g.count) * (g.shape.bias ? 2 : 1);
+  const int64_t L = s.num_layers, dense = L - moe_layer_count(s);
+  if (s.fused_qkv) linears = linears - C(L) * 2 * (shape_of(s, "q").bias ? 2 : 1);
+  if (s.fused_gate_up) linears = linears - C(dense) * (shape_of(s, "up").bias ? 2 : 1);
+  const int64_t mla_norms = is_mla(s) ? (s.q_lora_rank > 0 ? 2 : 1) : 0;
+  const C per_layer_norms = C(s.norms_per_layer) * per_norm + mla_norms;
   int64_t rest = 0;
   if (s.family == ModelFamily::Decoder) rest = per_norm + (s.tied_embeddings ? 0 : 1);
   else rest = s.masked_lm_head ? 5 : 2;  // MLM: dense w+b, LayerNorm w+b, decoder bias; else pooler w+b
-  return (C(s.num_layers) * per_layer + embeddings + rest).get();
+  return (linears + C(L) * per_layer_norms + embeddings + rest).get();
 }
 
 int64_t largest_parameter_tensor(const ModelSpec& s) {
   if (s.family == ModelFamily::ParamsOnly) return 0;
   int64_t largest = (C(s.vocab_size) * s.hidden_size).get();
   if (s.learned_positions) largest = std::max(largest, (C(s.max_positions) * s.hidden_size).get());
-  for (const auto& p : projection_names(s)) largest = std::max(largest, elements(projection_shape(s, p)));
+  for (const auto& g : block_linears(s)) largest = std::max(largest, elements(g.shape));
+  if (s.fused_gate_up && moe_layer_count(s) < s.num_layers)
+    largest = std::max(largest, (2 * C(elements(shape_of(s, "up")))).get());
   if (s.fused_qkv) {
     C qkv = 0;
-    for (const char* p : {"q", "k", "v"}) qkv += elements(projection_shape(s, p));
+    for (const char* p : {"q", "k", "v"}) qkv += elements(shape_of(s, p));
     largest = std::max(largest, qkv.get());
   }
   return largest;
@@ -148,6 +284,7 @@ void validate(const ModelSpec& s) {
   GPUOPS_CHECK_ARG(s.norm == NormKind::LayerNorm || s.norm == NormKind::RmsNorm,
                    "model '{}': norm {} is not a NormKind; accepted: LayerNorm, RmsNorm", s.name,
                    static_cast<int>(s.norm));
+  validate_family_fields(s);
   // Sizes that count more than 2^63 - 1 parameters (or tensors) cannot be estimated.
   try {
     parameter_count(s);

@@ -8,6 +8,8 @@
 
 #include "gpuops/errors.h"
 
+#include "preset_configs.h"
+
 namespace gpuops::estimator {
 namespace {
 
@@ -90,6 +92,16 @@ const std::vector<ModelSpec>& all_presets() {
       llama("llama-2-70b", 32000, 8192, 80, 64, 8, 28672, 4096),
       llama("llama-3-8b", 128256, 4096, 32, 32, 8, 14336, 8192),
       llama("mistral-7b", 32000, 4096, 32, 32, 8, 14336, 32768),
+      // Model families read from config.json text (preset_configs.cpp)
+      preset_from_config("llama-3.2-1b"),
+      preset_from_config("llama-3.2-3b"),
+      preset_from_config("tinyllama-1.1b"),
+      preset_from_config("gemma-2-2b"),
+      preset_from_config("gemma-2-9b"),
+      preset_from_config("phi-3-mini"),
+      preset_from_config("mixtral-8x7b"),
+      preset_from_config("qwen1.5-moe-a2.7b"),
+      preset_from_config("deepseek-v2-lite"),
       bert("bert-base", 768, 12, 12, 3072),
       bert("bert-large", 1024, 24, 16, 4096),
   };

@@ -6,6 +6,7 @@
 
 #include "gpuops/estimator/activations.h"
 #include "gpuops/estimator/estimate.h"
+#include "gpuops/estimator/state_layout.h"
 
 namespace gpuops::estimator {
 namespace {
@@ -23,39 +24,65 @@ int64_t largest_trainable_tensor(const ModelSpec& m, const TrainingSetup& s) {
   if (s.lora.rank == 0) return largest_parameter_tensor(m);
   int64_t largest = 0;
   for (const auto& t : s.lora.targets) {
-    const LinearShape l = projection_shape(m, t);
+    const LinearShape l = is_outer_lora_target(t) ? outer_lora_shape(m, t) : projection_shape(m, t);
     largest = std::max(largest, (C(s.lora.rank) * std::max(l.in_features, l.out_features)).get());
   }
   return largest;
 }
 
-// Extra transients of every backward moment: a quantised base weight dequantised for its matmul, and
-// ZeRO-3's gathered full weights of the current block plus the prefetched next one.
+// Extra transients of every backward moment: a quantised base weight dequantised for its matmul (the LM
+// head's with quantize_lm_head). ZeRO-3's / FSDP2's unsharded weights: unsharded_bytes (state_layout.cpp).
 int64_t backward_extras(const ModelSpec& m, const TrainingSetup& s) {
   if (m.family == ModelFamily::ParamsOnly) return 0;
   C bytes = 0;
-  if (s.lora.rank > 0 && (s.lora.base == BaseWeightDtype::Int8 || s.lora.base == BaseWeightDtype::Nf4)) {
-    C largest = 0;
-    for (const auto& p : projection_names(m)) {
-      const LinearShape l = projection_shape(m, p);
-      largest = std::max(largest, C(l.in_features) * l.out_features);
-    }
+  if (s.lora.rank > 0 && is_quantised_base(s.lora.base)) {
+    C largest = s.lora.quantize_lm_head ? C(m.vocab_size) * m.hidden_size : C(0);
+    for (const auto& g : block_linears(m))  // experts included
+      largest = std::max(largest, C(g.shape.in_features) * g.shape.out_features);
     bytes += 2 * largest;
   }
-  if (s.zero_stage >= 3 && s.num_gpus > 1) {
-    const int64_t weight_bytes = s.lora.rank > 0 ? 2 : trainable_element_bytes(s);
-    bytes += 2 * C(parameter_groups(m).per_layer()) * weight_bytes;
-  }
   return bytes.get();
+}
+
+// The head's bytes at the loss moment (`saved`: the loss's saved bytes, ForwardSaved::loss).
+// Standard: log-softmax's backward holds its saved output, the incoming and the produced fp32 logit
+// gradients; the shifted labels are freed. Chunked (torchtune's CEWithChunkedOutputLoss, eager): the larger
+// of the end of the loss's forward (every chunk's logits in the compute dtype still held by the caller, the
+// last chunk's fp32 upcast) and the first chunk's backward (two fp32 gradients of one chunk). Fused linear
+// CE (Liger): its gradients are made in the forward; the transient is one chunk of logits, chunk =
+// next_pow2(ceil(N / ceil(V / h))) tokens, in the compute dtype. Compiled chunked loss (torchtune compiles
+// each chunk's loss): the saved compute-dtype logits, then one chunk's gradient.
+int64_t loss_moment_bytes(const ModelSpec& m, const TrainingSetup& s, int64_t saved) {
+  const C N = C(s.micro_batch) * s.seq_len, V = m.vocab_size;
+  const int64_t e = compute_dtype_bytes(s.precision);
+  switch (s.loss) {
+    case LossKind::Standard: return (C(saved) + 2 * N * V * 4 - N * 8).get();
+    case LossKind::Chunked: {
+      const C chunk = ceil_div(N.get(), s.loss_chunks);
+      // Compiled: the saved logits are all there is; a chunk's backward makes its gradient in the compute dtype.
+      if (s.compile) return (C(saved) + chunk * V * e).get();
+      const C backward = C(saved) - N * 8 + 2 * chunk * V * 4;
+      const C forward = C(saved) + N * V * e + (e == 4 ? C(0) : chunk * V * 4);
+      return std::max(backward.get(), forward.get());
+    }
+    case LossKind::FusedLinearCe: {
+      const int64_t per_chunk_growth = ceil_div(m.vocab_size, m.hidden_size);
+      int64_t chunk = 1;
+      while (chunk < ceil_div(N.get(), per_chunk_growth)) chunk *= 2;
+      return (C(saved) + C(std::min(chunk, N.get())) * V * e).get();
+    }
+  }
+  return saved;
 }
 
 }  // namespace
 
 int64_t optimizer_step_temporaries(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
+  if (const auto own = state_step_temporaries(m, s, device)) return *own;  // Adafactor, paged, offloaded
   if (s.optimizer != OptimizerKind::Adam && s.optimizer != OptimizerKind::AdamW) return 0;  // in place
   OptimizerImpl impl = s.optimizer_impl;
   if (impl == OptimizerImpl::Default) impl = device.is_cpu() ? OptimizerImpl::ForLoop : OptimizerImpl::Foreach;
-  const int64_t local = zero_shard(trainable_parameter_count(m, s), s, 1);
+  const int64_t local = sharded_trainable_elements(m, s, 1);
   const int64_t bytes = state_element_bytes(s);
   switch (impl) {
     case OptimizerImpl::ForLoop:
@@ -78,7 +105,7 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   const int64_t pb = trainable_element_bytes(s);
   const int64_t all_grads = persistent.gradients;
   // Gradients are None in the forward and the early backward, unless accumulation keeps them.
-  const int64_t grads_so_far = s.grad_accum > 1 ? all_grads : 0;
+  const int64_t grads_so_far = gradients_alive_in_forward(s) ? all_grads : 0;
   const int64_t extras = backward_extras(m, s);
 
   MemoryBreakdown base = persistent;
@@ -91,8 +118,9 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   loss.peak_phase = StepPhase::LossBackward;
   loss.gradients = grads_so_far;
   loss.activations = f.total() - f.loss;
-  loss.logits = has_lm_head(m) ? (f.loss + 2 * tokens * m.vocab_size * 4 - tokens * 8).get() : 0;
+  loss.logits = has_lm_head(m) ? loss_moment_bytes(m, s, f.loss) : 0;
   loss.temporaries = extras;
+  loss.temporaries = (C(loss.temporaries) + unsharded_bytes(m, s, StepPhase::LossBackward)).get();  // ZeRO-3/FSDP2
 
   // Backward through the last block's attention: the head's tensors are freed, the LM-head gradient and
   // the hidden-state gradient exist; the block's MLP half is freed (or, checkpointed, the block has just
@@ -102,9 +130,10 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   const int64_t head_grad = full_ft && has_lm_head(m) ? (C(m.vocab_size) * m.hidden_size * pb).get() : 0;
   attn.gradients = std::max(grads_so_far, head_grad);
   attn.activations = (C(f.total()) - f.loss - f.final_norm +
-                      (f.last_block_checkpointed ? f.block_attention : -f.block_mlp)).get();
+                      (f.last_block_checkpointed ? f.block_attention - f.last_block_cache : -f.block_mlp)).get();
   if (m.family == ModelFamily::ParamsOnly) attn.activations = 0;
   attn.temporaries = (Nh * (runs_in_16_bits(s) ? 2 : 4) + attention_backward_bytes(m, s, device) + extras).get();
+  attn.temporaries = (C(attn.temporaries) + unsharded_bytes(m, s, StepPhase::AttentionBackward)).get();
 
   // End of the backward: every gradient. A tied embedding gets its second gradient (the embedding
   // backward's dense V x h) accumulated out of place: old, new and sum alive together; under autocast the
@@ -116,11 +145,12 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   const bool autocast = is_mixed(s.precision) && s.amp == AmpLayout::Autocast;
   if (full_ft && m.tied_embeddings && m.family == ModelFamily::Decoder)
     end.temporaries = ((autocast ? 1 : 2) * C(m.vocab_size) * m.hidden_size * pb).get();
+  end.temporaries = (C(end.temporaries) + unsharded_bytes(m, s, StepPhase::BackwardEnd)).get();  // FSDP2's root
 
   // The optimizer step: activations are gone; the optimizer's own temporaries.
   MemoryBreakdown& step = phases[static_cast<int>(StepPhase::OptimizerStep)];
   step.peak_phase = StepPhase::OptimizerStep;
-  step.gradients = all_grads;
+  step.gradients = s.offload_optimizer ? 0 : all_grads;  // offloaded: copied to the host during the backward
   step.activations = f.inputs;
   step.temporaries = optimizer_step_temporaries(m, s, device);
   return phases;

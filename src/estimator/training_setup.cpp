@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cmath>
 #include <limits>
 #include <set>
 #include <utility>
@@ -10,7 +11,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "gpuops/estimator/printable.h"
+
 #include "gpuops/errors.h"
+#include "gpuops/estimator/state_layout.h"
 
 namespace gpuops::estimator {
 namespace {
@@ -28,17 +32,22 @@ constexpr Names<OptimizerImpl, 4> kOptimizerImpls{{{OptimizerImpl::Default, "def
                                                    {OptimizerImpl::ForLoop, "for-loop"},
                                                    {OptimizerImpl::Foreach, "foreach"},
                                                    {OptimizerImpl::Fused, "fused"}}};
-constexpr Names<OptimizerKind, 5> kOptimizers{{{OptimizerKind::AdamW, "adamw"},
+constexpr Names<OptimizerKind, 8> kOptimizers{{{OptimizerKind::AdamW, "adamw"},
                                                {OptimizerKind::Adam, "adam"},
                                                {OptimizerKind::Sgd, "sgd"},
                                                {OptimizerKind::SgdMomentum, "sgd-momentum"},
-                                               {OptimizerKind::AdamW8bit, "adamw-8bit"}}};
+                                               {OptimizerKind::AdamW8bit, "adamw-8bit"},
+                                               {OptimizerKind::Adafactor, "adafactor"},
+                                               {OptimizerKind::PagedAdamW8bit, "paged-adamw-8bit"},
+                                               {OptimizerKind::PagedAdamW32bit, "paged-adamw-32bit"}}};
 constexpr Names<AttentionKind, 3> kAttention{
     {{AttentionKind::Eager, "eager"}, {AttentionKind::Sdpa, "sdpa"}, {AttentionKind::Flash, "flash"}}};
-constexpr Names<BaseWeightDtype, 4> kBaseDtypes{{{BaseWeightDtype::Fp16, "fp16"},
+constexpr Names<BaseWeightDtype, 5> kBaseDtypes{{{BaseWeightDtype::Fp16, "fp16"},
                                                  {BaseWeightDtype::Bf16, "bf16"},
                                                  {BaseWeightDtype::Int8, "int8"},
-                                                 {BaseWeightDtype::Nf4, "nf4"}}};
+                                                 {BaseWeightDtype::Nf4, "nf4"},
+                                                 {BaseWeightDtype::Nf4NoDq, "nf4-nodq"}}};
+constexpr Names<ShardingLayout, 2> kShardings{{{ShardingLayout::Flat, "flat"}, {ShardingLayout::Fsdp2, "fsdp2"}}};
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -74,6 +83,27 @@ void check_enum(const Names<E, N>& names, E value, const char* argument) {
                    static_cast<int64_t>(value), fmt::join(accepted, ", "));
 }
 
+// The activation-side setups: loss, lora-dropout, compile (docs/estimator.md).
+void validate_activation_setups(const TrainingSetup& s, const ModelSpec& m) {
+  GPUOPS_CHECK_ARG(s.loss == LossKind::Standard || s.loss == LossKind::Chunked || s.loss == LossKind::FusedLinearCe,
+                   "loss {} is out of range; accepted: standard, chunked:C, fused-linear-ce", static_cast<int>(s.loss));
+  if (s.loss == LossKind::Chunked)
+    GPUOPS_CHECK_ARG(s.loss_chunks >= 1, "loss chunked:{} is not accepted; accepted: chunked:C with C >= 1",
+                     s.loss_chunks);
+  const bool lm_head = m.family == ModelFamily::Decoder || m.masked_lm_head;
+  GPUOPS_CHECK_ARG(s.loss == LossKind::Standard || lm_head,
+                   "loss {} needs a model with a language-model head; model '{}' has none; accepted: standard",
+                   s.loss == LossKind::Chunked ? fmt::format("chunked:{}", s.loss_chunks) : "fused-linear-ce", m.name);
+  GPUOPS_CHECK_ARG(std::isfinite(s.lora_dropout) && s.lora_dropout >= 0.0 && s.lora_dropout < 1.0,
+                   "lora-dropout {} is not accepted; accepted: a probability 0 <= p < 1", s.lora_dropout);
+  GPUOPS_CHECK_ARG(s.lora_dropout == 0.0 || s.lora.rank > 0,
+                   "lora-dropout {} needs LoRA; accepted: lora-dropout 0 without lora-rank, or lora-rank >= 1",
+                   s.lora_dropout);
+  GPUOPS_CHECK_ARG(!s.compile || s.attention != AttentionKind::Eager,
+                   "compile with attention eager is not modelled (inductor's partition was measured with sdpa); "
+                   "accepted with attention sdpa or flash");
+}
+
 }  // namespace
 
 Precision parse_precision(std::string_view t) { return parse_name(kPrecisions, t, "precision"); }
@@ -82,6 +112,14 @@ OptimizerKind parse_optimizer(std::string_view t) { return parse_name(kOptimizer
 OptimizerImpl parse_optimizer_impl(std::string_view t) { return parse_name(kOptimizerImpls, t, "optimizer-impl"); }
 AttentionKind parse_attention(std::string_view t) { return parse_name(kAttention, t, "attention"); }
 BaseWeightDtype parse_base_dtype(std::string_view t) { return parse_name(kBaseDtypes, t, "base-dtype"); }
+ShardingLayout parse_sharding(std::string_view t) { return parse_name(kShardings, t, "sharding"); }
+
+bool parse_bool(std::string_view text, const char* argument) {
+  const std::string key = lower(text);
+  if (key == "true") return true;
+  if (key == "false") return false;
+  throw ArgumentError(fmt::format("{} '{}' is not accepted; accepted: true, false", argument, text));
+}
 
 void parse_checkpointing(std::string_view text, TrainingSetup& setup) {
   const std::string key = lower(text);
@@ -93,13 +131,17 @@ void parse_checkpointing(std::string_view text, TrainingSetup& setup) {
     setup.checkpoint = CheckpointKind::Full;
     return;
   }
+  if (key == "selective") {
+    setup.checkpoint = CheckpointKind::Selective;
+    return;
+  }
   const std::string prefix = "every:";
   bool ok = key.size() > prefix.size() && key.compare(0, prefix.size(), prefix) == 0 &&
             key.size() - prefix.size() <= 9 &&
             std::all_of(key.begin() + prefix.size(), key.end(), [](unsigned char c) { return std::isdigit(c); });
   const int64_t k = ok ? std::stoll(key.substr(prefix.size())) : 0;
-  GPUOPS_CHECK_ARG(ok && k >= 1, "checkpointing '{}' is not accepted; accepted: none, full, every:K (K >= 1)",
-                   text);
+  GPUOPS_CHECK_ARG(ok && k >= 1,
+                   "checkpointing '{}' is not accepted; accepted: none, full, every:K (K >= 1), selective", text);
   setup.checkpoint = CheckpointKind::EveryK;
   setup.checkpoint_every_k = k;
 }
@@ -110,14 +152,61 @@ std::string_view to_string(OptimizerKind o) { return name_of(kOptimizers, o); }
 std::string_view to_string(OptimizerImpl o) { return name_of(kOptimizerImpls, o); }
 std::string_view to_string(AttentionKind a) { return name_of(kAttention, a); }
 std::string_view to_string(BaseWeightDtype b) { return name_of(kBaseDtypes, b); }
+std::string_view to_string(ShardingLayout l) { return name_of(kShardings, l); }
 
 std::string checkpointing_to_string(const TrainingSetup& s) {
   switch (s.checkpoint) {
     case CheckpointKind::None: return "none";
     case CheckpointKind::Full: return "full";
     case CheckpointKind::EveryK: return fmt::format("every:{}", s.checkpoint_every_k);
+    case CheckpointKind::Selective: return "selective";
   }
   return "?";
+}
+
+void parse_loss(std::string_view text, TrainingSetup& setup) {
+  const std::string key = lower(text);
+  if (key == "standard" || key == "fused-linear-ce") {
+    setup.loss = key == "standard" ? LossKind::Standard : LossKind::FusedLinearCe;
+    return;
+  }
+  const std::string prefix = "chunked:";
+  const bool ok = key.size() > prefix.size() && key.compare(0, prefix.size(), prefix) == 0 &&
+                  key.size() - prefix.size() <= 9 &&
+                  std::all_of(key.begin() + prefix.size(), key.end(), [](unsigned char c) { return std::isdigit(c); });
+  const int64_t chunks = ok ? std::stoll(key.substr(prefix.size())) : 0;
+  GPUOPS_CHECK_ARG(ok && chunks >= 1,
+                   "loss '{}' is not accepted; accepted: standard, chunked:C (C >= 1 token chunks, e.g. chunked:8), "
+                   "fused-linear-ce", text);
+  setup.loss = LossKind::Chunked;
+  setup.loss_chunks = chunks;
+}
+
+std::string loss_to_string(const TrainingSetup& s) {
+  switch (s.loss) {
+    case LossKind::Standard: return "standard";
+    case LossKind::Chunked: return fmt::format("chunked:{}", s.loss_chunks);
+    case LossKind::FusedLinearCe: return "fused-linear-ce";
+  }
+  return "?";
+}
+
+double parse_lora_dropout(std::string_view text) {
+  // Digits with at most one '.', at least one digit: no sign, exponent, hex, inf or nan.
+  const bool chars_ok = !text.empty() && text.size() <= 32 &&
+                        std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c) || c == '.'; });
+  const bool ok = chars_ok && std::count(text.begin(), text.end(), '.') <= 1 &&
+                  std::any_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c); });
+  GPUOPS_CHECK_ARG(ok, "lora-dropout '{}' is not a decimal probability; accepted: 0 <= p < 1, e.g. 0.05", text);
+  return std::stod(std::string(text));
+}
+
+bool parse_zero_grad(std::string_view text) {
+  if (text == "none") return true;
+  if (text == "zeros") return false;
+  throw ArgumentError(fmt::format("zero-grad '{}' is not accepted; accepted: none (zero_grad(set_to_none=True), "
+                                  "torch >= 2.0), zeros (set_to_none=False: gradients kept between steps)",
+                                  printable(text)));
 }
 
 int64_t compute_dtype_bytes(Precision p) { return p == Precision::Fp32 ? 4 : 2; }
@@ -136,8 +225,10 @@ void validate(const TrainingSetup& s, const ModelSpec& m) {
   check_enum(kAttention, s.attention, "attention");
   check_enum(kBaseDtypes, s.lora.base, "base-dtype");
   GPUOPS_CHECK_ARG(s.checkpoint == CheckpointKind::None || s.checkpoint == CheckpointKind::Full ||
-                       s.checkpoint == CheckpointKind::EveryK,
-                   "checkpointing {} is out of range; accepted: none, full, every:K", static_cast<int>(s.checkpoint));
+                       s.checkpoint == CheckpointKind::EveryK || s.checkpoint == CheckpointKind::Selective,
+                   "checkpointing {} is out of range; accepted: none, full, every:K, selective",
+                   static_cast<int>(s.checkpoint));
+  validate_activation_setups(s, m);
   GPUOPS_CHECK_ARG(s.micro_batch >= 1, "batch (micro-batch per GPU) must be >= 1, got {}", s.micro_batch);
   GPUOPS_CHECK_ARG(s.seq_len >= 1, "seq (sequence length) must be >= 1, got {}", s.seq_len);
   GPUOPS_CHECK_ARG(s.grad_accum >= 1, "grad-accum must be >= 1, got {}", s.grad_accum);
@@ -164,10 +255,11 @@ void validate(const TrainingSetup& s, const ModelSpec& m) {
                      "seq {} exceeds the {} learned positions of model '{}'; accepted: 1 to {}", s.seq_len,
                      m.max_positions, m.name, m.max_positions);
   }
+  validate_state_options(s, m);  // optimizers, offload, sharding (state_layout.cpp)
   const auto& lora = s.lora;
   GPUOPS_CHECK_ARG(lora.rank >= 0, "lora-rank must be >= 0 (0 = no LoRA), got {}", lora.rank);
   if (lora.rank == 0) {
-    GPUOPS_CHECK_ARG(lora.base != BaseWeightDtype::Int8 && lora.base != BaseWeightDtype::Nf4,
+    GPUOPS_CHECK_ARG(!is_quantised_base(lora.base),
                      "base-dtype {} needs LoRA (a quantised base cannot be trained); give lora-rank >= 1 or "
                      "base-dtype fp16/bf16", to_string(lora.base));
     return;
@@ -178,9 +270,14 @@ void validate(const TrainingSetup& s, const ModelSpec& m) {
                    lora.rank, m.hidden_size, m.name, m.hidden_size);
   GPUOPS_CHECK_ARG(!lora.targets.empty(), "lora-targets is empty; accepted: a comma list of {}",
                    fmt::join(projection_names(m), ","));
-  const auto names = projection_names(m);
+  auto names = projection_names(m);
+  // Outside the blocks: PEFT's "lm_head" (a model with an LM head) and "embed_tokens" / word embeddings.
+  if (m.family == ModelFamily::Decoder || m.masked_lm_head) names.push_back("lm_head");
+  names.push_back("embed");
   std::set<std::string> seen;
   for (const auto& t : lora.targets) {
+    GPUOPS_CHECK_ARG(t != "lm_head" || m.family == ModelFamily::Decoder || m.masked_lm_head,
+                     "lora-targets 'lm_head': model '{}' has no LM head; accepted: {}", m.name, fmt::join(names, ","));
     GPUOPS_CHECK_ARG(std::find(names.begin(), names.end(), t) != names.end(),
                      "lora-targets '{}' is not a projection of model '{}'; accepted: {}", t, m.name,
                      fmt::join(names, ","));

@@ -48,7 +48,8 @@ TEST(Cli, DefaultJsonHasBothRunsAndEveryKey) {
   EXPECT_EQ(lora.at("model").at("trainable_parameters"), 16777216);
   int64_t sum = 0;
   for (const char* key : {"weights", "gradients", "master_weights", "optimizer_states", "activations", "logits",
-                          "temporaries", "cuda_context", "allocator_slack"}) {
+                          "temporaries", "workspaces", "block_rounding", "allocator_slack", "cuda_context",
+                          "nccl_buffers"}) {
     ASSERT_TRUE(lora.at("breakdown").contains(key)) << key;
     EXPECT_TRUE(lora["breakdown"][key].is_number_integer()) << key;
     sum += lora["breakdown"][key].get<int64_t>();
@@ -56,8 +57,8 @@ TEST(Cli, DefaultJsonHasBothRunsAndEveryKey) {
   EXPECT_EQ(lora["breakdown"].at("total").get<int64_t>(), sum);
   ASSERT_EQ(lora.at("gpus").size(), est::gpu_catalog().size());
   for (const auto& g : lora["gpus"])
-    for (const char* key : {"name", "memory_bytes", "fits", "headroom_bytes", "max_micro_batch",
-                            "spot_price_usd_per_hour"})
+    for (const char* key : {"name", "memory_bytes", "fits", "precision_supported", "total_bytes", "total_high_bytes",
+                            "headroom_bytes", "max_micro_batch", "spot_price_usd_per_hour"})
       EXPECT_TRUE(g.contains(key)) << key;
 }
 
@@ -91,7 +92,7 @@ TEST(Cli, AmpLayoutOptimizerImplAndPeakPhaseReachTheJson) {
   EXPECT_EQ(run0["breakdown"]["total"].get<int64_t>(), b.total());
   EXPECT_EQ(run0["breakdown"]["master_weights"].get<int64_t>(), 4 * int64_t{6738415616});
   EXPECT_EQ(run0["breakdown"]["peak_phase"], std::string(est::to_string(b.peak_phase)));
-  EXPECT_NE(run({"estimate", "--model", "gpt2"}).out.find("(peak at "), std::string::npos);
+  EXPECT_NE(run({"estimate", "--model", "gpt2"}).out.find("max_memory_allocated, peak at "), std::string::npos);
 }
 
 TEST(Cli, ShortContextModelsDefaultToTheirMaximumSequence) {

@@ -21,6 +21,7 @@ struct ForwardSaved {
   int64_t block_attention = 0;  ///< one block's attention half, fully saved (what recomputation rebuilds)
   int64_t block_mlp = 0;        ///< one block's MLP half, fully saved
   bool last_block_checkpointed = false;  ///< backward starts by recomputing the last block
+  int64_t last_block_cache = 0;  ///< selective checkpointing: the last block's kept outputs (popped on recompute)
   int64_t total() const { return (CheckedInt(inputs) + layers + extras + final_norm + loss).get(); }
 };
 

@@ -11,6 +11,7 @@
 //    backward of a step run without them, unless grad_accum > 1 keeps them alive.
 
 #include <cstdint>
+#include <vector>
 
 #include "gpuops/estimator/activations.h"
 #include "gpuops/estimator/device_profile.h"
@@ -37,5 +38,10 @@ MemoryBreakdown persistent_memory(const ModelSpec& model, const TrainingSetup& s
 
 /// Peak memory of one training step on one GPU. Validates both arguments (ArgumentError).
 MemoryBreakdown estimate_memory(const ModelSpec& model, const TrainingSetup& setup, const DeviceProfile& device);
+
+/// Every moment of the step (one breakdown per StepPhase, in enum order) with the device's terms, as
+/// estimate_memory sees them: its result is the largest of these (ties: the earlier). For pictures.
+std::vector<MemoryBreakdown> estimate_phases(const ModelSpec& model, const TrainingSetup& setup,
+                                             const DeviceProfile& device);
 
 }  // namespace gpuops::estimator

@@ -8,8 +8,11 @@
 
 namespace gpuops::estimator {
 
-/// Builds a spec from config.json text. model_type: gpt2; llama, mistral, qwen2 (and other Llama-like
-/// decoders); bert. `name` labels the spec and the error messages (usually the file path).
+/// Builds a spec from config.json text. model_type: gpt2; bert; any decoder-only model by its standard fields,
+/// with what llama, mistral, qwen2, gemma, gemma2, phi3, mixtral, qwen2_moe, deepseek_v2 and deepseek_v3
+/// hard-code; an unknown model_type is read as a Llama-style decoder and says so in spec.assumptions
+/// (docs/estimator.md "Model families"). Encoder-decoder and other encoder-only types are refused. `name`
+/// labels the spec and the error messages (usually the file path).
 ModelSpec model_from_hf_config(std::string_view json_text, std::string name);
 
 /// Reads and parses a config.json file; ArgumentError naming the file (and key) if it cannot.

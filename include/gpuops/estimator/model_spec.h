@@ -45,6 +45,36 @@ struct ModelSpec {
   bool masked_lm_head = false;    ///< Encoder only: BertForMaskedLM head instead of BertModel's pooler
   int64_t type_vocab_size = 0;    ///< BERT token-type embeddings
   int64_t explicit_param_count = 0;  ///< ParamsOnly: the count itself
+
+  // --- Model families (Gemma-2, Phi-3, MoE, MLA; docs/estimator.md "Model families") ---
+  std::string model_type;         ///< config.json's model_type ("" for presets written by hand)
+  std::string mlp_activation;     ///< a gated MLP's activation: "" or "silu" (SwiGLU), "gelu_pytorch_tanh" (GeGLU)
+  int64_t norms_per_layer = 2;    ///< norms inside a block: 4 for Gemma-2 (pre and post, around both halves)
+  bool o_bias = false;            ///< the attention output projection has a bias (Llama's attention_bias)
+  bool mlp_bias = false;          ///< gate, up and down (and every expert's) have biases (mlp_bias)
+  bool fused_gate_up = false;     ///< gate and up are one linear (Phi-3's gate_up_proj): one saved input
+  bool scaled_embeddings = false; ///< embeddings multiplied by sqrt(hidden_size) (Gemma): nothing saved
+  int64_t sliding_window = 0;     ///< sliding-window attention width (0: none); memory is the same
+  double attn_logit_softcapping = 0;   ///< tanh cap on the attention scores (Gemma-2), 0: none
+  double final_logit_softcapping = 0;  ///< tanh cap on the logits (Gemma-2), 0: none
+  // Mixture of experts: a MoE layer's MLP is a router, num_experts routed experts of which each token uses
+  // experts_per_token, and optionally shared experts every token uses.
+  int64_t num_experts = 0;        ///< routed experts per MoE layer; 0: a dense model
+  int64_t experts_per_token = 0;  ///< top-k
+  int64_t moe_intermediate_size = 0;            ///< width of one routed expert's SwiGLU MLP
+  int64_t shared_expert_intermediate_size = 0;  ///< width of the shared expert MLP (all shared experts), 0: none
+  bool shared_expert_gate = false;  ///< Qwen2-MoE: a sigmoid gate (hidden_size -> 1) on the shared expert
+  bool router_fp32 = false;         ///< DeepSeek: router logits from fp32 copies of its input and weight
+  bool norm_topk_prob = false;      ///< top-k weights renormalised (Mixtral always; norm_topk_prob): 2 more saved
+  std::vector<bool> moe_layers;     ///< one entry per layer, true where the MLP is MoE; empty: all dense
+  // Multi-head latent attention (DeepSeek-V2/V3), used when kv_lora_rank > 0.
+  int64_t q_lora_rank = 0;          ///< 0: q_proj; else q_a_proj, q_a_layernorm, q_b_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  /// Human-readable assumptions made when reading the config (printed as notes, in --json, in Python).
+  std::vector<std::string> assumptions;
 };
 
 /// Shape of one linear layer inside a transformer block.
@@ -64,17 +94,46 @@ struct ParameterGroups {
   int64_t final_norm = 0;           ///< decoders' last norm
   int64_t head = 0;                 ///< untied LM head, BERT pooler or BERT MLM head (transform + decoder bias)
   int64_t num_layers = 0;
-  int64_t per_layer() const { return (CheckedInt(attention_per_layer) + mlp_per_layer + norms_per_layer).get(); }
+  int64_t moe_layers = 0;           ///< layers whose MLP is moe_mlp_per_layer instead of mlp_per_layer
+  int64_t moe_mlp_per_layer = 0;    ///< router, every routed expert, shared experts and their gate
+  /// The largest block (a MoE block when there is one).
+  int64_t per_layer() const {
+    return (CheckedInt(attention_per_layer) + (moe_layers > 0 ? moe_mlp_per_layer : mlp_per_layer) +
+            norms_per_layer).get();
+  }
   int64_t total() const {
-    return (CheckedInt(embeddings) + CheckedInt(num_layers) * per_layer() + final_norm + head).get();
+    const CheckedInt common = CheckedInt(attention_per_layer) + norms_per_layer;
+    return (CheckedInt(embeddings) + CheckedInt(num_layers) * common +
+            (CheckedInt(num_layers) - moe_layers) * mlp_per_layer + CheckedInt(moe_layers) * moe_mlp_per_layer +
+            final_norm + head).get();
   }
 };
 
 /// Effective attention head width: head_dim if set, else hidden_size / num_heads.
 int64_t effective_head_dim(const ModelSpec& spec);
 
-/// Names of the projections of one block: q, k, v, o, then gate, up, down (SwiGLU) or up, down (GELU).
+/// Names of the projections of one block: q, k, v, o, then gate, up, down (SwiGLU) or up, down (GELU). MLA
+/// attention has q (or q_a, q_b), kv_a, kv_b, o instead of q, k, v, o. A MoE model lists only its attention
+/// projections (the LoRA targets it accepts). Phi-3's fused qkv_proj / gate_up_proj are named by their slices.
 std::vector<std::string> projection_names(const ModelSpec& spec);
+
+/// Number of MoE layers (0 for a dense model), and whether layer `i` is one.
+int64_t moe_layer_count(const ModelSpec& spec);
+bool is_moe_layer(const ModelSpec& spec, int64_t layer);
+
+/// True for multi-head latent attention (DeepSeek-V2/V3: kv_lora_rank > 0).
+bool is_mla(const ModelSpec& spec);
+
+/// One kind of linear layer inside the blocks and how many of it the whole model has (layers x experts).
+struct LinearGroup {
+  std::string name;
+  LinearShape shape;
+  int64_t count = 0;
+};
+
+/// Every linear layer of the blocks (projections, experts, routers, shared experts), grouped by shape: what
+/// quantisation, the autocast weight cache and the largest-weight transients need. Empty for ParamsOnly.
+std::vector<LinearGroup> block_linears(const ModelSpec& spec);
 
 /// Shape of projection `name` (one of projection_names()); ArgumentError for any other name.
 LinearShape projection_shape(const ModelSpec& spec, std::string_view name);

@@ -17,24 +17,40 @@ enum class Precision { Fp32, Fp16Mixed, Bf16Mixed, Bf16Pure };
 /// and gradients, 16-bit copies of the matmul weights cached per forward. MasterCopy (ZeRO, Megatron,
 /// gpuops §4): 16-bit weights and gradients, an fp32 master copy, the model run in 16 bits.
 enum class AmpLayout { Autocast, MasterCopy };
-enum class OptimizerKind { AdamW, Adam, Sgd, SgdMomentum, AdamW8bit };
+/// Adafactor: transformers.optimization.Adafactor's defaults (factored fp32 second moment, no first moment).
+/// PagedAdamW8bit / PagedAdamW32bit: bitsandbytes' paged optimizers (states in CUDA unified memory).
+enum class OptimizerKind { AdamW, Adam, Sgd, SgdMomentum, AdamW8bit, Adafactor, PagedAdamW8bit, PagedAdamW32bit };
 /// How the optimizer step is computed. Default: torch's default for the device (for-loop on the CPU,
 /// foreach on CUDA). ForLoop: one parameter at a time. Foreach: whole-list temporaries. Fused: none.
 enum class OptimizerImpl { Default, ForLoop, Foreach, Fused };
 /// None: keep every activation. Full: checkpoint every layer. EveryK: checkpoint every k-th layer.
-enum class CheckpointKind { None, Full, EveryK };
+/// Selective: op-level selective checkpointing of every block (torch.utils.checkpoint, non-reentrant, with
+/// torchtitan's "op" policy: every other aten.mm output and the CUDA SDPA outputs are kept, the rest recomputed).
+enum class CheckpointKind { None, Full, EveryK, Selective };
 /// Eager keeps the s x s attention matrices. Sdpa: torch's scaled_dot_product_attention as Hugging Face
 /// calls it (the default); on CUDA that is a flash / memory-efficient kernel, on the CPU a flash kernel
 /// given a materialised causal mask. Flash: FlashAttention, no s x s tensor anywhere.
 enum class AttentionKind { Eager, Sdpa, Flash };
 /// Storage of the frozen base weights of a LoRA fine-tune (int8: LLM.int8, nf4: QLoRA).
-enum class BaseWeightDtype { Fp16, Bf16, Int8, Nf4 };
+/// Nf4 has QLoRA's double quantisation (8-bit absmax); Nf4NoDq keeps one fp32 absmax per 64 values.
+enum class BaseWeightDtype { Fp16, Bf16, Int8, Nf4, Nf4NoDq };
+/// How ZeRO stage 3 shards: Flat (DeepSpeed's flat partitions, one ceil over all parameters) or Fsdp2
+/// (torch's fully_shard: every tensor chunked on dim 0, padded to ceil(rows / num_gpus) rows).
+enum class ShardingLayout { Flat, Fsdp2 };
+
+/// How the loss is computed from the last hidden state. Standard: Hugging Face's LM head and cross-entropy
+/// (fp32 log-softmax of all logits). Chunked: torchtune's CEWithChunkedOutputLoss / litgpt's
+/// chunked_cross_entropy, the logits in `loss_chunks` token chunks. FusedLinearCe: Liger's fused linear
+/// cross-entropy (no logits; gradients computed in the forward).
+enum class LossKind { Standard, Chunked, FusedLinearCe };
 
 /// LoRA adapters; rank 0 means a full fine-tune.
 struct LoraSetup {
   int64_t rank = 0;                                 ///< 0 = LoRA off
-  std::vector<std::string> targets = {"q", "v"};    ///< projections of each block: q,k,v,o,gate,up,down
+  std::vector<std::string> targets = {"q", "v"};    ///< projections of each block: q,k,v,o,gate,up,down;
+                                                    ///< and outside the blocks: lm_head, embed
   BaseWeightDtype base = BaseWeightDtype::Bf16;     ///< frozen base weights
+  bool quantize_lm_head = false;  ///< int8/nf4 base: the (untied) LM head is stored like the base linears
 };
 
 /// One training configuration, per GPU where it matters (micro_batch is per GPU).
@@ -52,6 +68,19 @@ struct TrainingSetup {
   int64_t micro_batch = 1;     ///< sequences per GPU per forward/backward
   int64_t seq_len = 512;       ///< tokens per sequence
   int64_t grad_accum = 1;      ///< micro-batches per optimizer step (> 1 keeps gradients alive in backward)
+  /// zero_grad(set_to_none=...): true (torch >= 2.0's default) frees the gradients between steps; false
+  /// (torch < 2.0's default, and the Hugging Face Trainer on it) keeps them allocated, zeroed.
+  bool grads_set_to_none = true;
+  // Activation-side setups (docs/estimator.md, "Checkpointing policies, chunked loss, LoRA dropout,
+  // torch.compile").
+  LossKind loss = LossKind::Standard;
+  int64_t loss_chunks = 8;     ///< Chunked only: token chunks (torchtune's num_output_chunks)
+  double lora_dropout = 0.0;   ///< PEFT lora_dropout, 0 <= p < 1 (LoRA only)
+  bool compile = false;        ///< torch.compile (inductor's min-cut partition of the joint graph)
+  // Optimizer placement and sharding layout (docs/estimator.md, "Optimizers, offload and sharding").
+  bool offload_optimizer = false;           ///< ZeRO-Offload: states, fp32 master and step on the host
+  ShardingLayout sharding = ShardingLayout::Flat;  ///< Fsdp2 requires zero_stage 3
+  bool reshard_after_forward = true;        ///< Fsdp2 only: fully_shard(reshard_after_forward=...) of the blocks
 };
 
 /// Throws ArgumentError naming the first setting that is out of range or inconsistent with `model`.
@@ -60,11 +89,15 @@ void validate(const TrainingSetup& setup, const ModelSpec& model);
 /// Parsers accept the names below (case-insensitive) and throw ArgumentError listing them otherwise.
 Precision parse_precision(std::string_view text);              ///< fp32, fp16-mixed, bf16-mixed, bf16
 AmpLayout parse_amp_layout(std::string_view text);             ///< autocast, master-copy
-OptimizerKind parse_optimizer(std::string_view text);          ///< adamw, adam, sgd, sgd-momentum, adamw-8bit
+OptimizerKind parse_optimizer(std::string_view text);  ///< adamw, adam, sgd, sgd-momentum, adamw-8bit, adafactor,
+                                                       ///< paged-adamw-8bit, paged-adamw-32bit
 OptimizerImpl parse_optimizer_impl(std::string_view text);     ///< default, for-loop, foreach, fused
 AttentionKind parse_attention(std::string_view text);          ///< eager, sdpa, flash
-BaseWeightDtype parse_base_dtype(std::string_view text);       ///< fp16, bf16, int8, nf4
-/// none, full, every:K (K >= 1); sets setup.checkpoint and setup.checkpoint_every_k.
+BaseWeightDtype parse_base_dtype(std::string_view text);       ///< fp16, bf16, int8, nf4, nf4-nodq
+ShardingLayout parse_sharding(std::string_view text);          ///< flat, fsdp2
+/// true or false (case-insensitive); ArgumentError naming `argument` otherwise.
+bool parse_bool(std::string_view text, const char* argument);
+/// none, full, every:K (K >= 1), selective; sets setup.checkpoint and setup.checkpoint_every_k.
 void parse_checkpointing(std::string_view text, TrainingSetup& setup);
 
 std::string_view to_string(Precision p);
@@ -73,11 +106,26 @@ std::string_view to_string(OptimizerKind o);
 std::string_view to_string(OptimizerImpl o);
 std::string_view to_string(AttentionKind a);
 std::string_view to_string(BaseWeightDtype b);
-/// none, full or every:K.
+std::string_view to_string(ShardingLayout l);
+/// none, full, every:K or selective.
 std::string checkpointing_to_string(const TrainingSetup& setup);
+/// standard, chunked:C (C >= 1) or fused-linear-ce; sets setup.loss and setup.loss_chunks.
+void parse_loss(std::string_view text, TrainingSetup& setup);
+/// standard, chunked:C or fused-linear-ce.
+std::string loss_to_string(const TrainingSetup& setup);
+/// A probability written in decimal ("0.05", ".1", "0"); ArgumentError naming lora-dropout otherwise
+/// (the range 0 <= p < 1 is checked by validate).
+double parse_lora_dropout(std::string_view text);
 
 /// Bytes of one element of the 16-bit-or-fp32 compute dtype (activations, logits): 4 for fp32, else 2.
 int64_t compute_dtype_bytes(Precision p);
+
+/// True when the gradients exist during the forward and the early backward: kept zeroed between steps, or
+/// accumulated over several micro-batches.
+inline bool gradients_alive_in_forward(const TrainingSetup& s) { return s.grad_accum > 1 || !s.grads_set_to_none; }
+
+/// "none" (set_to_none=True) or "zeros" (set_to_none=False); ArgumentError naming --zero-grad otherwise.
+bool parse_zero_grad(std::string_view text);
 
 /// True for fp16-mixed and bf16-mixed.
 bool is_mixed(Precision p);

@@ -1,0 +1,240 @@
+// --advise: the usual memory levers applied to a setup, one at a time (and in pairs when none suffices),
+// each estimated with estimate_memory on the CUDA profile and judged with fits_on.
+#include "gpuops/estimator/advise.h"
+
+#include <algorithm>
+#include <optional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "gpuops/errors.h"
+#include "gpuops/estimator/estimate.h"
+
+namespace gpuops::estimator {
+namespace {
+
+constexpr int64_t kLoraRank = 16;  // the LoRA of the CLI's default example (rank 16 on q,k,v,o)
+
+// One way of applying a lever.
+struct Variant {
+  std::string description, options;
+  TrainingSetup setup;
+};
+
+// A lever: its variants for a setup, from the least change to the most (none when it does not apply).
+struct Lever {
+  bool keeps_numerics;
+  std::vector<Variant> (*variants)(const ModelSpec&, const TrainingSetup&);
+};
+
+bool has_architecture(const ModelSpec& m) { return m.family != ModelFamily::ParamsOnly; }
+bool is_adam(const TrainingSetup& s) { return s.optimizer == OptimizerKind::Adam || s.optimizer == OptimizerKind::AdamW; }
+
+std::vector<Variant> fused_optimizer(const ModelSpec&, const TrainingSetup& s) {
+  if (!is_adam(s) || s.optimizer_impl == OptimizerImpl::Fused) return {};
+  TrainingSetup t = s;
+  t.optimizer_impl = OptimizerImpl::Fused;
+  return {{"fused optimizer step (no temporaries)", "--optimizer-impl fused", t}};
+}
+
+std::vector<Variant> flash_attention(const ModelSpec& m, const TrainingSetup& s) {
+  if (!has_architecture(m) || s.attention == AttentionKind::Flash) return {};
+  TrainingSetup t = s;
+  t.attention = AttentionKind::Flash;
+  return {{"flash attention", "--attention flash", t}};
+}
+
+// The sparsest every:K first (least recomputation), denser than the setup's own, then full.
+std::vector<Variant> checkpointing(const ModelSpec& m, const TrainingSetup& s) {
+  if (!has_architecture(m) || s.checkpoint == CheckpointKind::Full) return {};
+  std::vector<Variant> out;
+  const int64_t sparsest = s.checkpoint == CheckpointKind::EveryK ? s.checkpoint_every_k - 1 : m.num_layers;
+  for (int64_t k = sparsest; k >= 2; --k) {
+    TrainingSetup t = s;
+    t.checkpoint = CheckpointKind::EveryK;
+    t.checkpoint_every_k = k;
+    out.push_back({fmt::format("activation checkpointing of one block in {}", k),
+                   fmt::format("--checkpointing every:{}", k), t});
+  }
+  TrainingSetup t = s;
+  t.checkpoint = CheckpointKind::Full;
+  out.push_back({"activation checkpointing of every block", "--checkpointing full", t});
+  return out;
+}
+
+// Each smaller divisor b of the micro-batch, largest first, with grad-accum scaled to keep the global batch.
+std::vector<Variant> smaller_micro_batch(const ModelSpec&, const TrainingSetup& s) {
+  std::vector<int64_t> divisors;
+  for (int64_t d = 1; d <= s.micro_batch / d; ++d) {
+    if (s.micro_batch % d != 0) continue;
+    divisors.push_back(d);
+    divisors.push_back(s.micro_batch / d);
+  }
+  std::sort(divisors.begin(), divisors.end(), std::greater<>());
+  divisors.erase(std::unique(divisors.begin(), divisors.end()), divisors.end());
+  std::vector<Variant> out;
+  for (int64_t b : divisors) {
+    if (b == s.micro_batch) continue;
+    TrainingSetup t = s;
+    t.micro_batch = b;
+    t.grad_accum = (CheckedInt(s.grad_accum) * (s.micro_batch / b)).get();
+    out.push_back({fmt::format("micro-batch {} with grad-accum {} (same global batch)", b, t.grad_accum),
+                   fmt::format("--batch {} --grad-accum {}", b, t.grad_accum), t});
+  }
+  return out;
+}
+
+std::vector<Variant> zero_stage(const ModelSpec&, const TrainingSetup& s) {
+  std::vector<Variant> out;
+  if (s.num_gpus < 2) return out;
+  for (int stage = s.zero_stage + 1; stage <= 3; ++stage) {
+    TrainingSetup t = s;
+    t.zero_stage = stage;
+    out.push_back({fmt::format("ZeRO stage {} over the {} GPUs", stage, s.num_gpus), fmt::format("--zero {}", stage), t});
+  }
+  return out;
+}
+
+std::vector<Variant> eight_bit_optimizer(const ModelSpec&, const TrainingSetup& s) {
+  if (!is_adam(s)) return {};
+  TrainingSetup t = s;
+  t.optimizer = OptimizerKind::AdamW8bit;
+  return {{"8-bit AdamW (bitsandbytes)", "--optimizer adamw-8bit", t}};
+}
+
+// LoRA rank 16 on those of q,k,v,o the model has.
+TrainingSetup with_lora(const ModelSpec& m, const TrainingSetup& s, BaseWeightDtype base) {
+  TrainingSetup t = s;
+  t.lora.rank = std::min(kLoraRank, m.hidden_size);
+  t.lora.targets.clear();
+  const std::vector<std::string> names = projection_names(m);
+  for (const char* p : {"q", "k", "v", "o"})
+    if (std::find(names.begin(), names.end(), p) != names.end()) t.lora.targets.emplace_back(p);
+  t.lora.base = base;
+  return t;
+}
+
+std::string lora_options(const TrainingSetup& t) {
+  return fmt::format("--lora-rank {} --lora-targets {} --base-dtype {}", t.lora.rank, fmt::join(t.lora.targets, ","),
+                     to_string(t.lora.base));
+}
+
+std::vector<Variant> lora_bf16(const ModelSpec& m, const TrainingSetup& s) {
+  if (!has_architecture(m) || s.lora.rank > 0) return {};
+  const TrainingSetup t = with_lora(m, s, BaseWeightDtype::Bf16);
+  return {{fmt::format("LoRA rank {} on {} with a bf16 base", t.lora.rank, fmt::join(t.lora.targets, ",")),
+           lora_options(t), t}};
+}
+
+std::vector<Variant> lora_nf4(const ModelSpec& m, const TrainingSetup& s) {
+  if (!has_architecture(m) || (s.lora.rank > 0 && s.lora.base == BaseWeightDtype::Nf4)) return {};
+  TrainingSetup t = s;
+  if (s.lora.rank == 0) t = with_lora(m, s, BaseWeightDtype::Nf4);
+  t.lora.base = BaseWeightDtype::Nf4;
+  return {{fmt::format("QLoRA: LoRA rank {} on {} with an nf4 base", t.lora.rank, fmt::join(t.lora.targets, ",")),
+           lora_options(t), t}};
+}
+
+// Least invasive first: the first five keep the numerics of the step (checkpointing recomputes the same
+// values, ZeRO partitions the same update); the last three change what is trained or how it is stored.
+constexpr Lever kLevers[] = {
+    {true, fused_optimizer}, {true, flash_attention}, {true, checkpointing}, {true, smaller_micro_batch},
+    {true, zero_stage},      {false, eight_bit_optimizer}, {false, lora_bf16}, {false, lora_nf4},
+};
+constexpr size_t kLoraBf16 = 6, kLoraNf4 = 7;  // alternatives to each other, never a pair
+
+struct Candidate {
+  Variant variant;
+  MemoryBreakdown breakdown;
+  bool fits = false;
+};
+
+// The first variant that fits, else the one with the lowest estimate; none when every variant is refused.
+std::optional<Candidate> pick(const ModelSpec& m, const std::vector<Variant>& variants, const GpuModel& gpu,
+                              const DeviceProfile& device) {
+  std::optional<Candidate> best;
+  for (const Variant& v : variants) {
+    MemoryBreakdown b;
+    try {
+      b = estimate_memory(m, v.setup, device);
+    } catch (const ArgumentError&) {  // not a valid setup for this model (or past 2^63 bytes): not advice
+      continue;
+    }
+    const bool fits = fits_on(b, gpu);
+    if (fits) return Candidate{v, b, true};
+    if (!best || b.total() < best->breakdown.total()) best = Candidate{v, b, false};
+  }
+  return best;
+}
+
+Advice to_advice(const Candidate& c, int changes, bool keeps_numerics) {
+  Advice a;
+  a.description = c.variant.description;
+  a.options = c.variant.options;
+  a.changes = changes;
+  a.keeps_numerics = keeps_numerics;
+  a.setup = c.variant.setup;
+  a.breakdown = c.breakdown;
+  a.fits = c.fits;
+  return a;
+}
+
+}  // namespace
+
+std::vector<Advice> advise(const ModelSpec& m, const TrainingSetup& setup, const GpuModel& gpu,
+                           const CudaRuntime& runtime) {
+  GPUOPS_CHECK_ARG(gpu.memory_bytes > 0, "gpu '{}' has memory_bytes {}; accepted: > 0", gpu.name, gpu.memory_bytes);
+  const DeviceProfile device = device_of(gpu, runtime);
+  const int64_t given = estimate_memory(m, setup, device).total();  // validates
+
+  constexpr size_t kCount = std::size(kLevers);
+  std::vector<std::optional<Candidate>> singles(kCount);
+  std::vector<Advice> out;
+  bool single_fits = false;
+  for (size_t i = 0; i < kCount; ++i) {
+    singles[i] = pick(m, kLevers[i].variants(m, setup), gpu, device);
+    if (!singles[i] || singles[i]->breakdown.total() >= given) {  // saves nothing here
+      singles[i].reset();
+      continue;
+    }
+    single_fits = single_fits || singles[i]->fits;
+    out.push_back(to_advice(*singles[i], 1, kLevers[i].keeps_numerics));
+  }
+
+  if (!single_fits) {  // pairs: the first lever's pick, then the second lever searched on top of it
+    std::vector<Advice> pairs;
+    for (size_t i = 0; i < kCount; ++i) {
+      for (size_t j = i + 1; j < kCount && singles[i]; ++j) {
+        if (!singles[j] || (i == kLoraBf16 && j == kLoraNf4)) continue;
+        const std::optional<Candidate> second =
+            pick(m, kLevers[j].variants(m, singles[i]->variant.setup), gpu, device);
+        if (!second) continue;
+        const int64_t alone = std::min(singles[i]->breakdown.total(), singles[j]->breakdown.total());
+        if (second->breakdown.total() >= alone) continue;  // the pair saves no more than one of its parts
+        Candidate both = *second;
+        both.variant.description = singles[i]->variant.description + " + " + second->variant.description;
+        both.variant.options = singles[i]->variant.options + " " + second->variant.options;
+        pairs.push_back(to_advice(both, 2, kLevers[i].keeps_numerics && kLevers[j].keeps_numerics));
+      }
+    }
+    const bool pair_fits = std::any_of(pairs.begin(), pairs.end(), [](const Advice& a) { return a.fits; });
+    if (pair_fits) {  // the pairs that fit; else the pair that comes closest
+      pairs.erase(std::remove_if(pairs.begin(), pairs.end(), [](const Advice& a) { return !a.fits; }), pairs.end());
+    } else if (!pairs.empty()) {
+      const auto lowest = std::min_element(pairs.begin(), pairs.end(), [](const Advice& a, const Advice& b) {
+        return a.breakdown.total() < b.breakdown.total();
+      });
+      pairs = {*lowest};
+    }
+    out.insert(out.end(), pairs.begin(), pairs.end());
+  }
+  // Fitting first, then single changes before pairs; the lever order within each.
+  std::stable_sort(out.begin(), out.end(), [](const Advice& a, const Advice& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.changes < b.changes;
+  });
+  return out;
+}
+
+}  // namespace gpuops::estimator

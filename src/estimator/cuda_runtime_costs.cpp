@@ -1,0 +1,81 @@
+// What CUDA itself takes on the device beside the tensors: the context (driver state, the kernels the
+// process loads, library handles), the cuBLAS/cuBLASLt workspaces torch allocates, NCCL's buffers. Each
+// figure and its range is cited in docs/estimator.md ("CUDA context, workspaces, NCCL").
+#include <fmt/format.h>
+
+#include "gpuops/errors.h"
+#include "gpuops/estimator/device_profile.h"
+
+namespace gpuops::estimator {
+namespace {
+
+constexpr int64_t MiB = int64_t{1} << 20;
+
+struct ContextRange {
+  int64_t low, typical, high;  // MiB
+};
+
+// nvidia-smi's figure for a torch process minus what its caching allocator reserved, as measured by
+// others (docs/estimator.md cites each): with lazy loading only the kernels used are loaded, 256-450 MiB
+// on Ampere/Ada boards (RTX 3090: 256, RTX 6000 Ada: 426); no public figure was found for the data-centre
+// parts, whose context and per-SM state are larger: 300-700 MiB until a GPU run measures them. Without
+// lazy loading (CUDA < 11.7, torch < 1.13 or CUDA_MODULE_LOADING=EAGER) every kernel image is loaded at start.
+ContextRange context_mib(int cc, bool lazy, bool consumer) {
+  if (!lazy) return {600, 1000, 1100};
+  if (!consumer || cc >= 90 || cc < 80) return {300, 500, 700};
+  return {256, 400, 450};
+}
+
+}  // namespace
+
+DeviceProfile cuda_device(int cc, const CudaRuntime& runtime, bool nvlink, bool consumer) {
+  GPUOPS_CHECK_ARG(cc >= 50 && cc <= 130, "compute capability {} is not accepted; accepted: 50 to 130 (e.g. 90 "
+                   "for sm_90)", cc);
+  GPUOPS_CHECK_ARG(runtime.cuda_major >= 11 && runtime.cuda_major <= 13,
+                   "cuda version {} is not accepted; accepted: 11, 12, 13", runtime.cuda_major);
+  GPUOPS_CHECK_ARG(runtime.allocator == AllocatorMode::Default || runtime.allocator == AllocatorMode::ExpandableSegments,
+                   "allocator mode {} is not an AllocatorMode; accepted: Default, ExpandableSegments",
+                   static_cast<int>(runtime.allocator));
+  GPUOPS_CHECK_ARG(runtime.context_bytes >= -1, "context bytes {} is not accepted; accepted: >= 0 (or -1: the "
+                   "table's figure)", runtime.context_bytes);
+  DeviceProfile d;
+  d.kind = DeviceProfile::Cuda;
+  d.compute_capability = cc;
+  d.nvlink = nvlink;
+  d.consumer = consumer;
+  d.runtime = runtime;
+  // Lazy loading exists from CUDA 11.7; torch turns it on by default.
+  const bool lazy = runtime.lazy_loading;
+  if (runtime.context_bytes >= 0) {
+    d.cuda_context_bytes = d.cuda_context_low = d.cuda_context_high = runtime.context_bytes;
+    d.context_basis = "given with --context-bytes";
+  } else {
+    const ContextRange r = context_mib(cc, lazy, consumer);
+    d.cuda_context_bytes = r.typical * MiB;
+    d.cuda_context_low = r.low * MiB;
+    d.cuda_context_high = r.high * MiB;
+    d.context_basis = fmt::format("CUDA {} context on sm_{}, {} module loading: {} MiB (range {}-{})",
+                                  runtime.cuda_major, cc, lazy ? "lazy" : "eager", r.typical, r.low, r.high);
+  }
+  // torch 2.11 allocates one cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG's default: 32 MiB on sm_90, 8 MiB
+  // + 128 KiB elsewhere) and one 1 MiB cuBLASLt workspace per (handle, stream) through the caching
+  // allocator; a step uses two handles: the forward's thread and the autograd engine's device thread.
+  d.workspace_bytes = 2 * ((cc == 90 ? 32 * MiB : 8 * MiB + 128 * 1024) + MiB);
+  return d;
+}
+
+DeviceProfile cpu_device() { return DeviceProfile{}; }
+
+int64_t nccl_buffer_bytes(int64_t num_gpus, bool nvlink) {
+  if (num_gpus <= 1) return 0;
+  // Measured per GPU for an all-reduce communicator (docs/estimator.md cites them): over NVLink 2 GPUs
+  // 544 MB, 4 GPUs 688 MB, 8 GPUs (H100) 1.06 GB: each connection holds LL (512 KiB), LL128 (4.7 MiB)
+  // and Simple (4 MiB) buffers per channel, and NVLink nodes open 24 or more channels. PCIe boards use 2
+  // channels: 100-250 MiB.
+  if (!nvlink) return 175 * MiB;
+  if (num_gpus <= 2) return 519 * MiB;
+  if (num_gpus <= 4) return 656 * MiB;
+  return 1011 * MiB;
+}
+
+}  // namespace gpuops::estimator

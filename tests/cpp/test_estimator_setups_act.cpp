@@ -1,0 +1,263 @@
+// Activation-side training setups: selective (op-level) checkpointing, chunked and fused linear
+// cross-entropy, LoRA dropout and torch.compile. Each term is checked against hand arithmetic written out
+// below on a small Llama (h 128, 2 layers, 4 heads, 2 kv heads, I 352, V 2000; head width 32); the compiled
+// and selective numbers were also measured on the CPU with torch 2.11 (docs/estimator.md).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "cli_runner.h"
+#include "gpuops/errors.h"
+#include "gpuops/estimator.h"
+#include "gpuops/estimator/activations.h"
+#include "gpuops/estimator/step_phases.h"
+
+namespace est = gpuops::estimator;
+using gpuops::testing::run_cli;
+
+namespace {
+
+est::ModelSpec small_llama() {
+  return est::model_from_hf_config(R"({"model_type": "llama", "vocab_size": 2000, "hidden_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 352,
+    "max_position_embeddings": 256, "tie_word_embeddings": false})", "small-llama");
+}
+
+est::TrainingSetup setup(est::Precision p, int64_t b = 2, int64_t s = 48) {
+  est::TrainingSetup t;
+  t.precision = p;
+  t.micro_batch = b;
+  t.seq_len = s;
+  return t;
+}
+
+int64_t loss_moment_logits(const est::ModelSpec& m, const est::TrainingSetup& t, const est::DeviceProfile& d) {
+  return est::phase_breakdowns(m, t, d, est::MemoryBreakdown{})[static_cast<int>(est::StepPhase::LossBackward)]
+      .logits;
+}
+
+constexpr int64_t N = 96;  // b 2 x s 48
+
+}  // namespace
+
+TEST(SetupsAct, SelectiveKeepsEveryOtherMmOutputPerBlockOnTheCpu) {
+  const auto m = small_llama();
+  auto full = setup(est::Precision::Fp32), sel = full;
+  full.checkpoint = est::CheckpointKind::Full;
+  sel.checkpoint = est::CheckpointKind::Selective;
+  const auto cpu = est::cpu_device();
+  const auto f_full = est::forward_saved(m, full, cpu), f_sel = est::forward_saved(m, sel, cpu);
+  // mm order q(1) k(2) v(3) o(4) gate(5) up(6) down(7): odd ones kept, fp32; the CPU's SDPA op is not listed.
+  const int64_t cache = N * 4 * (128 /*q*/ + 64 /*v*/ + 352 /*gate*/ + 128 /*down*/);  // 258,048 (measured)
+  EXPECT_EQ(f_sel.last_block_cache, cache);
+  EXPECT_EQ(f_sel.layers - f_full.layers, 2 * cache);  // 516,096, as measured on torch 2.11's CPU
+  EXPECT_TRUE(f_sel.last_block_checkpointed);
+  // Measured bytes alive at the end of the forward (torch profiler, above the input ids), none / full
+  // (non-reentrant) / selective: fp32 3,034,760 / 1,042,312 / 1,558,408; bf16-mixed 3,552,904 /
+  // 1,529,736 / 1,787,784. The estimate counts the N x 8 ids too.
+  auto none = full;
+  none.checkpoint = est::CheckpointKind::None;
+  EXPECT_NEAR(est::forward_saved(m, none, cpu).total(), 3034760 + N * 8, 4);  // one 4-byte scalar
+  EXPECT_EQ(f_full.total(), 1042312 + N * 8);
+  EXPECT_EQ(f_sel.total(), 1558408 + N * 8);
+  for (auto* t : {&none, &full, &sel}) t->precision = est::Precision::Bf16Mixed;
+  EXPECT_NEAR(est::forward_saved(m, none, cpu).total(), 3552904 + N * 8, 4);  // one 4-byte scalar
+  EXPECT_EQ(est::forward_saved(m, full, cpu).total(), 1529736 + N * 8);
+  EXPECT_EQ(est::forward_saved(m, sel, cpu).total(), 1787784 + N * 8);
+}
+
+TEST(SetupsAct, SelectiveOnCudaAlsoKeepsSdpaOutputsAndAutocastWeights) {
+  const auto m = small_llama();
+  auto full = setup(est::Precision::Bf16Mixed), sel = full;
+  full.checkpoint = est::CheckpointKind::Full;
+  sel.checkpoint = est::CheckpointKind::Selective;
+  const auto cuda = est::cuda_device();
+  const auto f_full = est::forward_saved(m, full, cuda), f_sel = est::forward_saved(m, sel, cuda);
+  const int64_t mm = N * 2 * (128 + 64 + 352 + 128);
+  const int64_t sdpa = N * 128 * 2 /*out*/ + 2 * 4 * 48 * 4 /*fp32 lse*/;
+  EXPECT_EQ(f_sel.last_block_cache, mm + sdpa);
+  // No autocast weight copies of the blocks are kept (measured on the CPU: selective - full = the caches).
+  EXPECT_EQ(f_sel.extras, f_full.extras);
+  EXPECT_EQ(f_sel.layers - f_full.layers, 2 * (mm + sdpa));
+}
+
+TEST(SetupsAct, SelectiveLiesBetweenFullAndNone) {
+  const auto m = small_llama();
+  for (auto p : {est::Precision::Fp32, est::Precision::Bf16Mixed, est::Precision::Bf16Pure}) {
+    auto none = setup(p, 4, 256), full = none, sel = none;
+    full.checkpoint = est::CheckpointKind::Full;
+    sel.checkpoint = est::CheckpointKind::Selective;
+    const auto cuda = est::cuda_device();
+    const int64_t a = est::forward_saved(m, full, cuda).total(), b = est::forward_saved(m, sel, cuda).total(),
+                  c = est::forward_saved(m, none, cuda).total();
+    EXPECT_LT(a, b);
+    EXPECT_LT(b, c);
+    EXPECT_LT(est::estimate_memory(m, full, cuda).total(), est::estimate_memory(m, none, cuda).total());
+  }
+}
+
+TEST(SetupsAct, ChunkedLossHandArithmetic) {
+  const auto m = small_llama();
+  const auto cpu = est::cpu_device();
+  auto std32 = setup(est::Precision::Fp32), ch32 = std32;
+  ch32.loss = est::LossKind::Chunked;
+  ch32.loss_chunks = 8;
+  // Saved: every chunk's fp32 log-softmax (N x V x 4 in all) + labels N x 8 + the loss: 768,772 either way.
+  EXPECT_EQ(est::forward_saved(m, ch32, cpu).loss, N * 2000 * 4 + N * 8 + 4);
+  EXPECT_EQ(loss_moment_logits(m, std32, cpu), 768772 + 2 * N * 2000 * 4 - N * 8);  // 2,304,004
+  // Chunked, fp32: end of the loss forward (the logits list, N x V x 4, still held) beats the first chunk's
+  // backward (two fp32 gradients of 12 tokens): max(768,772 + 768,000, 768,004 + 192,000).
+  EXPECT_EQ(loss_moment_logits(m, ch32, cpu), 768772 + N * 2000 * 4);
+  auto ch16 = ch32;
+  ch16.precision = est::Precision::Bf16Mixed;
+  // bf16 logits list + the last chunk's fp32 upcast: 768,772 + 384,000 + 96,000.
+  EXPECT_EQ(loss_moment_logits(m, ch16, cpu), 768772 + N * 2000 * 2 + 12 * 2000 * 4);
+  // With many chunks and a small vocabulary share the backward side can win: chunked:1 is the standard
+  // backward minus nothing but the forward list.
+  auto ch1 = ch32;
+  ch1.loss_chunks = 1;
+  EXPECT_EQ(loss_moment_logits(m, ch1, cpu), 768772 - N * 8 + 2 * N * 2000 * 4);
+  for (auto p : {est::Precision::Fp32, est::Precision::Bf16Mixed}) {
+    auto a = setup(p, 4, 256), b = a;
+    b.loss = est::LossKind::Chunked;
+    EXPECT_LT(loss_moment_logits(m, b, cpu), loss_moment_logits(m, a, cpu));
+  }
+}
+
+TEST(SetupsAct, FusedLinearCrossEntropyHandArithmetic) {
+  const auto m = small_llama();
+  const auto cuda = est::cuda_device();
+  auto t = setup(est::Precision::Fp32);
+  t.loss = est::LossKind::FusedLinearCe;
+  // grad_input N x h fp32, grad_weight V x h fp32, fp32 per-token loss, labels, loss: 1,074,308.
+  const int64_t saved = N * 128 * 4 + 2000 * 128 * 4 + N * 4 + N * 8 + 4;
+  EXPECT_EQ(est::forward_saved(m, t, cuda).loss, saved);
+  // Transient chunk: ceil(2000 / 128) = 16, ceil(96 / 16) = 6 -> next power of two 8 tokens x V fp32.
+  EXPECT_EQ(loss_moment_logits(m, t, cuda), saved + 8 * 2000 * 4);
+  auto standard = setup(est::Precision::Fp32, 4, 256), fused = standard;
+  fused.loss = est::LossKind::FusedLinearCe;
+  EXPECT_LT(loss_moment_logits(m, fused, cuda), loss_moment_logits(m, standard, cuda));
+}
+
+TEST(SetupsAct, LoraDropoutAddsExactlyItsBytes) {
+  const auto m = small_llama();
+  auto t = setup(est::Precision::Bf16Mixed);
+  t.lora.rank = 8;
+  t.lora.targets = {"q", "v"};
+  auto d = t;
+  d.lora_dropout = 0.1;
+  // Per block and target: dropout(x), N x 128 in 16 bits, and its mask (bool on CUDA, 16-bit on the CPU).
+  EXPECT_EQ(est::forward_saved(m, d, est::cuda_device()).layers - est::forward_saved(m, t, est::cuda_device()).layers,
+            2 * 2 * N * 128 * (2 + 1));
+  EXPECT_EQ(est::forward_saved(m, d, est::cpu_device()).layers - est::forward_saved(m, t, est::cpu_device()).layers,
+            2 * 2 * N * 128 * (2 + 2));
+}
+
+TEST(SetupsAct, CompileMatchesTheMeasuredSavedTensors) {
+  // Measured with saved_tensors_hooks on torch 2.11 (CPU, sdpa): Llama h 128, L 2, a 4, kv 4, I 352, V 2000,
+  // b 2, s 64: eager saves 4,063,748 bytes, torch.compile 3,331,604; the difference is exactly the terms below.
+  const auto m = est::model_from_hf_config(R"({"model_type": "llama", "vocab_size": 2000, "hidden_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 352,
+    "max_position_embeddings": 256, "tie_word_embeddings": false})", "m");
+  auto eager = setup(est::Precision::Fp32, 2, 64), compiled = eager;
+  compiled.compile = true;
+  const auto cpu = est::cpu_device();
+  const auto a = est::forward_saved(m, eager, cpu), b = est::forward_saved(m, compiled, cpu);
+  const int64_t n = 128, Nh = n * 128;
+  // Per block: RMSNorm keeps input and output (not its fp32 copy), SwiGLU 3 of 4 N x I tensors, one shared
+  // mask instead of one per layer; outside: final norm, RoPE freqs instead of cos/sin, the logits and two
+  // fp32 values per row instead of the log-softmax, labels padded by one per sequence.
+  const int64_t blocks = 2 * (2 * Nh * 4 + n * 352 * 4 + 2 * 64 * 64 * 4);
+  const int64_t outside = Nh * 4 + (2 * 64 * 32 * 4 - 2 * 64 * 32) - 2 * 64 * 64 * 4 + (n * 8 - 2 * n * 4 - 2 * 65 * 8);
+  EXPECT_EQ(a.total() - b.total(), blocks + outside);
+  EXPECT_EQ(a.total() - b.total(), 4063748 - 3331604);
+  // bf16-mixed, b 2, s 48, kv 2 (small_llama): measured 3,619,204 eager and 2,664,596 compiled.
+  auto e16 = setup(est::Precision::Bf16Mixed), c16 = e16;
+  c16.compile = true;
+  const auto s = small_llama();
+  EXPECT_EQ(est::forward_saved(s, e16, cpu).total() - est::forward_saved(s, c16, cpu).total(), 3619204 - 2664596);
+}
+
+TEST(SetupsAct, ParsersAndNames) {
+  est::TrainingSetup t;
+  est::parse_checkpointing("Selective", t);
+  EXPECT_EQ(t.checkpoint, est::CheckpointKind::Selective);
+  EXPECT_EQ(est::checkpointing_to_string(t), "selective");
+  est::parse_loss("chunked:16", t);
+  EXPECT_EQ(t.loss, est::LossKind::Chunked);
+  EXPECT_EQ(t.loss_chunks, 16);
+  EXPECT_EQ(est::loss_to_string(t), "chunked:16");
+  est::parse_loss("fused-linear-ce", t);
+  EXPECT_EQ(est::loss_to_string(t), "fused-linear-ce");
+  EXPECT_DOUBLE_EQ(est::parse_lora_dropout("0.05"), 0.05);
+  EXPECT_DOUBLE_EQ(est::parse_lora_dropout(".1"), 0.1);
+}
+
+TEST(SetupsAct, BadInputIsRefusedNamingTheOption) {
+  const auto m = small_llama();
+  est::TrainingSetup t;
+  for (const char* bad : {"chunked:0", "chunked:", "chunked:-1", "chunked:1e3", "chunked", "fused", ""}) {
+    try {
+      est::parse_loss(bad, t);
+      ADD_FAILURE() << bad;
+    } catch (const gpuops::ArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("loss"), std::string::npos) << e.what();
+    }
+  }
+  for (const char* bad : {"nan", "inf", "-0.1", "1e-1", "0.1.2", ".", "", "0x1"}) {
+    try {
+      est::parse_lora_dropout(bad);
+      ADD_FAILURE() << bad;
+    } catch (const gpuops::ArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("lora-dropout"), std::string::npos) << e.what();
+    }
+  }
+  auto lora = setup(est::Precision::Bf16Mixed);
+  lora.lora.rank = 8;
+  for (double p : {1.0, 1.5, -0.1, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    lora.lora_dropout = p;
+    EXPECT_THROW(est::validate(lora, m), gpuops::ArgumentError) << p;
+  }
+  auto no_lora = setup(est::Precision::Bf16Mixed);
+  no_lora.lora_dropout = 0.1;
+  EXPECT_THROW(est::validate(no_lora, m), gpuops::ArgumentError);
+  auto eager_compile = setup(est::Precision::Bf16Mixed);
+  eager_compile.attention = est::AttentionKind::Eager;
+  eager_compile.compile = true;
+  EXPECT_THROW(est::validate(eager_compile, m), gpuops::ArgumentError);
+  auto chunks0 = setup(est::Precision::Fp32);
+  chunks0.loss = est::LossKind::Chunked;
+  chunks0.loss_chunks = 0;
+  EXPECT_THROW(est::validate(chunks0, m), gpuops::ArgumentError);
+  auto bare = setup(est::Precision::Fp32);
+  bare.loss = est::LossKind::FusedLinearCe;
+  EXPECT_THROW(est::validate(bare, est::params_only_model(7000000000, "7B")), gpuops::ArgumentError);
+}
+
+TEST(SetupsAct, CommandLineOptionsAndJson) {
+  const std::vector<std::string> base = {"estimate", "--model", "llama-2-7b", "--seq", "512", "--json"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_cli(args);
+  };
+  auto r = with({"--checkpointing", "selective", "--loss", "chunked:8", "--lora-rank", "8", "--lora-dropout", "0.05",
+                 "--compile"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"loss\": \"chunked:8\""), std::string::npos);
+  EXPECT_NE(r.out.find("\"lora_dropout\": 0.05"), std::string::npos);
+  EXPECT_NE(r.out.find("\"compile\": true"), std::string::npos);
+  EXPECT_NE(r.out.find("\"checkpointing\": \"selective\""), std::string::npos);
+  for (auto [option, value] : std::vector<std::pair<std::string, std::string>>{{"--loss", "chunked:0"},
+                                                                               {"--lora-dropout", "1.5"},
+                                                                               {"--lora-dropout", "nan"}}) {
+    auto bad = with({option, value, "--lora-rank", "8"});
+    EXPECT_EQ(bad.code, 2) << option << " " << value;
+    EXPECT_NE(bad.err.find(option.substr(2)), std::string::npos) << bad.err;
+    EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  }
+  auto eager = with({"--compile", "--attention", "eager"});
+  EXPECT_EQ(eager.code, 2);
+  EXPECT_NE(eager.err.find("compile"), std::string::npos) << eager.err;
+}
