@@ -11,6 +11,7 @@ import torch as _torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C
 from . import optim
+from . import dist  # the communicator (gpuops.dist.Communicator)
 from ._C import DeviceInfo, FlatParams, MemoryStats, device_info
 from .memory import memory_budget
 from .accumulate import GradAccumulator

@@ -40,4 +40,5 @@ PYBIND11_MODULE(_C, m) {
   gpuops::python::bind_flat_params(m);
   gpuops::python::bind_optim_checks(m);
   gpuops::python::bind_state_store(m);
+  gpuops::python::bind_communicator(m);
 }

@@ -1,0 +1,46 @@
+"""The communicator (issue 13, part 1): reduce-scatter, all-gather, all-reduce and barrier over a
+torch.distributed process group, in place on flat buffers, each returning a handle to wait on.
+
+    import torch.distributed as dist, gpuops
+    dist.init_process_group("gloo")                 # torchrun, or any launcher
+    comm = gpuops.dist.Communicator()               # the default group; timeout=300 s per collective
+    work = comm.reduce_scatter(flat_grads, "avg")   # this rank's shard of the average: comm.shard(flat_grads)
+    ...                                             # compute meanwhile
+    work.wait()
+
+The C++ library does the work (``gpuops::dist::Communicator``); the group reaches it as the
+``c10d::ProcessGroup`` torch itself holds. Every collective fails after ``timeout`` seconds (a peer that died
+or stalled) with a RuntimeError naming the collective and this rank, instead of waiting for the group's own
+timeout (30 minutes by default).
+"""
+
+from __future__ import annotations
+
+from . import _C
+
+CommWork = _C.CommWork
+
+
+class Communicator(_C.Communicator):
+    """Collectives over ``group`` (a torch.distributed ProcessGroup; None: the default group)."""
+
+    def __init__(self, group=None, timeout: float = 300.0):
+        if group is None:
+            import torch.distributed as _dist
+
+            if not (_dist.is_available() and _dist.is_initialized()):
+                raise RuntimeError(
+                    "gpuops.dist.Communicator: group=None needs torch.distributed's default group: "
+                    "call torch.distributed.init_process_group first, or pass a group"
+                )
+            group = _dist.distributed_c10d._get_default_group()
+        super().__init__(group, timeout)
+
+
+def from_environment(timeout: float = 300.0) -> _C.Communicator:
+    """A communicator built in C++ from the launcher's variables (torchrun's RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT, or srun's SLURM_PROCID, SLURM_NTASKS with MASTER_ADDR, MASTER_PORT): Gloo, CPU tensors."""
+    return _C.Communicator.from_environment(timeout)
+
+
+__all__ = ["CommWork", "Communicator", "from_environment"]

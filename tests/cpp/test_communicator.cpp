@@ -1,0 +1,497 @@
+// gpuops::dist::Communicator over Gloo, with real processes: a test re-runs this binary as N ranks (the
+// environment variable GPUOPS_COMM_WORKER picks the scenario, main() below runs it instead of the tests),
+// torchrun-style variables set (MASTER_ADDR=127.0.0.1, MASTER_PORT a free port, OMP_NUM_THREADS=1), and
+// waits for them with a deadline. Each rank's input is random, seeded per rank, so every rank recomputes
+// every other rank's input and checks the collective's result in float64.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include "gpuops/communicator.h"
+
+extern char** environ;
+
+namespace {
+
+using gpuops::dist::Communicator;
+using gpuops::dist::CommunicatorOptions;
+using gpuops::dist::ReduceOp;
+using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC: one clock for every process of the machine
+
+constexpr int kCollectiveTimeoutMs = 4000;  // the killed and stalled scenarios
+constexpr int kMarginMs = 2000;             // what they allow past the timeout
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+}
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+#define WORKER_CHECK(cond, ...)                                                                    \
+  do {                                                                                             \
+    if (!(cond)) throw std::runtime_error(fmt::format("{}:{}: ", __FILE__, __LINE__) + fmt::format(__VA_ARGS__)); \
+  } while (0)
+
+// ------------------------------------------------------------------------------------------------------
+// Worker side (one rank)
+
+at::Tensor input_of(int rank, int64_t numel, int salt) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * salt + rank);
+  return at::randn({numel}, gen, at::TensorOptions().dtype(at::kDouble));
+}
+
+void expect_close(const at::Tensor& got, const at::Tensor& want, double tol, const std::string& what) {
+  const auto g = got.to(at::kDouble), w = want.to(at::kDouble);
+  const double err = (g - w).abs().max().item<double>();
+  const double scale = std::max(1.0, w.abs().max().item<double>());
+  WORKER_CHECK(err <= tol * scale, "{}: max abs error {} > {} (scale {})", what, err, tol * scale, scale);
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+void scenario_collectives(Communicator& comm) {
+  const int n = comm.size(), r = comm.rank();
+  const int64_t S = 257, N = S * n;
+  // reduce_scatter, sum and average, float32 and float64
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    for (auto op : {ReduceOp::Sum, ReduceOp::Average}) {
+      const int salt = 1 + static_cast<int>(op);
+      auto buf = input_of(r, N, salt).to(dtype);
+      auto work = comm.reduce_scatter(buf, op);
+      work.wait();
+      WORKER_CHECK(work.is_completed(), "reduce_scatter: is_completed() false after wait()");
+      auto want = at::zeros({N}, at::kDouble);
+      for (int q = 0; q < n; ++q) want += input_of(q, N, salt).to(dtype).to(at::kDouble);
+      if (op == ReduceOp::Average) want /= n;
+      expect_close(comm.shard(buf), want.narrow(0, r * S, S), dtype == at::kFloat ? 1e-6 : 1e-13,
+                   fmt::format("reduce_scatter({}) {}", gpuops::dist::reduce_op_name(op), c10::toString(dtype)));
+    }
+  }
+  // all_gather: every rank's shard lands at its place, bit for bit
+  {
+    auto buf = at::full({N}, std::nan(""), at::kFloat);
+    comm.shard(buf).copy_(input_of(r, N, 7).narrow(0, r * S, S));
+    comm.all_gather(buf).wait();
+    auto want = at::empty({N}, at::kFloat);
+    for (int q = 0; q < n; ++q) want.narrow(0, q * S, S).copy_(input_of(q, N, 7).narrow(0, q * S, S));
+    WORKER_CHECK(at::equal(buf, want), "all_gather: the gathered buffer differs");
+  }
+  // all_reduce: sum, avg, max, min in float32; sum in int64 exactly
+  for (auto op : {ReduceOp::Sum, ReduceOp::Average, ReduceOp::Max, ReduceOp::Min}) {
+    const int salt = 10 + static_cast<int>(op);
+    auto buf = input_of(r, 1000, salt).to(at::kFloat);
+    comm.all_reduce(buf, op).wait();
+    auto all = at::stack([&] {
+      std::vector<at::Tensor> v;
+      for (int q = 0; q < n; ++q) v.push_back(input_of(q, 1000, salt).to(at::kFloat).to(at::kDouble));
+      return v;
+    }());
+    at::Tensor want = op == ReduceOp::Sum       ? all.sum(0)
+                      : op == ReduceOp::Average ? all.sum(0) / n
+                      : op == ReduceOp::Max     ? std::get<0>(all.max(0))
+                                                : std::get<0>(all.min(0));
+    expect_close(buf, want, op == ReduceOp::Max || op == ReduceOp::Min ? 0.0 : 1e-6,
+                 fmt::format("all_reduce({})", gpuops::dist::reduce_op_name(op)));
+  }
+  {
+    auto buf = at::arange(100, at::kLong) * (r + 1);
+    comm.all_reduce(buf).wait();
+    WORKER_CHECK(at::equal(buf, at::arange(100, at::kLong) * (n * (n + 1) / 2)), "all_reduce(sum) int64");
+  }
+  // overlap: two collectives in flight, computation meanwhile, then waited in order
+  {
+    auto a = input_of(r, N, 20).to(at::kFloat);
+    auto b = input_of(r, 4 * N, 21).to(at::kFloat);
+    auto wa = comm.all_reduce(a, ReduceOp::Sum);
+    auto wb = comm.reduce_scatter(b, ReduceOp::Average);
+    auto m = at::ones({64, 64});
+    for (int i = 0; i < 20; ++i) m = at::mm(m, m) / 64;  // work on this rank while both are in flight
+    wa.wait();
+    wb.wait();
+    auto sa = at::zeros({N}, at::kDouble), sb = at::zeros({4 * N}, at::kDouble);
+    for (int q = 0; q < n; ++q) {
+      sa += input_of(q, N, 20).to(at::kFloat).to(at::kDouble);
+      sb += input_of(q, 4 * N, 21).to(at::kFloat).to(at::kDouble);
+    }
+    expect_close(a, sa, 1e-6, "overlapped all_reduce(sum)");
+    expect_close(comm.shard(b), (sb / n).narrow(0, r * 4 * S, 4 * S), 1e-6, "overlapped reduce_scatter(avg)");
+    WORKER_CHECK(m.allclose(at::ones({64, 64})), "the computation meanwhile");
+  }
+  comm.barrier().wait();
+}
+
+// Returns the message of the c10::Error `fn` throws; fails when it throws nothing.
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  throw std::runtime_error("expected an error, got none");
+}
+
+void expect_error(const std::string& what, const std::string& message, const std::vector<std::string>& parts) {
+  for (const auto& p : parts)
+    WORKER_CHECK(message.find(p) != std::string::npos, "{}: the message '{}' lacks '{}'", what, message, p);
+}
+
+void scenario_bad_input(Communicator& comm) {
+  const int n = comm.size();
+  auto odd = at::arange(2 * n + 1, at::kFloat);
+  const auto odd_before = odd.clone();
+  const auto odd_numel = std::to_string(odd.numel()), size = std::to_string(n);
+  expect_error("reduce_scatter odd", error_of([&] { comm.reduce_scatter(odd); }),
+               {"reduce_scatter", "buffer", odd_numel, "size " + size});
+  expect_error("all_gather odd", error_of([&] { comm.all_gather(odd); }),
+               {"all_gather", "buffer", odd_numel, "size " + size});
+  WORKER_CHECK(at::equal(odd, odd_before), "a refused call changed its buffer");
+  auto strided = at::zeros({4, 2 * n}).t();
+  expect_error("non-contiguous", error_of([&] { comm.all_reduce(strided); }), {"all_reduce", "contiguous"});
+  expect_error("non-contiguous rs", error_of([&] { comm.reduce_scatter(strided); }), {"reduce_scatter", "contiguous"});
+  auto in = at::zeros({2 * n}), out_double = at::zeros({2}, at::kDouble), out_short = at::zeros({1});
+  expect_error("dtype", error_of([&] { comm.reduce_scatter(in, out_double, ReduceOp::Sum); }),
+               {"reduce_scatter", "dtype", "Double", "Float"});
+  expect_error("numel", error_of([&] { comm.reduce_scatter(in, out_short, ReduceOp::Sum); }),
+               {"reduce_scatter", "output's numel 1"});
+  expect_error("gather dtype", error_of([&] { comm.all_gather(out_double, in); }), {"all_gather", "dtype"});
+  expect_error("rs max", error_of([&] { comm.reduce_scatter(in, ReduceOp::Max); }), {"reduce_scatter", "sum or avg"});
+  auto ints = at::arange(2 * n, at::kLong);
+  expect_error("avg int", error_of([&] { comm.all_reduce(ints, ReduceOp::Average); }), {"avg", "floating", "Long"});
+  expect_error("undefined", error_of([&] { comm.all_reduce(at::Tensor()); }), {"undefined"});
+  // Nothing was launched: the group still agrees on the next collective.
+  auto ok = at::ones({3});
+  comm.all_reduce(ok).wait();
+  WORKER_CHECK(at::equal(ok, at::full({3}, static_cast<float>(n))), "all_reduce after the refused calls");
+}
+
+// A peer that dies (the parent SIGKILLs it) or stalls: the others' all_reduce must raise naming it.
+void scenario_peer_lost(Communicator& comm, bool killed) {
+  const std::string dir = env_or("GPUOPS_COMM_DIR", "/tmp");
+  const int victim = comm.size() - 1;
+  comm.barrier().wait();
+  if (comm.rank() == victim) {
+    write_file(fmt::format("{}/ready", dir), "ready");
+    std::this_thread::sleep_for(std::chrono::seconds(killed ? 60 : 20));  // killed, or stalled past the timeout
+    return;
+  }
+  auto buf = at::ones({1 << 16});
+  const int64_t start = now_ms();
+  std::string message;
+  try {
+    comm.all_reduce(buf).wait();
+  } catch (const c10::Error& e) {
+    message = e.what_without_backtrace();
+  }
+  const int64_t end = now_ms();
+  WORKER_CHECK(!message.empty(), "all_reduce completed without its peer");
+  write_file(fmt::format("{}/result.{}", dir, comm.rank()),
+             fmt::format("{} {}\n{}", end - start, end, message));
+}
+
+int run_worker(const std::string& scenario) {
+  try {
+    CommunicatorOptions o;
+    o.timeout = std::chrono::milliseconds(std::stoi(env_or("GPUOPS_COMM_TIMEOUT_MS", "15000")));
+    o.rendezvous_timeout = std::chrono::seconds(30);
+    auto comm = Communicator::from_environment(o);
+    if (scenario == "collectives") scenario_collectives(comm);
+    else if (scenario == "bad_input") scenario_bad_input(comm);
+    else if (scenario == "killed") scenario_peer_lost(comm, true);
+    else if (scenario == "stalled") scenario_peer_lost(comm, false);
+    else throw std::runtime_error("unknown scenario " + scenario);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %s: %s\n", env_or("RANK", "?").c_str(), e.what());
+    return 1;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Parent side
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+    throw std::runtime_error("free_port: cannot bind a socket on 127.0.0.1");
+  const int port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+struct Ranks {
+  std::string dir;
+  std::vector<pid_t> pids;
+  std::vector<int> status;
+
+  std::string log(int r) const { return read_file(fmt::format("{}/rank{}.log", dir, r)); }
+  std::string logs() const {
+    std::string s;
+    for (size_t r = 0; r < pids.size(); ++r) s += fmt::format("--- rank {} ---\n{}", r, log(static_cast<int>(r)));
+    return s;
+  }
+};
+
+/// Starts `n` copies of this binary as ranks 0..n-1 of `scenario`.
+Ranks spawn(int n, const std::string& scenario, int timeout_ms) {
+  Ranks ranks;
+  char tmpl[] = "/tmp/gpuops-comm-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+  ranks.dir = tmpl;
+  const int port = free_port();
+  const std::map<std::string, std::string> vars{
+      {"GPUOPS_COMM_WORKER", scenario}, {"GPUOPS_COMM_DIR", ranks.dir},
+      {"GPUOPS_COMM_TIMEOUT_MS", std::to_string(timeout_ms)}, {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", std::to_string(port)}, {"WORLD_SIZE", std::to_string(n)}, {"OMP_NUM_THREADS", "1"}};
+  for (int r = 0; r < n; ++r) {
+    // Everything the child needs is built before fork (the parent has threads: no malloc after fork).
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string kv = *e, key = kv.substr(0, kv.find('='));
+      if (!vars.count(key) && key != "RANK" && key != "LOCAL_RANK" && key.rfind("SLURM_", 0) != 0) env.push_back(kv);
+    }
+    for (const auto& [k, v] : vars) env.push_back(k + "=" + v);
+    env.push_back("RANK=" + std::to_string(r));
+    env.push_back("LOCAL_RANK=" + std::to_string(r));
+    std::vector<char*> envp;
+    for (auto& s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    const std::string log = fmt::format("{}/rank{}.log", ranks.dir, r);
+    char self[] = "/proc/self/exe";
+    char* argv[] = {self, nullptr};
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+      }
+      ::execve(self, argv, envp.data());
+      ::_exit(127);
+    }
+    if (pid < 0) throw std::runtime_error("fork failed");
+    ranks.pids.push_back(pid);
+  }
+  ranks.status.assign(n, -1);
+  return ranks;
+}
+
+/// Waits for the ranks in `which` (all when empty) until `deadline`; the late ones are SIGKILLed and get
+/// status -1. Returns true when all of them exited in time.
+bool wait_ranks(Ranks& ranks, Clock::time_point deadline, std::vector<int> which = {}) {
+  if (which.empty())
+    for (size_t r = 0; r < ranks.pids.size(); ++r) which.push_back(static_cast<int>(r));
+  bool all = true;
+  for (int r : which) {
+    while (true) {
+      int st = 0;
+      const pid_t got = ::waitpid(ranks.pids[r], &st, WNOHANG);
+      if (got == ranks.pids[r]) {
+        ranks.status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        break;
+      }
+      if (Clock::now() > deadline) {
+        ::kill(ranks.pids[r], SIGKILL);
+        ::waitpid(ranks.pids[r], &st, 0);
+        all = false;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  return all;
+}
+
+void kill_rest(Ranks& ranks) {
+  for (size_t r = 0; r < ranks.pids.size(); ++r)
+    if (ranks.status[r] == -1) {
+      int st = 0;
+      if (::waitpid(ranks.pids[r], &st, WNOHANG) == 0) {
+        ::kill(ranks.pids[r], SIGKILL);
+        ::waitpid(ranks.pids[r], &st, 0);
+      }
+      ranks.status[r] = 137;
+    }
+}
+
+void run_all_ok(int n, const std::string& scenario) {
+  const auto t0 = Clock::now();
+  auto ranks = spawn(n, scenario, 15000);
+  const bool in_time = wait_ranks(ranks, t0 + std::chrono::seconds(25));
+  EXPECT_TRUE(in_time) << "ranks still running after 25 s\n" << ranks.logs();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(ranks.status[r], 0) << "rank " << r << "\n" << ranks.logs();
+  std::printf("[ %s, %d ranks: %.2f s ]\n", scenario.c_str(), n,
+              std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+TEST(Communicator, CollectivesTwoRanks) { run_all_ok(2, "collectives"); }
+TEST(Communicator, CollectivesFourRanks) { run_all_ok(4, "collectives"); }
+TEST(Communicator, BadInputTwoRanks) { run_all_ok(2, "bad_input"); }
+
+// The survivors raise the clear error: the killed peer within kCollectiveTimeoutMs + kMarginMs of the kill
+// (Gloo sees the closed connection, usually at once), the stalled one at the timeout, within the margin.
+void run_peer_lost(int n, bool killed) {
+  const auto t0 = Clock::now();
+  auto ranks = spawn(n, killed ? "killed" : "stalled", kCollectiveTimeoutMs);
+  const int victim = n - 1;
+  const std::string ready = ranks.dir + "/ready";
+  while (::access(ready.c_str(), F_OK) != 0 && Clock::now() < t0 + std::chrono::seconds(20))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(::access(ready.c_str(), F_OK), 0) << "the ranks never got past their first barrier\n" << ranks.logs();
+  int64_t kill_at = 0;
+  if (killed) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the survivors are inside all_reduce
+    kill_at = now_ms();
+    ::kill(ranks.pids[victim], SIGKILL);
+  }
+  std::vector<int> survivors;
+  for (int r = 0; r < n - 1; ++r) survivors.push_back(r);
+  const bool in_time =
+      wait_ranks(ranks, Clock::now() + std::chrono::milliseconds(kCollectiveTimeoutMs + kMarginMs + 3000), survivors);
+  kill_rest(ranks);
+  ASSERT_TRUE(in_time) << "a survivor hung\n" << ranks.logs();
+  for (int r : survivors) {
+    ASSERT_EQ(ranks.status[r], 0) << "rank " << r << "\n" << ranks.logs();
+    std::istringstream result(read_file(fmt::format("{}/result.{}", ranks.dir, r)));
+    int64_t elapsed = 0, end = 0;
+    result >> elapsed >> end;
+    std::string message((std::istreambuf_iterator<char>(result)), std::istreambuf_iterator<char>());
+    EXPECT_NE(message.find("all_reduce(sum)"), std::string::npos) << message;
+    EXPECT_NE(message.find(fmt::format("rank {} of {}", r, n)), std::string::npos) << message;
+    if (killed) {
+      const int64_t after_kill = end - kill_at;
+      EXPECT_LE(after_kill, kCollectiveTimeoutMs + kMarginMs) << message;
+      std::printf("[ killed peer, %d ranks: rank %d raised %lld ms after the kill: %s ]\n", n, r,
+                  static_cast<long long>(after_kill), message.substr(0, 400).c_str());
+    } else {
+      EXPECT_GE(elapsed, kCollectiveTimeoutMs - 50) << message;
+      EXPECT_LE(elapsed, kCollectiveTimeoutMs + kMarginMs) << message;
+      std::printf("[ stalled peer, %d ranks: rank %d raised after %lld ms (timeout %d ms): %s ]\n", n, r,
+                  static_cast<long long>(elapsed), kCollectiveTimeoutMs, message.substr(0, 400).c_str());
+    }
+  }
+}
+
+TEST(Communicator, KilledPeerTwoRanks) { run_peer_lost(2, true); }
+TEST(Communicator, KilledPeerFourRanks) { run_peer_lost(4, true); }
+TEST(Communicator, StalledPeerThreeRanks) { run_peer_lost(3, false); }
+
+// The launcher's environment, read in this process (nothing is started).
+class CommunicatorEnvironment : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* k : kVars) {
+      if (const char* v = std::getenv(k)) saved_[k] = v;
+      ::unsetenv(k);
+    }
+  }
+  void TearDown() override {
+    for (const char* k : kVars) ::unsetenv(k);
+    for (const auto& [k, v] : saved_) ::setenv(k.c_str(), v.c_str(), 1);
+  }
+  static void set(const std::map<std::string, std::string>& vars) {
+    for (const auto& [k, v] : vars) ::setenv(k.c_str(), v.c_str(), 1);
+  }
+  static std::string error() {
+    try {
+      gpuops::dist::read_launch_environment();
+    } catch (const c10::ValueError& e) {
+      return e.what_without_backtrace();
+    }
+    return "";
+  }
+  static constexpr const char* kVars[] = {"RANK",         "WORLD_SIZE",   "LOCAL_RANK",   "MASTER_ADDR",
+                                          "MASTER_PORT",  "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"};
+  std::map<std::string, std::string> saved_;
+};
+
+TEST_F(CommunicatorEnvironment, Torchrun) {
+  set({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"}});
+  const auto e = gpuops::dist::read_launch_environment();
+  EXPECT_EQ(e.launcher, "torchrun");
+  EXPECT_EQ(e.rank, 1);
+  EXPECT_EQ(e.world_size, 4);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.master_addr, "node0");
+  EXPECT_EQ(e.master_port, 29500);
+}
+
+TEST_F(CommunicatorEnvironment, Slurm) {
+  set({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"MASTER_ADDR", "n1"},
+       {"MASTER_PORT", "12345"}});
+  const auto e = gpuops::dist::read_launch_environment();
+  EXPECT_EQ(e.launcher, "slurm");
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 1);
+}
+
+TEST_F(CommunicatorEnvironment, ClearErrors) {
+  set({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
+  EXPECT_NE(error().find("RANK=2 must be below WORLD_SIZE=2"), std::string::npos) << error();
+  set({{"RANK", "0"}});
+  ::unsetenv("MASTER_PORT");
+  EXPECT_NE(error().find("MASTER_PORT is not set"), std::string::npos) << error();
+  set({{"MASTER_PORT", "29x"}});
+  EXPECT_NE(error().find("MASTER_PORT='29x' is not an integer"), std::string::npos) << error();
+  set({{"MASTER_PORT", "70000"}});
+  EXPECT_NE(error().find("MASTER_PORT=70000 is outside [1, 65535]"), std::string::npos) << error();
+  set({{"MASTER_PORT", "29500"}});
+  ::unsetenv("WORLD_SIZE");
+  EXPECT_NE(error().find("WORLD_SIZE is not set"), std::string::npos) << error();
+  ::unsetenv("RANK");
+  EXPECT_NE(error().find("no launcher environment"), std::string::npos) << error();
+  set({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "2"}});
+  EXPECT_NE(error().find("SLURM_PROCID=3 must be below SLURM_NTASKS=2"), std::string::npos) << error();
+  // from_environment checks before it starts anything (no TCPStore, no wait)
+  const auto t0 = Clock::now();
+  EXPECT_THROW(Communicator::from_environment(), c10::ValueError);
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(1));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (const char* scenario = std::getenv("GPUOPS_COMM_WORKER")) return run_worker(scenario);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
