@@ -164,6 +164,37 @@ def model_factory_for(kind: str, cfg: dict, attn: str = "sdpa", seed: int = 0) -
     return factory
 
 
+# PEFT module names of the estimator's LoRA targets (GPT-2's fused c_attn has no per-q/k/v equivalent).
+PEFT_TARGETS = {
+    "llama": {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+              "down": "down_proj"},
+    "gpt2": {"o": "attn.c_proj", "up": "mlp.c_fc", "down": "mlp.c_proj"},
+}
+
+
+def lora_model_factory_for(kind: str, cfg: dict, attn: str, rank: int, targets, dropout: float = 0.0,
+                           base: str = "fp32", checkpointing: bool = False, seed: int = 0) -> Callable:
+    """A PEFT LoRA model: the HF model (cast to bf16 first when base == "bf16"; get_peft_model then makes the
+    adapters fp32, its autocast_adapter_dtype default), gradient checkpointing with enable_input_require_grads
+    (the frozen embedding's output must require grad for reentrant checkpointing), lora_alpha = 2·rank."""
+    inner = model_factory_for(kind, cfg, attn, seed)
+
+    def factory():
+        from peft import LoraConfig, get_peft_model
+
+        model = inner()
+        if base == "bf16":
+            model.to(torch.bfloat16)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+            model.enable_input_require_grads()
+        config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=dropout, bias="none",
+                            target_modules=[PEFT_TARGETS[kind][t] for t in targets], fan_in_fan_out=kind == "gpt2")
+        return get_peft_model(model, config)
+
+    return factory
+
+
 def optimizer_factory_for(name: str, lr: float = 1e-3) -> Callable:
     def factory(params):
         if name == "adamw":  # foreach is the default on CPU? (torch picks foreach only for CUDA tensors)

@@ -21,7 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import gpuops  # noqa: E402
-from measure import make_config, measure_peak, model_factory_for, optimizer_factory_for  # noqa: E402
+from measure import (lora_model_factory_for, make_config, measure_peak, model_factory_for,  # noqa: E402
+                     optimizer_factory_for)
 
 # Small configs of both families: GQA and SwiGLU (Llama), tied and untied embeddings, GPT-2 with dropout and
 # with a custom MLP width. None of these is a config the formulas were derived on (run_grid.py's CONFIGS).
@@ -90,6 +91,78 @@ def run(cases: list[Case]) -> list[dict]:
     return rows
 
 
+# ---- LoRA (PEFT): held-out configs (the LoRA terms were derived on run_grid's llama-A/B shapes and
+# h=128 L=3 kv=2 in FINDINGS.md "LoRA (PEFT)"). precision fp32: an fp32 base (base_dtype="fp32");
+# bf16-mixed: a bf16 base with PEFT's fp32 adapters under autocast; bf16: the whole PeftModel cast to bf16.
+LORA_MODELS = {
+    "llama-tied": MODELS["llama-tied"],
+    "llama-mqa-wide": MODELS["llama-mqa-wide"],
+}
+LORA_TARGETS = {"llama": [("q", "v"), ("q", "k", "v", "o", "gate", "up", "down")], "gpt2": [("o", "up", "down")]}
+LORA_RANKS = [8, 64]
+LORA_DROPOUTS = [0.0, 0.1]
+
+
+@dataclass(frozen=True)
+class LoraCase:
+    model: str
+    precision: str
+    checkpointing: bool
+    attention: str
+    targets: tuple
+    rank: int
+    dropout: float
+    batch: int = 2
+    seq: int = 64
+    optimizer: str = "adamw"
+
+    def label(self) -> str:
+        return (f"LoRA {self.model} r{self.rank} {','.join(self.targets)} drop{self.dropout} b{self.batch} "
+                f"s{self.seq} {self.precision} {'ckpt' if self.checkpointing else 'no-ckpt'} {self.attention}")
+
+
+def lora_grid() -> list[LoraCase]:
+    """Every model x precision x checkpointing x target set; rank, dropout and attention alternate."""
+    cases = []
+    k = 0
+    for model, (kind, _) in LORA_MODELS.items():
+        for precision, checkpointing, targets in itertools.product(PRECISIONS, CHECKPOINTING, LORA_TARGETS[kind]):
+            cases.append(LoraCase(model, precision, checkpointing, ATTENTION[(k // 2) % 2], targets,
+                                  LORA_RANKS[k % 2], LORA_DROPOUTS[(k // 3) % 2]))
+            k += 1
+    return cases
+
+
+def measure_lora(case: LoraCase) -> int:
+    kind, cfg = LORA_MODELS[case.model]
+    factory = lora_model_factory_for(kind, cfg, case.attention, case.rank, case.targets, case.dropout,
+                                     base="bf16" if case.precision == "bf16-mixed" else "fp32",
+                                     checkpointing=case.checkpointing)
+    # precision "bf16" casts the PeftModel (adapters included) to bf16 inside measure_peak.
+    return measure_peak(factory, optimizer_factory_for(case.optimizer), case.batch, case.seq, case.precision,
+                        False, meter="gpuops")["peak"]
+
+
+def estimate_lora(case: LoraCase) -> gpuops.Breakdown:
+    kind, cfg = LORA_MODELS[case.model]
+    config = make_config(kind, cfg, case.attention).to_dict()
+    return gpuops.estimate(config=config, precision=case.precision, optimizer=case.optimizer,
+                           checkpointing="full" if case.checkpointing else "none", attention=case.attention,
+                           micro_batch=case.batch, seq_len=case.seq, device="cpu", lora_rank=case.rank,
+                           lora_targets=list(case.targets), lora_dropout=case.dropout,
+                           base_dtype="fp32" if case.precision == "fp32" else "bf16")
+
+
+def run_lora(cases: list[LoraCase]) -> list[dict]:
+    rows = []
+    for case in cases:
+        measured = measure_lora(case)
+        estimated = estimate_lora(case).total_bytes
+        rows.append({"case": case, "measured": measured, "estimated": estimated,
+                     "error": (estimated - measured) / measured})
+    return rows
+
+
 def summary(rows: list[dict]) -> dict:
     errors = [abs(r["error"]) for r in rows]
     return {"cases": len(rows), "max": max(errors), "median": statistics.median(errors),
@@ -129,6 +202,9 @@ def write_docs(rows: list[dict], path: str = os.path.join(HERE, "..", "..", "doc
 
 
 if __name__ == "__main__":
+    if "--lora" in sys.argv:  # the LoRA table only (printed, docs untouched)
+        print(markdown(run_lora(lora_grid())))
+        sys.exit(0)
     rows = run(grid())
     print(markdown(rows))
     write_docs(rows)

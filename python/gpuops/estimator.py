@@ -145,7 +145,8 @@ def estimate(
     ``offload_optimizer=True`` is ZeRO-Offload (states, fp32 master and the step on the host).
     ``sharding="fsdp2"`` is torch's ``fully_shard`` (per-tensor dim-0 shards; ``zero_stage`` 0 means 3) with
     ``reshard_after_forward`` as given to the blocks. ``base_dtype`` also takes ``"nf4-nodq"`` (NF4 without
-    double quantisation); ``quantize_lm_head=True`` stores an untied LM head like an int8/nf4 base; and
+    double quantisation) and ``"fp32"`` (an fp32 base, e.g. LoRA at ``precision="fp32"``);
+    ``quantize_lm_head=True`` stores an untied LM head like an int8/nf4 base; and
     ``lora_targets`` also takes ``"lm_head"`` and ``"embed"``. The bools must be bools (``TypeError``).
 
     Checkpointing policies, chunked loss, LoRA dropout, torch.compile (docs/estimator.md):

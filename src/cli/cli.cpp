@@ -289,7 +289,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
           ->delimiter(',')
           ->capture_default_str(),
       estimate->add_option("--base-dtype", o.base_dtype, "Frozen LoRA base: fp16, bf16, int8, nf4 (double "
-                           "quantisation) or nf4-nodq")
+                           "quantisation), nf4-nodq or fp32 (an fp32 model)")
           ->capture_default_str(),
       estimate->add_option("--batch", o.batch, "Micro-batch per GPU")->type_name("INT")->capture_default_str(),
       seq_option,

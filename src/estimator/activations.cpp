@@ -33,6 +33,8 @@ struct Shape {
   C mask;           // dropout mask bytes: the input dtype on the CPU, 1-byte bool on CUDA
   bool cpu;
   bool compiled;    // torch.compile: inductor's partition (activation_setups below)
+  bool amp;         // autocast is on (mixed precision, AmpLayout::Autocast)
+  bool peft;        // LoRA as PEFT runs it: frozen base, the LoRA terms below (not compiled)
   C Nq() const { return N * a * d; }          // q (and k, v after GQA expansion) elements
   C scores() const { return b * a * s * s; }  // one attention matrix for all heads
 };
@@ -40,7 +42,8 @@ struct Shape {
 Shape shape_of(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& dev) {
   Shape x{};
   // A LoRA base in 16 bits makes the residual stream 16-bit even under autocast.
-  const bool half = runs_in_16_bits(t) || (t.lora.rank > 0 && t.precision != Precision::Fp32);
+  const bool half = runs_in_16_bits(t) ||
+                    (t.lora.rank > 0 && t.precision != Precision::Fp32 && t.lora.base != BaseWeightDtype::Fp32);
   x.mode = t.precision == Precision::Fp32 ? Numerics::Fp32 : half ? Numerics::Half : Numerics::Autocast;
   x.b = t.micro_batch, x.s = t.seq_len, x.N = x.b * x.s;
   x.h = m.hidden_size, x.V = m.vocab_size, x.i = m.intermediate_size, x.L = m.num_layers;
@@ -50,6 +53,8 @@ Shape shape_of(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& 
   x.cpu = dev.is_cpu();
   x.mask = x.cpu ? x.e : 1;
   x.compiled = t.compile;
+  x.amp = is_mixed(t.precision) && t.amp == AmpLayout::Autocast;
+  x.peft = t.lora.rank > 0 && !t.compile;
   return x;
 }
 
@@ -190,9 +195,110 @@ C loss_bytes(const TrainingSetup& t, const Shape& x) {
   return x.N * x.V * 4 + labels;
 }
 
+// ---- LoRA as PEFT runs it (docs/estimator.md, "What the forward saves"; FINDINGS.md, "LoRA (PEFT)"):
+// the base is frozen, so a base linear saves no input (its weight gradient is never made) and a norm with a
+// frozen weight keeps only what its input gradient needs. Listed with saved_tensors_hooks on transformers
+// 4.57 + PEFT 0.18 Llama and GPT-2 blocks (fp32, bf16 base under autocast with fp32 adapters, pure bf16).
+
+bool lora_targets(const TrainingSetup& t, std::string_view p) {
+  return std::find(t.lora.targets.begin(), t.lora.targets.end(), p) != t.lora.targets.end();
+}
+
+// RMSNorm: its fp32 input (a copy when the stream is 16-bit) and rsqrt. LayerNorm: input, mean and rstd, in
+// fp32 under autocast (which runs layer_norm in fp32).
+C frozen_norm_bytes(const ModelSpec& m, const Shape& x) {
+  if (m.norm == NormKind::RmsNorm) return x.N * x.h * 4 + x.N * 4;
+  if (x.mode == Numerics::Half && !x.amp) return x.N * x.h * 2 + 2 * x.N * 2;
+  return x.N * x.h * 4 + 2 * x.N * 4;
+}
+
+// The frozen MLP: SwiGLU keeps gate, up and silu(gate) (the product is down's input, saved only for an
+// adapter); gelu_new keeps its input and 3 intermediates; a plain GELU its input.
+C frozen_mlp_bytes(const ModelSpec& m, const Shape& x) {
+  const C saved = m.mlp == MlpKind::SwiGlu ? 3 : (m.composite_gelu ? 4 : 1);
+  return saved * x.N * x.i * x.e;
+}
+
+// Eager attention without the output projection's input (a frozen o saves none; an o adapter counts it).
+C frozen_attention_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+  const C full = block_attention_bytes(m, t, x);
+  return t.attention == AttentionKind::Eager ? full - x.Nq() * x.e : full;
+}
+
+// PEFT's dropout mask element: the adapter dtype on the CPU (fp32 adapters under autocast), a bool on CUDA.
+C lora_dropout_mask_bytes(const Shape& x) { return x.cpu ? (x.amp ? C(4) : x.e) : C(1); }
+
+// The adapters of one block: B saves x·A (N x r); A saves its input. Without dropout and autocast the
+// targets reading one tensor share it: the attention norm's output (q, k, v), the MLP norm's output (gate,
+// up), the MLP product (down); o reads SDPA's output, which the kernel saves already (eager: its own copy).
+// Under autocast every A casts its input to 16 bits itself (PEFT casts x to the fp32 adapter dtype first):
+// one copy per target, plus autocast's cached 16-bit A and B (extras). With lora_dropout each target keeps
+// the dropout mask (the adapter dtype on the CPU, a bool on CUDA) and A's own input.
+C lora_adapter_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+  const C mask = lora_dropout_mask_bytes(x);
+  C bytes = 0;
+  bool attention_input = false, mlp_input = false;
+  for (const auto& p : projection_names(m)) {
+    if (!lora_targets(t, p)) continue;
+    const C in = projection_shape(m, p).in_features;
+    bytes += x.N * t.lora.rank * x.e;
+    if (t.lora_dropout > 0) {
+      bytes += x.N * in * (x.e + mask);
+    } else if (x.amp) {
+      bytes += x.N * in * 2;
+    } else if (p == "o") {
+      if (t.attention == AttentionKind::Eager) bytes += x.N * in * x.e;
+    } else if (p == "down") {
+      bytes += x.N * in * x.e;
+    } else {
+      (p == "up" || p == "gate" ? mlp_input : attention_input) = true;
+    }
+  }
+  if (attention_input) bytes += x.N * x.h * x.e;
+  if (mlp_input) bytes += x.N * x.h * x.e;
+  return bytes;
+}
+
+// The first block's input does not require grad (frozen embedding): nothing before its first adapter is
+// saved. With checkpointing PEFT's enable_input_require_grads makes it require grad. Eager's q·kᵀ saves q
+// only when k requires grad (a k adapter) and kᵀ only when q does (SDPA's kernel saves all three anyway).
+// lora_dropout on the block's input (q, k, v adapters) saves no mask there, and under autocast A's 16-bit
+// weight is not saved either (only x's gradient would need it).
+C lora_first_block_unsaved(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+  C unsaved = frozen_norm_bytes(m, x);
+  for (const char* p : {"q", "k", "v"}) {
+    if (!lora_targets(t, p)) continue;
+    const C in = projection_shape(m, p).in_features;
+    if (t.lora_dropout > 0) unsaved += x.N * in * lora_dropout_mask_bytes(x);
+    if (x.amp) unsaved += 2 * C(t.lora.rank) * in;
+  }
+  if (!lora_targets(t, "q") && !lora_targets(t, "k") && !lora_targets(t, "v")) {  // attention out of the graph
+    unsaved += frozen_attention_bytes(m, t, x);
+    return lora_targets(t, "o") ? unsaved : unsaved + frozen_norm_bytes(m, x);
+  }
+  if (t.attention == AttentionKind::Eager && !m.fused_qkv) {
+    if (!lora_targets(t, "k")) unsaved += x.Nq() * x.e;
+    if (!lora_targets(t, "q")) unsaved += x.Nq() * x.e;
+  }
+  return unsaved;
+}
+
+// 16-bit copies autocast caches of the adapters of one block (A and B, r x (in + out) per target).
+C lora_autocast_weights(const ModelSpec& m, const TrainingSetup& t) {
+  C n = 0;
+  for (const auto& p : projection_names(m))
+    if (lora_targets(t, p)) n += C(t.lora.rank) * (C(projection_shape(m, p).in_features) + projection_shape(m, p).out_features);
+  return 2 * n;
+}
+
 // The rest of a block: both norms, residual dropout masks, LoRA's low-rank intermediates.
 C block_other_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
   const int64_t qkv_consumers = m.fused_qkv ? 1 : 3, mlp_consumers = mlp_input_consumers(m);
+  if (x.peft) {  // frozen norms and the adapters (Gemma-2's post-norms: as frozen norms too)
+    C bytes = C(std::max<int64_t>(m.norms_per_layer, 2)) * frozen_norm_bytes(m, x) + lora_adapter_bytes(m, t, x);
+    if (m.dropout) bytes += 2 * x.N * x.h * x.mask;
+    return bytes;
+  }
   C bytes = norm_bytes(m, x, qkv_consumers) + norm_bytes(m, x, mlp_consumers);
   if (m.norms_per_layer > 2) bytes += (m.norms_per_layer - 2) * norm_bytes(m, x, 0);  // Gemma-2's post-norms
   if (m.dropout) bytes += 2 * x.N * x.h * x.mask;
@@ -229,7 +335,8 @@ ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const Dev
   const Shape x = shape_of(m, t, dev);
   const C Nh = x.N * x.h;
   f.inputs = (x.N * 8).get();
-  const C attention = block_attention_bytes(m, t, x), mlp = block_mlp_bytes(m, x);
+  const C attention = x.peft ? frozen_attention_bytes(m, t, x) : block_attention_bytes(m, t, x);
+  const C mlp = x.peft ? frozen_mlp_bytes(m, x) : block_mlp_bytes(m, x);
   f.block_attention = attention.get();
   f.block_mlp = mlp.get();
   const C block = attention + mlp + block_other_bytes(m, t, x);
@@ -248,6 +355,7 @@ ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const Dev
                               (t.checkpoint == CheckpointKind::EveryK && (L - 1) % t.checkpoint_every_k == 0);
   const int64_t rng = x.cpu ? kCpuRngStateBytes : 0;
   f.layers = (checkpointed * (Nh * x.r + rng) + (L - checkpointed) * block).get();
+  if (x.peft && checkpointed == 0) f.layers = (C(f.layers) - lora_first_block_unsaved(m, t, x)).get();
   if (moe_layer_count(m) > 0) {  // MoE blocks save the routed experts' tensors instead of a dense MLP's
     const C moe = moe_mlp_bytes(m, x);
     const int64_t whole_moe = whole_moe_layers(m, t);
@@ -286,11 +394,13 @@ ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const Dev
     const bool head = m.family == ModelFamily::Decoder || m.masked_lm_head;
     extras += 2 * ((head ? x.V * x.h : 0) + linear_weights_of_layers(m, L - checkpointed));
   }
+  // LoRA under autocast: only the adapters are cached (a frozen weight's cast is not: it does not require grad).
+  if (x.peft && x.amp) extras += C(L - checkpointed) * lora_autocast_weights(m, t);
   f.extras = extras.get();
 
   // The head: the final norm (or BERT's MLM transform), the fp32 log-softmax the loss saves, the
   // shifted int64 labels and the loss value.
-  if (m.family == ModelFamily::Decoder) f.final_norm = norm_bytes(m, x, 1).get();
+  if (m.family == ModelFamily::Decoder) f.final_norm = (x.peft ? frozen_norm_bytes(m, x) : norm_bytes(m, x, 1)).get();
   // Compiled under autocast, the final norm keeps its input and output as 16-bit only (measured, docs).
   if (m.family == ModelFamily::Decoder && x.compiled && x.mode == Numerics::Autocast)
     f.final_norm = (2 * Nh * 2 + x.N * 4).get();

@@ -70,6 +70,7 @@ int64_t frozen_weight_bytes(const ModelSpec& m, const TrainingSetup& s) {
   const BaseWeightDtype base = s.lora.base;
   const int64_t total = parameter_count(m);
   if (base == BaseWeightDtype::Fp16 || base == BaseWeightDtype::Bf16) return (2 * C(total)).get();
+  if (base == BaseWeightDtype::Fp32) return (4 * C(total)).get();
   // bitsandbytes quantises the linears inside the blocks; embeddings, norms and the LM head stay 16-bit.
   C linear_params = 0, linear_bytes = 0;
   for (const auto& g : block_linears(m)) {  // every block linear, MoE experts and routers included

@@ -62,6 +62,7 @@ int64_t quantised_weight_bytes(int64_t in_features, int64_t out_features, BaseWe
   switch (dtype) {
     case BaseWeightDtype::Fp16:
     case BaseWeightDtype::Bf16: return (2 * C(n)).get();
+    case BaseWeightDtype::Fp32: return (4 * C(n)).get();
     case BaseWeightDtype::Int8: return (n + 4 * C(out_features)).get();  // LLM.int8: fp32 scale per output row
     // NF4 (QLoRA): 4 bits per value and one absmax per 64 values; double quantisation stores the absmax in
     // 8 bits with one fp32 constant per 256 of them, without it each absmax is fp32.

@@ -42,11 +42,12 @@ constexpr Names<OptimizerKind, 8> kOptimizers{{{OptimizerKind::AdamW, "adamw"},
                                                {OptimizerKind::PagedAdamW32bit, "paged-adamw-32bit"}}};
 constexpr Names<AttentionKind, 3> kAttention{
     {{AttentionKind::Eager, "eager"}, {AttentionKind::Sdpa, "sdpa"}, {AttentionKind::Flash, "flash"}}};
-constexpr Names<BaseWeightDtype, 5> kBaseDtypes{{{BaseWeightDtype::Fp16, "fp16"},
+constexpr Names<BaseWeightDtype, 6> kBaseDtypes{{{BaseWeightDtype::Fp16, "fp16"},
                                                  {BaseWeightDtype::Bf16, "bf16"},
                                                  {BaseWeightDtype::Int8, "int8"},
                                                  {BaseWeightDtype::Nf4, "nf4"},
-                                                 {BaseWeightDtype::Nf4NoDq, "nf4-nodq"}}};
+                                                 {BaseWeightDtype::Nf4NoDq, "nf4-nodq"},
+                                                 {BaseWeightDtype::Fp32, "fp32"}}};
 constexpr Names<ShardingLayout, 2> kShardings{{{ShardingLayout::Flat, "flat"}, {ShardingLayout::Fsdp2, "fsdp2"}}};
 
 std::string lower(std::string_view s) {

@@ -147,11 +147,14 @@ TEST(SetupsAct, LoraDropoutAddsExactlyItsBytes) {
   t.lora.targets = {"q", "v"};
   auto d = t;
   d.lora_dropout = 0.1;
-  // Per block and target: dropout(x), N x 128 in 16 bits, and its mask (bool on CUDA, 16-bit on the CPU).
+  // As measured with PEFT on the CPU (bench/estimator_validation/FINDINGS.md, "LoRA (PEFT)"): under autocast
+  // each adapter's A keeps its own 16-bit copy of its input anyway, so dropout replaces that copy by the
+  // dropped one and adds only its mask: bool on CUDA, the (fp32) adapter dtype on the CPU. The first block's
+  // input needs no gradient, so only the second of the two blocks adds it: 2 targets x N x 128 x mask bytes.
   EXPECT_EQ(est::forward_saved(m, d, est::cuda_device()).layers - est::forward_saved(m, t, est::cuda_device()).layers,
-            2 * 2 * N * 128 * (2 + 1));
+            2 * N * 128 * 1);
   EXPECT_EQ(est::forward_saved(m, d, est::cpu_device()).layers - est::forward_saved(m, t, est::cpu_device()).layers,
-            2 * 2 * N * 128 * (2 + 2));
+            2 * N * 128 * 4);
 }
 
 TEST(SetupsAct, CompileMatchesTheMeasuredSavedTensors) {

@@ -33,7 +33,8 @@ enum class CheckpointKind { None, Full, EveryK, Selective };
 enum class AttentionKind { Eager, Sdpa, Flash };
 /// Storage of the frozen base weights of a LoRA fine-tune (int8: LLM.int8, nf4: QLoRA).
 /// Nf4 has QLoRA's double quantisation (8-bit absmax); Nf4NoDq keeps one fp32 absmax per 64 values.
-enum class BaseWeightDtype { Fp16, Bf16, Int8, Nf4, Nf4NoDq };
+/// Fp32: an fp32 base (the model left in fp32, PEFT's adapters fp32 too).
+enum class BaseWeightDtype { Fp16, Bf16, Int8, Nf4, Nf4NoDq, Fp32 };
 /// How ZeRO stage 3 shards: Flat (DeepSpeed's flat partitions, one ceil over all parameters) or Fsdp2
 /// (torch's fully_shard: every tensor chunked on dim 0, padded to ceil(rows / num_gpus) rows).
 enum class ShardingLayout { Flat, Fsdp2 };
