@@ -52,6 +52,9 @@ class FlatParams {
   /// Zeroes the flat gradient buffers and points every .grad back at its view (an optimizer's
   /// zero_grad(set_to_none=True) drops the views; the next backward would then allocate new gradients).
   void zero_grad();
+  /// Frees the flat gradient buffers (every parameter's .grad becomes undefined, a bucket's `grad` an undefined
+  /// tensor): ZeRO stage 2 keeps only its reduced shard. zero_grad() allocates them again.
+  void release_grads();
   /// Whether every parameter's .grad and data are still the views of the buffers.
   bool intact() const;
   /// The rank-th of world_size equal slices of a bucket's `data` or `grad` buffer (ZeRO's shard).

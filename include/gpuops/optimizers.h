@@ -47,6 +47,13 @@ class FusedOptimizer : public torch::optim::Optimizer {
   /// empty. Every group is checked before any is stepped, so a bad gradient changes nothing.
   void step_scaled(const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
 
+  /// For sharded optimizers (ZeroOptimizer): a GradScaler calls prepare_gradients() before it reads the
+  /// gradients of param_groups() (a sharded optimizer reduces them there), and combines its overflow flag and
+  /// gradient norm over ranks with global_found_inf / global_grad_norm. Here: nothing, and the values as given.
+  virtual void prepare_gradients() {}
+  virtual at::Tensor global_found_inf(const at::Tensor& found_inf) { return found_inf; }
+  virtual at::Tensor global_grad_norm(const at::Tensor& norm) { return norm; }
+
  protected:
   /// The class name, for error messages.
   virtual const char* name() const = 0;

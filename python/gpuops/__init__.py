@@ -21,6 +21,7 @@ from .checkpointing import apply_checkpointing, checkpoint, remove_checkpointing
 from .estimator import Breakdown, estimate, gpu_catalog, presets
 from .estimator import Advice, advise, estimate_svg, plot_estimate  # pictures and advice
 from .training_state import TrainingState
+from .zero import ZeroOptimizer  # the sharded optimizer (issue 13, part 2)
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,7 @@ __all__ = [
     "GradAccumulator",
     "MemoryStats",
     "TrainingState",
+    "ZeroOptimizer",
     "clip_grad_norm_",
     "cmake_prefix_path",
     "device_info",

@@ -69,6 +69,9 @@ def _check_optimizer(where: str, optimizer) -> None:
 def _grads_by_device(optimizer) -> Dict[torch.device, list]:
     """The dense tensors holding each device's gradients: a sparse gradient is coalesced (so that a norm over
     its values is right and fp16 duplicates cannot overflow when summed) and stands in by its values."""
+    prepare = getattr(optimizer, "_gpuops_prepare_gradients", None)
+    if prepare is not None:  # a sharded optimizer (gpuops.ZeroOptimizer) reduces its gradients first
+        prepare()
     grads: Dict[torch.device, list] = defaultdict(list)
     for group in optimizer.param_groups:
         for param in group["params"]:
@@ -81,6 +84,12 @@ def _grads_by_device(optimizer) -> Dict[torch.device, list]:
             else:
                 grads[param.grad.device].append(param.grad)
     return grads
+
+
+def _global_found_inf(optimizer, found_inf: torch.Tensor) -> torch.Tensor:
+    """A sharded optimizer's overflow flag covers every rank (one all-reduce)."""
+    combine = getattr(optimizer, "_gpuops_global_found_inf", None)
+    return found_inf if combine is None else combine(found_inf)
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -280,7 +289,7 @@ class GradScaler:
         for device, grads in grads_by_device.items():
             found_inf = torch.zeros(1, dtype=torch.float32, device=device)
             torch.ops.gpuops.unscale_and_check_(grads, found_inf, inv_scale.to(device, non_blocking=True))
-            state["found_inf_per_device"][device] = found_inf
+            state["found_inf_per_device"][device] = _global_found_inf(optimizer, found_inf)
 
     @_eager
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[Any]:
@@ -348,6 +357,8 @@ class GradScaler:
             raise ValueError(f"GradScaler.clip_grad_norm_: max_norm must be > 0, got {max_norm}")
         max_norm = float(max_norm)
         if not self._enabled:
+            if getattr(optimizer, "_gpuops_global_grad_norm", None) is not None:
+                return self._clip_sharded(optimizer, max_norm)
             return clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], max_norm)
         state = self._per_optimizer[id(optimizer)]
         if state["stage"] is not _Stage.READY:
@@ -367,8 +378,11 @@ class GradScaler:
             norms.append(torch.ops.gpuops.unscaled_grad_norm_(_norm_readable(device_grads), inv_scale.to(device),
                                                               found_inf)
                          .to(self._scale.device, non_blocking=True))
-            state["found_inf_per_device"][device] = found_inf
+            state["found_inf_per_device"][device] = _global_found_inf(optimizer, found_inf)
         total_norm = torch.stack(norms).square().sum().sqrt() if len(norms) > 1 else norms[0].reshape(())
+        global_norm = getattr(optimizer, "_gpuops_global_grad_norm", None)
+        if global_norm is not None:  # a sharded optimizer: the norm over every rank's shard
+            total_norm = global_norm(total_norm)
         clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0).float()
         if getattr(optimizer, "_step_supports_amp_scaling", False):
             state["grad_scale"] = (gradient_scale / clip_coef).reshape(1)
@@ -378,6 +392,23 @@ class GradScaler:
             for device, device_grads in grads.items():
                 torch.ops.gpuops.unscale_and_check_(device_grads, torch.zeros(1, device=device), factor.to(device))
             state["stage"] = _Stage.UNSCALED
+        return total_norm
+
+    @staticmethod
+    def _clip_sharded(optimizer, max_norm: float) -> torch.Tensor:
+        """A disabled scaler's clip_grad_norm_ for a sharded optimizer: reduced gradients, the global norm, and
+        the shard clipped in place (as the C++ scaler's disabled path)."""
+        grads = _grads_by_device(optimizer)  # reduces first
+        norms = []
+        for device, device_grads in grads.items():
+            ones = torch.ones(1, dtype=torch.float32, device=device)
+            norms.append(torch.ops.gpuops.unscaled_grad_norm_(_norm_readable(device_grads), ones,
+                                                              torch.zeros(1, dtype=torch.float32, device=device)))
+        total_norm = torch.stack(norms).square().sum().sqrt() if len(norms) > 1 else norms[0].reshape(())
+        total_norm = optimizer._gpuops_global_grad_norm(total_norm)
+        clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0).float().reshape(1)
+        for device, device_grads in grads.items():
+            torch.ops.gpuops.unscale_and_check_(device_grads, torch.zeros(1, device=device), clip_coef.to(device))
         return total_norm
 
     @_eager

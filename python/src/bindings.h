@@ -13,5 +13,6 @@ void bind_flat_params(pybind11::module_& m);
 void bind_optim_checks(pybind11::module_& m);
 void bind_state_store(pybind11::module_& m);
 void bind_communicator(pybind11::module_& m);
+void bind_zero_optimizer(pybind11::module_& m);
 
 }  // namespace gpuops::python

@@ -41,4 +41,5 @@ PYBIND11_MODULE(_C, m) {
   gpuops::python::bind_optim_checks(m);
   gpuops::python::bind_state_store(m);
   gpuops::python::bind_communicator(m);
+  gpuops::python::bind_zero_optimizer(m);
 }

@@ -18,7 +18,9 @@ namespace gpuops::amp {
 namespace {
 
 // The optimizer's gradients grouped by device (fixed order: std::map by device).
-std::map<c10::Device, std::vector<at::Tensor>, DeviceOrder> grads_by_device(const torch::optim::Optimizer& optimizer) {
+// A sharded optimizer reduces its gradients first (prepare_gradients).
+std::map<c10::Device, std::vector<at::Tensor>, DeviceOrder> grads_by_device(torch::optim::Optimizer& optimizer) {
+  if (auto* fused = dynamic_cast<optim::FusedOptimizer*>(&optimizer)) fused->prepare_gradients();
   std::map<c10::Device, std::vector<at::Tensor>, DeviceOrder> grads;
   for (const auto& group : optimizer.param_groups())
     for (const at::Tensor& p : group.params())
@@ -26,6 +28,12 @@ std::map<c10::Device, std::vector<at::Tensor>, DeviceOrder> grads_by_device(cons
   TORCH_CHECK(!grads.empty(), "GradScaler: the optimizer has no gradients; call backward() on scaler.scale(loss) "
               "before unscale_(), clip_grad_norm_() or step()");
   return grads;
+}
+
+// A sharded optimizer's flag covers every rank (global_found_inf).
+at::Tensor global_found_inf(torch::optim::Optimizer& optimizer, const at::Tensor& found_inf) {
+  auto* fused = dynamic_cast<optim::FusedOptimizer*>(&optimizer);
+  return fused ? fused->global_found_inf(found_inf) : found_inf;
 }
 
 at::Tensor zero_flag(c10::Device device) { return at::zeros({1}, at::TensorOptions(device).dtype(at::kFloat)); }
@@ -140,7 +148,7 @@ void GradScaler::record_found_inf(torch::optim::Optimizer& optimizer, PerOptimiz
   for (auto& [device, grads] : grads_by_device(optimizer)) {
     at::Tensor found_inf = zero_flag(device);
     unscale_and_check_(grads, found_inf, inv_scale.to(device, /*non_blocking=*/true));
-    state.found_inf[device] = found_inf;
+    state.found_inf[device] = global_found_inf(optimizer, found_inf);
   }
 }
 
@@ -192,9 +200,10 @@ at::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, doubl
   for (const auto& [device, device_grads] : grads) {
     at::Tensor found_inf = zero_flag(device);
     norms.push_back(unscaled_grad_norm_(device_grads, inv_scale.to(device), found_inf).to(home));
-    if (options_.enabled) state.found_inf[device] = found_inf;
+    if (options_.enabled) state.found_inf[device] = global_found_inf(optimizer, found_inf);
   }
-  const at::Tensor total = norms.size() > 1 ? at::stack(norms).square().sum().sqrt() : norms[0].reshape({});
+  at::Tensor total = norms.size() > 1 ? at::stack(norms).square().sum().sqrt() : norms[0].reshape({});
+  if (auto* fused = dynamic_cast<optim::FusedOptimizer*>(&optimizer)) total = fused->global_grad_norm(total);
   const at::Tensor clip_coef = (max_norm / (total + 1e-6)).clamp_max(1.0).to(at::kFloat);
   if (options_.enabled && dynamic_cast<optim::FusedOptimizer*>(&optimizer) != nullptr) {
     state.grad_scale = (gradient_scale(state) / clip_coef).reshape({1});

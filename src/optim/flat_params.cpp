@@ -95,6 +95,8 @@ FlatParams::FlatParams(const std::vector<at::Tensor>& params, FlatParamsOptions 
 std::vector<at::Tensor> FlatParams::flat_parameters() const {
   std::vector<at::Tensor> flat;
   for (const auto& bucket : buckets_) {
+    TORCH_CHECK(bucket.grad.defined(), "FlatParams.flat_parameters: the gradients were released (release_grads); "
+                "call zero_grad() first");
     at::Tensor whole = alias(bucket.data, 0, bucket.data).requires_grad_(true);
     whole.mutable_grad() = alias(bucket.grad, 0, bucket.grad);
     flat.push_back(whole);
@@ -104,8 +106,19 @@ std::vector<at::Tensor> FlatParams::flat_parameters() const {
 
 void FlatParams::zero_grad() {
   for (auto& bucket : buckets_) {
-    bucket.grad.zero_();
+    if (bucket.grad.defined()) {
+      bucket.grad.zero_();
+    } else {
+      bucket.grad = at::zeros_like(bucket.data);
+    }
     for (auto& slot : bucket.slots) slot.param.mutable_grad() = alias(bucket.grad, slot.offset, slot.param);
+  }
+}
+
+void FlatParams::release_grads() {
+  for (auto& bucket : buckets_) {
+    for (auto& slot : bucket.slots) slot.param.mutable_grad().reset();
+    bucket.grad.reset();
   }
 }
 
@@ -117,7 +130,8 @@ bool FlatParams::intact() const {
   };
   for (const auto& bucket : buckets_) {
     for (const auto& slot : bucket.slots) {
-      if (!views(slot.param, bucket.data, slot.offset) || !views(slot.param.grad(), bucket.grad, slot.offset))
+      if (!bucket.grad.defined() || !views(slot.param, bucket.data, slot.offset) ||
+        !views(slot.param.grad(), bucket.grad, slot.offset))
         return false;
     }
   }

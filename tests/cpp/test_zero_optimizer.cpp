@@ -1,0 +1,330 @@
+// gpuops::optim::ZeroOptimizer over Gloo, with real processes (multiprocess.h: the binary re-runs itself as
+// each rank, OMP_NUM_THREADS=1). Every rank trains a small MLP for 50 steps on fresh random data of its own,
+// with our GradScaler, clipping and gradient accumulation, and also trains the single-process reference
+// (our AdamW on the concatenated batch of all ranks, which it regenerates) to compare with. It trains twice
+// to check the bits do not depend on timing, checks the ranks agree, and measures its optimizer state.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include "gpuops/communicator.h"
+#include "gpuops/grad_scaler.h"
+#include "gpuops/memory_budget.h"
+#include "gpuops/optimizers.h"
+#include "gpuops/zero_optimizer.h"
+#include "multiprocess.h"
+
+namespace {
+
+using gpuops::amp::GradScaler;
+using gpuops::amp::GradScalerOptions;
+using gpuops::dist::Communicator;
+using gpuops::dist::CommunicatorOptions;
+using gpuops::optim::AdamW;
+using gpuops::optim::AdamWOptions;
+using gpuops::optim::ZeroOptimizer;
+using namespace gpuops_test;  // NOLINT: the launch helpers
+
+constexpr int kSteps = 50;
+constexpr int kOverflowStep = 20;  // rank 1's data holds an inf at this step
+constexpr int64_t kBatch = 6, kIn = 13, kHidden = 31, kOut = 5;  // odd sizes: padding between parameters
+
+// ------------------------------------------------------------------------------------------------------
+// Worker side
+
+std::vector<at::Tensor> make_params() {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1234);
+  std::vector<at::Tensor> p = {at::randn({kHidden, kIn}, gen) * 0.3, at::randn({kHidden}, gen) * 0.1,
+                               at::randn({kOut, kHidden}, gen) * 0.3, at::randn({kOut}, gen) * 0.1};
+  for (auto& t : p) t.requires_grad_(true);
+  return p;
+}
+
+// Rank r's micro-batch `micro` of step `step`: fresh random data per rank, reproducible by every process.
+std::pair<at::Tensor, at::Tensor> batch_of(int step, int micro, int rank) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(100000 + 1000 * step + 10 * micro + rank);
+  at::Tensor x = at::randn({kBatch, kIn}, gen);
+  at::Tensor y = at::randn({kBatch, kOut}, gen);
+  if (step == kOverflowStep && micro == 0 && rank == 1) x[0][0] = INFINITY;  // one rank overflows: all skip
+  return {x, y};
+}
+
+at::Tensor loss_of(const std::vector<at::Tensor>& p, const at::Tensor& x, const at::Tensor& y) {
+  at::Tensor h = at::tanh(at::addmm(p[1], x, p[0].t()));
+  return (at::addmm(p[3], h, p[2].t()) - y).square().mean();
+}
+
+AdamWOptions adamw_options() { return AdamWOptions(3e-2).weight_decay(0.05); }
+
+GradScalerOptions scaler_options() {
+  GradScalerOptions o;
+  o.init_scale = 1024.0;
+  o.growth_interval = 7;  // the scale grows during the run
+  return o;
+}
+
+struct Setup {
+  int stage = 1;
+  int accumulation = 2;
+  double max_norm = 1.0;  // clipping active on some steps
+};
+
+// One training step's gradient phase: `accumulation` micro-batches, a divisor, clipping, the scaled step.
+// Returns whether the norm was clipped.
+template <typename Opt, typename BatchFn>
+bool train_step(Opt& opt, GradScaler& scaler, const std::vector<at::Tensor>& params, const Setup& s, BatchFn batch) {
+  for (int m = 0; m < s.accumulation; ++m) {
+    auto [x, y] = batch(m);
+    scaler.scale(loss_of(params, x, y)).backward();
+  }
+  if (s.accumulation > 1) scaler.set_grad_divisor(opt, at::scalar_tensor(static_cast<double>(s.accumulation)));
+  const double norm = scaler.clip_grad_norm_(opt, s.max_norm).template item<double>();
+  scaler.step(opt);
+  scaler.update();
+  return norm > s.max_norm;
+}
+
+// `retained`: the bytes the first step allocated and kept, counted by a MemoryBudget (the optimizer state is
+// made at the first step; the scaler keeps a few one-element tensors).
+std::vector<at::Tensor> train_zero(Communicator& comm, const Setup& s, int64_t* state_bytes, int64_t* flat_numel,
+                                   int64_t* retained, std::string* notes) {
+  auto params = make_params();
+  ZeroOptimizer opt(params, comm, s.stage, adamw_options());
+  GradScaler scaler(scaler_options());
+  const int n = comm.size();
+  const auto& bucket = opt.flat_params().buckets()[0];
+  const int64_t total = bucket.data.numel(), shard = total / n;
+  int clipped = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    opt.zero_grad();
+    WORKER_CHECK(opt.gradient_bytes() == (s.stage == 2 ? (total + shard) * 4 : total * 4),
+                 "gradient bytes before backward {}", opt.gradient_bytes());
+    std::optional<gpuops::MemoryBudget> budget;
+    if (step == 0) budget.emplace();
+    clipped += train_step(opt, scaler, params, s, [&](int m) { return batch_of(step, m, comm.rank()); }) ? 1 : 0;
+    if (step == 0) *retained = budget->current_bytes();
+    if (s.stage == 2) {  // after the reduction only the shard is kept
+      WORKER_CHECK(opt.gradient_bytes() == shard * 4, "stage 2 keeps {} gradient bytes after the step, want {}",
+                   opt.gradient_bytes(), shard * 4);
+      for (const auto& p : params) WORKER_CHECK(!p.grad().defined(), "stage 2: a full gradient survived the step");
+    }
+  }
+  *state_bytes = opt.state_bytes();
+  *flat_numel = total;
+  WORKER_CHECK(scaler.skipped_steps() == 1, "{} steps skipped, want the one with an inf on rank 1", scaler.skipped_steps());
+  WORKER_CHECK(clipped > 0 && clipped < kSteps - 1, "clipped on {} steps: the test wants some of both", clipped);
+  *notes = fmt::format("final scale {}, skipped steps {}, clipped on {} of {} steps", scaler.get_scale(),
+                       scaler.skipped_steps(), clipped, kSteps);
+  std::vector<at::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone());
+  return out;
+}
+
+std::vector<at::Tensor> train_reference(int n, const Setup& s, int64_t* state_bytes, int64_t* retained) {
+  auto params = make_params();
+  AdamW opt(params, adamw_options());
+  GradScaler scaler(scaler_options());
+  for (int step = 0; step < kSteps; ++step) {
+    opt.zero_grad();
+    std::optional<gpuops::MemoryBudget> budget;
+    if (step == 0) budget.emplace();
+    train_step(opt, scaler, params, s, [&](int m) {
+      std::vector<at::Tensor> xs, ys;
+      for (int r = 0; r < n; ++r) {
+        auto [x, y] = batch_of(step, m, r);
+        xs.push_back(x);
+        ys.push_back(y);
+      }
+      return std::make_pair(at::cat(xs), at::cat(ys));
+    });
+    if (step == 0) {
+      // The reference's gradients are allocated by its first backward (ZeroOptimizer's live in FlatParams).
+      for (const auto& p : params) *retained -= static_cast<int64_t>(p.grad().nbytes());
+      *retained += budget->current_bytes();
+    }
+  }
+  *state_bytes = 0;
+  for (const auto& p : params) {
+    const auto& st = static_cast<const gpuops::optim::AdamWParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+    *state_bytes += static_cast<int64_t>(st.exp_avg().nbytes() + st.exp_avg_sq().nbytes() + st.step().nbytes());
+  }
+  std::vector<at::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone());
+  return out;
+}
+
+void scenario_train(Communicator& comm) {
+  Setup s;
+  s.stage = std::stoi(env_or("GPUOPS_ZERO_STAGE", "1"));
+  s.accumulation = std::stoi(env_or("GPUOPS_ZERO_ACCUM", "2"));
+  const int n = comm.size();
+  int64_t zero_state = 0, zero_state_again = 0, ref_state = 0, total = 0, total_again = 0;
+  int64_t retained = 0, retained_again = 0, ref_retained = 0;
+  std::string notes, notes_again;
+  const auto a = train_zero(comm, s, &zero_state, &total, &retained, &notes);
+  const auto b = train_zero(comm, s, &zero_state_again, &total_again, &retained_again, &notes_again);
+  const auto ref = train_reference(n, s, &ref_state, &ref_retained);
+  // Two runs: the same bits.
+  for (size_t i = 0; i < a.size(); ++i) WORKER_CHECK(at::equal(a[i], b[i]), "params[{}] differ between two runs", i);
+  // Every rank holds the same parameters.
+  at::Tensor flat = at::cat({a[0].flatten(), a[1], a[2].flatten(), a[3]});
+  at::Tensor hi = flat.clone(), lo = flat.clone();
+  comm.all_reduce(hi, gpuops::dist::ReduceOp::Max).wait();
+  comm.all_reduce(lo, gpuops::dist::ReduceOp::Min).wait();
+  WORKER_CHECK(at::equal(hi, flat) && at::equal(lo, flat), "the ranks hold different parameters");
+  // Single-process training on the concatenated batch: 1e-6 relative (to each tensor's largest value).
+  double worst = 0.0, moved = 0.0;
+  const auto init = make_params();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double err = (a[i].to(at::kDouble) - ref[i].to(at::kDouble)).abs().max().item<double>();
+    const double scale = ref[i].abs().max().item<double>();
+    worst = std::max(worst, err / scale);
+    moved = std::max(moved, (ref[i] - init[i].detach()).abs().max().item<double>() / scale);
+    WORKER_CHECK(err <= 1e-6 * scale, "params[{}]: max abs error {} against single-process > 1e-6 x {}", i, err, scale);
+  }
+  WORKER_CHECK(moved > 0.1, "training barely moved the parameters ({}): the comparison would prove little", moved);
+  // Optimizer state, measured from the state tensors: 1/N of the unsharded moments plus the padding (FlatParams'
+  // alignment of each parameter and of the total to N x 16 bytes), plus one float32 step counter per buffer.
+  int64_t numel = 0;
+  for (const auto& p : ref) numel += p.numel();
+  const int64_t moments = zero_state - 4, ref_moments = ref_state - 4 * static_cast<int64_t>(ref.size());
+  WORKER_CHECK(zero_state == zero_state_again, "state bytes differ between runs");
+  WORKER_CHECK(ref_moments == 8 * numel, "unsharded moments {} bytes for {} parameters", ref_moments, numel);
+  WORKER_CHECK(moments * n == 8 * total && total >= numel && total - numel < 4 * (n + static_cast<int64_t>(ref.size())),
+               "state bytes {} x {} ranks against {} unsharded ({} elements padded to {})", moments, n, ref_moments,
+               numel, total);
+  // Measured with MemoryBudget: what the first step allocated and kept is the state plus the same few scaler bytes
+  // in both (zero: the shard state; reference: the whole state).
+  const int64_t scaler_bytes = retained - zero_state;
+  WORKER_CHECK(scaler_bytes >= 0 && scaler_bytes < 256 && ref_retained - ref_state == scaler_bytes,
+               "MemoryBudget: the first step kept {} bytes (state {}); the reference {} (state {})", retained,
+               zero_state, ref_retained, ref_state);
+  write_file(fmt::format("{}/result.{}", env_or("GPUOPS_COMM_DIR", "/tmp"), comm.rank()),
+             fmt::format("max_rel_err={:.3g}; state bytes per rank {} (moments {} x {} ranks = {} = 8 x {} padded "
+                         "elements) against {} unsharded ({} elements); MemoryBudget: the first step kept {} "
+                         "bytes against {} unsharded; {}",
+                         worst, zero_state, moments, n, moments * n, total, ref_state, numel, retained, ref_retained,
+                         notes));
+}
+
+template <typename Fn>
+std::string value_error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const c10::ValueError& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+void scenario_bad_input(Communicator& comm) {
+  const int r = comm.rank();
+  auto params = make_params();
+  std::vector<const void*> before;
+  for (const auto& p : params) before.push_back(p.data_ptr());
+  const auto unchanged = [&](const char* what) {
+    for (size_t i = 0; i < params.size(); ++i)
+      WORKER_CHECK(params[i].data_ptr() == before[i] && !params[i].grad().defined(), "{}: params[{}] changed", what, i);
+  };
+  // A stage other than 1 or 2: named, before any collective.
+  for (int stage : {0, 3}) {
+    const auto m = value_error_of([&] { ZeroOptimizer(params, comm, stage, adamw_options()); });
+    WORKER_CHECK(m.find("stage must be 1") != std::string::npos && m.find(std::to_string(stage)) != std::string::npos,
+                 "stage {}: got '{}'", stage, m);
+    unchanged("bad stage");
+  }
+  // An option out of range.
+  auto m = value_error_of([&] { ZeroOptimizer(params, comm, 1, AdamWOptions(-1.0)); });
+  WORKER_CHECK(m.find("learning rate") != std::string::npos, "lr: got '{}'", m);
+  unchanged("bad lr");
+  // A 16-bit parameter (not built yet): named.
+  std::vector<at::Tensor> half = params;
+  half[3] = at::zeros({kOut}, at::kBFloat16).requires_grad_(true);
+  m = value_error_of([&] { ZeroOptimizer(half, comm, 1, adamw_options()); });
+  WORKER_CHECK(m.find("params[3] is BFloat16") != std::string::npos, "bf16: got '{}'", m);
+  unchanged("bf16");
+  // Parameter count differs on the last rank.
+  std::vector<at::Tensor> more = params;
+  if (r == comm.size() - 1) more.push_back(at::zeros({3}).requires_grad_(true));
+  m = value_error_of([&] { ZeroOptimizer(more, comm, 1, adamw_options()); });
+  WORKER_CHECK(m.find("params differ across ranks") != std::string::npos, "count: got '{}'", m);
+  unchanged("count differs");
+  // A shape differs on rank 1.
+  std::vector<at::Tensor> other = params;
+  if (r == 1) other[2] = at::zeros({kOut + 1, kHidden}).requires_grad_(true);
+  m = value_error_of([&] { ZeroOptimizer(other, comm, 2, adamw_options()); });
+  WORKER_CHECK(m.find("params differ across ranks") != std::string::npos && m.find("rank 1") != std::string::npos,
+               "shape: got '{}'", m);
+  unchanged("shape differs");
+  // The group still agrees on the next collective, and a good optimizer is built after all of that.
+  comm.barrier().wait();
+  ZeroOptimizer opt(params, comm, 1, adamw_options());
+  opt.zero_grad();
+  loss_of(params, at::ones({2, kIn}), at::zeros({2, kOut})).backward();
+  opt.step();
+  // Backward again without zero_grad: the spent gradients are refused, on every rank, before any collective.
+  loss_of(params, at::ones({2, kIn}), at::zeros({2, kOut})).backward();
+  std::string spent;
+  try {
+    opt.step();
+  } catch (const c10::Error& e) {
+    spent = e.what_without_backtrace();
+  }
+  WORKER_CHECK(spent.find("zero_grad") != std::string::npos, "spent gradients: got '{}'", spent);
+  comm.barrier().wait();
+}
+
+int run_worker(const std::string& scenario) {
+  try {
+    CommunicatorOptions o;
+    o.timeout = std::chrono::milliseconds(30000);
+    o.rendezvous_timeout = std::chrono::seconds(30);
+    auto comm = Communicator::from_environment(o);
+    if (scenario == "train") scenario_train(comm);
+    else if (scenario == "bad_input") scenario_bad_input(comm);
+    else throw std::runtime_error("unknown scenario " + scenario);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %s: %s\n", env_or("RANK", "?").c_str(), e.what());
+    return 1;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Parent side
+
+void run_train(int n, int stage, int accumulation) {
+  ::setenv("GPUOPS_ZERO_STAGE", std::to_string(stage).c_str(), 1);
+  ::setenv("GPUOPS_ZERO_ACCUM", std::to_string(accumulation).c_str(), 1);
+  const auto t0 = Clock::now();
+  auto ranks = spawn(n, "train", 30000);
+  const bool in_time = wait_ranks(ranks, t0 + std::chrono::seconds(55));
+  EXPECT_TRUE(in_time) << "ranks still running after 55 s\n" << ranks.logs();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(ranks.status[r], 0) << "rank " << r << "\n" << ranks.logs();
+  std::printf("[ stage %d, %d ranks, accumulation %d: %.2f s; rank 0: %s ]\n", stage, n, accumulation,
+              std::chrono::duration<double>(Clock::now() - t0).count(),
+              read_file(ranks.dir + "/result.0").c_str());
+}
+
+TEST(ZeroOptimizer, Stage1TwoRanks) { run_train(2, 1, 2); }
+TEST(ZeroOptimizer, Stage2TwoRanks) { run_train(2, 2, 2); }
+TEST(ZeroOptimizer, Stage1FourRanks) { run_train(4, 1, 2); }
+TEST(ZeroOptimizer, Stage2FourRanksNoAccumulation) { run_train(4, 2, 1); }
+TEST(ZeroOptimizer, BadInputTwoRanks) { run_all_ok(2, "bad_input"); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (const char* scenario = std::getenv("GPUOPS_COMM_WORKER")) return run_worker(scenario);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

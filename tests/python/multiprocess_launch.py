@@ -1,0 +1,36 @@
+"""Launch helper shared by the multi-process tests (test_communicator.py, test_zero_optimizer.py): runs a
+script once per rank with torchrun-style variables (MASTER_ADDR=127.0.0.1, a free MASTER_PORT, RANK,
+WORLD_SIZE, OMP_NUM_THREADS=1) and returns each rank's (returncode, output), failing the test past a deadline."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(script, scenario, world, deadline_s, env=None):
+    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
+                OMP_NUM_THREADS="1", **(env or {}))
+    procs = []
+    for rank in range(world):
+        procs.append(subprocess.Popen([sys.executable, script, scenario], env=dict(base, RANK=str(rank)),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs, deadline = [], time.monotonic() + deadline_s
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"{scenario}: ranks still running after {deadline_s} s")
+        outputs.append((p.returncode, out))
+    return outputs
