@@ -41,7 +41,7 @@ struct DeviceProfile {
 DeviceProfile cuda_device(int cc = 90, const CudaRuntime& runtime = CudaRuntime{}, bool nvlink = true,
                           bool consumer = false);
 
-/// The CPU: no context, no slack (the counting allocator of MemoryBreakdown sees exact bytes).
+/// The CPU: no context, no slack (MemoryBudget's counting allocator sees exact bytes).
 DeviceProfile cpu_device();
 
 /// NCCL's device buffers per GPU for a data-parallel job over `num_gpus` GPUs (0 for one GPU), over NVLink
