@@ -84,7 +84,7 @@ void register_all(c10::Device device) {
                       false);
   });
   add("adamw/gpuops", 28, [](Lists& l) {
-    gpuops::optim::AdamOptions o;
+    gpuops::optim::AdamStepOptions o;
     o.weight_decay = 1e-2;
     gpuops::optim::adam_step_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, {}, l.steps, o, std::nullopt,
                               std::nullopt);

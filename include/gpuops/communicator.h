@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -79,6 +80,24 @@ class Work {
   bool done_ = false;
 };
 
+/// What one kind of collective moved through a communicator since the last reset_traffic().
+struct TrafficCount {
+  int64_t calls = 0;
+  int64_t payload_bytes = 0;  ///< the whole buffers: reduce-scatter's input, all-gather's output, all-reduce's
+  /// Bytes this rank sends in the bandwidth-optimal ring algorithm: (N-1)/N x payload for reduce-scatter and
+  /// all-gather, 2(N-1)/N x payload for all-reduce. What the algorithm needs, not what a backend's
+  /// implementation happens to send (Gloo's CPU collectives are not all rings).
+  int64_t ring_sent_bytes = 0;
+};
+
+/// The traffic of a communicator (and of its copies, which share it), per kind of collective.
+struct Traffic {
+  TrafficCount reduce_scatter, all_gather, all_reduce;
+  int64_t ring_sent_bytes() const {
+    return reduce_scatter.ring_sent_bytes + all_gather.ring_sent_bytes + all_reduce.ring_sent_bytes;
+  }
+};
+
 class Communicator {
  public:
   /// Over an existing group (every tensor's device type must have a backend in it).
@@ -115,14 +134,20 @@ class Communicator {
   /// Completes when every rank has reached it.
   Work barrier();
 
+  /// What the collectives launched through this communicator (or a copy of it) moved, counted at launch.
+  Traffic traffic() const { return *traffic_; }
+  void reset_traffic() { *traffic_ = Traffic{}; }
+
  private:
   Work launch(std::string name, c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish = {}) const;
   void check_tensor(const char* op, const char* arg, const at::Tensor& t) const;
+  void count(TrafficCount& count, const at::Tensor& payload, int64_t ring_factor) const;
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   CommunicatorOptions options_;
   int rank_ = 0;
   int size_ = 1;
+  std::shared_ptr<Traffic> traffic_ = std::make_shared<Traffic>();
 };
 
 }  // namespace gpuops::dist

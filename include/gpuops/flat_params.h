@@ -55,6 +55,11 @@ class FlatParams {
   /// Frees the flat gradient buffers (every parameter's .grad becomes undefined, a bucket's `grad` an undefined
   /// tensor): ZeRO stage 2 keeps only its reduced shard. zero_grad() allocates them again.
   void release_grads();
+  /// Puts back into the buffers the parameters that something pointed at other storage (torch's C++
+  /// Module::load and InputArchive::read set_ the loaded tensor into a parameter): their values are copied
+  /// into their slots and they become views again. c10::ValueError, with nothing changed, when such a parameter
+  /// changed shape, dtype or device. Returns how many were put back.
+  int64_t reattach();
   /// Whether every parameter's .grad and data are still the views of the buffers.
   bool intact() const;
   /// The rank-th of world_size equal slices of a bucket's `data` or `grad` buffer (ZeRO's shard).

@@ -9,7 +9,7 @@
 
 namespace gpuops::optim {
 
-struct AdamOptions {
+struct AdamStepOptions {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
@@ -28,7 +28,7 @@ struct AdamOptions {
 /// [0, 1). The one rule set of the C++ AdamW, the Python Adam/AdamW (through gpuops._C) and the fused op:
 /// torch's ranges and message text ("Invalid learning rate: -1.0"), plus finiteness, which torch does not
 /// check. `where` starts the message (e.g. "AdamW: param_groups[1]").
-void check_adam_options(const AdamOptions& options, const std::string& where);
+void check_adam_options(const AdamStepOptions& options, const std::string& where);
 
 /// One step for every (param, grad, exp_avg, exp_avg_sq[, max_exp_avg_sq], step) tuple: float32, dense,
 /// contiguous, one device. grad_scale (float32[1]): divide the gradients by it as they are read (a
@@ -36,7 +36,7 @@ void check_adam_options(const AdamOptions& options, const std::string& where);
 /// max_exp_avg_sqs may be empty unless amsgrad. Bad arguments raise c10::ValueError before anything
 /// is written.
 void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
+                at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamStepOptions& options,
                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
 
 /// The same step for float16 or bfloat16 parameters with an fp32 master copy (design §4): grads in the
@@ -46,7 +46,7 @@ void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_
 /// anything is written.
 void adam_step_master_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                        at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                       at::TensorList steps, const AdamOptions& options, const std::optional<at::Tensor>& grad_scale,
+                       at::TensorList steps, const AdamStepOptions& options, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf);
 
 }  // namespace gpuops::optim

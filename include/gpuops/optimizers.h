@@ -16,6 +16,8 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
+#include "gpuops/fused_adam.h"
+
 namespace gpuops::optim {
 
 /// The learning rate of a capturable group, kept on the parameters' device: made at the group's first step,
@@ -112,6 +114,31 @@ struct AdamWOptions : public torch::optim::OptimizerCloneableOptions<AdamWOption
   DeviceLr device_lr;  ///< used when capturable
 };
 
+/// Options of gpuops::optim::Adam, named and defaulted as torch::optim::AdamOptions (+ maximize): the
+/// weight decay is L2 (added to the gradient), not decoupled, and 0 by default.
+struct AdamOptions : public torch::optim::OptimizerCloneableOptions<AdamOptions> {
+  AdamOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor)
+  TORCH_ARG(double, lr) = 1e-3;
+  using betas_t = std::tuple<double, double>;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, amsgrad) = false;
+  TORCH_ARG(bool, maximize) = false;
+  /// As AdamWOptions::capturable.
+  TORCH_ARG(bool, capturable) = false;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override {
+    this->lr(lr);
+    device_lr.set(lr);
+  }
+  DeviceLr device_lr;  ///< used when capturable
+};
+
 /// Per-parameter state: the step counter lives on the parameter's device (float32 scalar, advanced only by
 /// applied steps), as in torch's fused/capturable AdamW. A float16/bfloat16 parameter also has an fp32
 /// master_param, and its moments are fp32.
@@ -126,11 +153,27 @@ struct AdamWParamState : public torch::optim::OptimizerCloneableParamState<AdamW
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
+using AdamParamState = AdamWParamState;  ///< Adam keeps the same tensors
 
-/// AdamW (decoupled weight decay, optional amsgrad), fused. Float32 dense parameters, or float16/bfloat16
-/// ones stepped on an fp32 master copy (design §4) and rounded back.
-class AdamW : public FusedOptimizer {
+/// What Adam and AdamW share: the fused step (fp32 dense parameters, or float16/bfloat16 ones on an fp32
+/// master copy, design §4, rounded back), one call per group and parameter dtype.
+class AdamBase : public FusedOptimizer {
  public:
+  using FusedOptimizer::FusedOptimizer;
+
+ protected:
+  /// The fused step's options for param_groups()[index] (decoupled or L2 weight decay; a capturable group's
+  /// learning rate on `device`).
+  virtual AdamStepOptions step_options(size_t index, c10::Device device) const = 0;
+  void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
+                  const std::optional<at::Tensor>& found_inf) override;
+};
+
+/// AdamW (decoupled weight decay, optional amsgrad), fused.
+class AdamW : public AdamBase {
+ public:
+  using Options = AdamWOptions;
+  using ParamState = AdamWParamState;
   /// c10::ValueError naming the option out of range (check_adam_options) or a parameter given twice.
   explicit AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdamWOptions defaults = {});
   explicit AdamW(std::vector<at::Tensor> params, AdamWOptions defaults = {});
@@ -144,8 +187,26 @@ class AdamW : public FusedOptimizer {
  protected:
   const char* name() const override;
   void check_options(size_t index) const override;
-  void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
-                  const std::optional<at::Tensor>& found_inf) override;
+  AdamStepOptions step_options(size_t index, c10::Device device) const override;
+};
+
+/// Adam (L2 weight decay added to the gradient, optional amsgrad), fused: torch::optim::Adam's update.
+class Adam : public AdamBase {
+ public:
+  using Options = AdamOptions;
+  using ParamState = AdamParamState;
+  /// c10::ValueError naming the option out of range (check_adam_options) or a parameter given twice.
+  explicit Adam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdamOptions defaults = {});
+  explicit Adam(std::vector<at::Tensor> params, AdamOptions defaults = {});
+
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// As AdamW::load; takes archives of ours and of torch::optim::Adam.
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  const char* name() const override;
+  void check_options(size_t index) const override;
+  AdamStepOptions step_options(size_t index, c10::Device device) const override;
 };
 
 /// Options of gpuops::optim::SGD, named and defaulted as torch::optim::SGDOptions (+ maximize).
@@ -188,6 +249,8 @@ struct SGDParamState : public torch::optim::OptimizerCloneableParamState<SGDPara
 /// float16/bfloat16 ones stepped on an fp32 master copy and rounded back.
 class SGD : public FusedOptimizer {
  public:
+  using Options = SGDOptions;
+  using ParamState = SGDParamState;
   /// c10::ValueError naming the option out of range (check_sgd_options) or a parameter given twice.
   explicit SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults);
   explicit SGD(std::vector<at::Tensor> params, SGDOptions defaults);

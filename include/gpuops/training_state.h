@@ -69,14 +69,19 @@ class TrainingState {
 
   /// Writes a complete state atomically (RNG states of CPU and every CUDA device included); returns its path
   /// (the state's folder). A failed save leaves nothing behind, and its error names the path.
-  /// With a process group only rank 0 writes and every rank returns after it has (a barrier).
+  /// With a process group only rank 0 writes and every rank returns after it has (a barrier). With a sharded
+  /// optimizer (ZeroOptimizer) every rank writes its shard into the same state (sharded_state.h) and every
+  /// rank returns the path; a failure on any rank leaves nothing and raises on every rank.
   std::string save(const TrainingProgress& progress, const TrainingObjects& objects);
 
   /// Loads the newest good state into the objects; std::nullopt when the folder holds none. A missing,
   /// truncated or corrupt state is skipped with a warning naming it, and the previous good state is used;
   /// when states exist but none can be used, c10::Error lists each one's problem. A good state that does
   /// not fit the objects (another model) raises, leaving the objects as they were.
-  std::optional<LoadedState> load(const TrainingObjects& objects, bool restore_rng = true);
+  /// With a sharded optimizer (ZeroOptimizer) every rank loads its shard from the per-rank files (a collective:
+  /// the ranks agree that all succeeded, or all put their objects back and raise); a state saved by another
+  /// world size is resharded exactly when allow_reshard, refused otherwise.
+  std::optional<LoadedState> load(const TrainingObjects& objects, bool restore_rng = true, bool allow_reshard = false);
 
   /// True once a caught signal (on any rank, with a process group: a collective every rank must call) or
   /// request_stop() asked the job to stop.

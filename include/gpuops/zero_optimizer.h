@@ -1,30 +1,40 @@
 #pragma once
-// gpuops::optim::ZeroOptimizer (issue 13, part 2): ZeRO stages 1 and 2 over our fused AdamW and a
-// Communicator. The parameters are gathered into FlatParams padded to a multiple of the world size; every
-// rank owns the contiguous shard [rank * S, (rank + 1) * S) of each flat buffer and keeps the AdamW state of
-// that shard only (float32 parameters; 16-bit ones with fp32 masters are not built yet): the optimizer
-// underneath is our AdamW over one "shard parameter" per buffer (a leaf aliasing the shard of the flat
-// parameters, whose .grad is the reduced shard of the flat gradient), so the step is AdamW's own fused
-// step, on 1/N of the elements.
+// gpuops::optim::ZeroOptimizer<Base> (issue 13): ZeRO stages 1 and 2 over one of our fused optimizers (AdamW,
+// Adam, SGD) and a Communicator. The parameters are gathered into FlatParams padded to a multiple of the world
+// size; every rank owns the contiguous shard [rank * S, (rank + 1) * S) of each flat buffer and keeps the
+// optimizer state of that shard only. The optimizer underneath (Base itself: ZeroOptimizer<AdamW> is an AdamW)
+// steps one fp32 "shard parameter" per buffer: for a float32 buffer a leaf aliasing the shard of the flat
+// parameters; for a float16/bfloat16 buffer the fp32 master copy of the shard, rounded (to nearest even) into
+// the 16-bit parameters after the step. Its .grad is the reduced fp32 gradient shard. The step is Base's own
+// fused step, on 1/N of the elements; the engine of everything else is ZeroShards.
 //
 // One step: (1) reduce-scatter every flat gradient (average over ranks), buffers in a fixed order, once per
-// step (after all micro-batches of an accumulation window); (2) with a GradScaler: one all-reduce of the
-// overflow flag (max) and, with clip_grad_norm_, one of the squared norm (sum), so every rank sees the same
-// flag and the same global norm; (3) the fused AdamW step on the shard (scale and flag on the device, as a
-// GradScaler hands them to every fused optimizer); (4) all-gather every flat parameter buffer. Traffic per
+// step (after all micro-batches of an accumulation window). 16-bit gradients are reduced in fp32: each chunk
+// of kReduceChunk elements per rank is converted on the fly (two chunks in flight), so the sum never rounds
+// to 16 bits. (2) With a GradScaler: one all-reduce of the overflow flag (max) and, with clip_grad_norm_, one
+// of the squared norm (sum, float64). (3) Base's fused step on the shard (scale and flag on the device, as a
+// GradScaler hands them to every fused optimizer). (4) All-gather every flat parameter buffer. Traffic per
 // step: reduce-scatter + all-gather = one all-reduce of the parameters, plus two one-element all-reduces.
 //
-// Stage 2: the flat gradient is reduce-scattered out of place into a shard-sized gradient kept by the
-// optimizer, and the full flat gradient is freed; zero_grad() allocates it again for the next backward.
-// Stage 1 reduces in place: afterwards the parameters' .grad hold the average over ranks in this rank's shard
-// only, elsewhere unspecified. Gradients accumulate locally over a window in both stages (reduced once at its
-// end). Results do not depend on timing: the collectives run in a fixed order and are waited in that order.
+// Stage 2 keeps only its gradient shard after the reduction (the full flat gradient is freed; zero_grad()
+// allocates it again for the next backward). Stage 1 float32 reduces in place: afterwards the parameters'
+// .grad hold the average over ranks in this rank's shard only, elsewhere unspecified. Results do not depend
+// on timing: the collectives run in a fixed order and are waited in that order.
+//
+// Checkpoints (zero_checkpoint.cpp): every rank writes its shard and the layout (parameter offsets and sizes,
+// world size, padding) to its own file; a job of any world size loads them, each rank reading only the files
+// that overlap its new shard (online resharding, exact). consolidate_state() gathers torch's per-parameter
+// optimizer state on one rank's host memory, chunk by chunk, so no device ever holds the whole state.
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
 
 #include "gpuops/communicator.h"
 #include "gpuops/flat_params.h"
@@ -32,66 +42,210 @@
 
 namespace gpuops::optim {
 
-class ZeroOptimizer : public AdamW {
+/// An optimizer's state tensors by name ("step", "exp_avg", "momentum_buffer", "master_param", ...), the names
+/// torch's state_dict uses.
+using NamedTensors = std::map<std::string, at::Tensor>;
+
+/// The sharding engine: flat buffers, shards, masters, the collectives of a step, checkpoint layouts. Used by
+/// ZeroOptimizer<Base>; not an optimizer itself.
+class ZeroShards {
  public:
-  /// Collective: every rank of `communicator` must construct it with the same parameter list (count, shapes,
-  /// dtypes; checked with one all-gather of a hash of them). c10::ValueError, with the parameters unchanged, for
-  /// a stage other than 1 or 2, an AdamW option out of range, a parameter that is not float32 (16-bit ones with
-  /// fp32 masters are not built yet), parameters that differ across ranks, or what
-  /// FlatParams refuses (an empty list, a parameter given twice, not a contiguous leaf requiring grad).
-  ZeroOptimizer(std::vector<at::Tensor> params, dist::Communicator communicator, int stage = 1,
-                AdamWOptions options = {});
+  /// Elements per rank converted to fp32 at once when a 16-bit gradient is reduced (16 MiB per rank).
+  static constexpr int64_t kReduceChunk = int64_t{1} << 22;
+
+  /// Collective (one all-gather of the parameters' count and shapes). c10::ValueError, with the parameters
+  /// unchanged, for a stage other than 1 or 2, parameters that differ across ranks, a dtype other than
+  /// float32/float16/bfloat16, or what FlatParams refuses.
+  ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, int stage);
 
   int stage() const { return stage_; }
   const dist::Communicator& communicator() const { return comm_; }
+  dist::Communicator& communicator() { return comm_; }
   const FlatParams& flat_params() const { return *flat_; }
-  /// The shard parameters the AdamW underneath steps (one per flat buffer): param_groups()[0].params().
+  /// One fp32 leaf per flat buffer (see the top of this file); its .grad is the reduced gradient shard.
   const std::vector<at::Tensor>& shard_params() const { return shards_; }
+  /// Number of parameters given (the consolidated state's length).
+  size_t param_count() const { return slot_of_param_.size(); }
 
-  /// Zeroes the gradients for the next backward (stage 2: allocates the flat gradient again) and points every
-  /// parameter's .grad back at the flat buffer. Call this one, not torch::optim::Optimizer::zero_grad (which is
-  /// not virtual: it would drop the shard gradients; the next step then raises).
-  void zero_grad(bool set_to_none = true);
+  void zero_grad();
+  /// Reduce-scatters the gradients, once per step (a second call before the step does nothing). Collective.
+  void reduce_gradients();
+  at::Tensor global_found_inf(const at::Tensor& found_inf);
+  at::Tensor global_grad_norm(const at::Tensor& norm);
+  /// Before the fused step: a 16-bit master follows its parameters where something else wrote them since the
+  /// last step (a model load, an EMA swap) and the master no longer rounds to them.
+  void before_step();
+  /// After the fused step: masters rounded into the 16-bit shards, every buffer all-gathered. Collective.
+  void after_step();
 
-  /// Reduce-scatters the flat gradients (average over ranks), once per step: the GradScaler calls it before
-  /// it reads the gradients, step() when it was not called yet. Collective.
-  void prepare_gradients() override;
-  /// The overflow flag, max over ranks (collective).
-  at::Tensor global_found_inf(const at::Tensor& found_inf) override;
-  /// The global L2 norm from this rank's shard norm: sqrt(sum over ranks of norm^2), summed in float64.
-  at::Tensor global_grad_norm(const at::Tensor& norm) override;
+  int64_t gradient_bytes() const;  ///< flat gradients while allocated, plus the separate fp32 gradient shards
+  int64_t master_bytes() const;    ///< fp32 master shards of 16-bit buffers
 
-  at::Tensor step(LossClosure closure = nullptr) override;
+  // ------------------------------------------------------------------ checkpoints
+  /// Writes this rank's file: format, `kind` (the optimizer's name), world size, rank, stage, the options
+  /// archive, and per buffer its dtype, padded length, layout (offsets and sizes of its parameters) and
+  /// `states[k]` (the state of shard parameter k, plus its master for a 16-bit buffer). Written to a
+  /// temporary name and renamed into place.
+  void save_shard(const std::string& path, const std::string& kind, const std::vector<NamedTensors>& states,
+                  const torch::optim::OptimizerOptions& options) const;
+  /// The same into an archive (torch::save, TrainingState's in-memory backup).
+  void write_shard(torch::serialize::OutputArchive& archive, const std::string& kind,
+                   const std::vector<NamedTensors>& states, const torch::optim::OptimizerOptions& options) const;
 
-  /// Bytes of this rank's optimizer state tensors (moments, step counters, masters), measured from the tensors.
-  int64_t state_bytes() const;
-  /// Bytes of gradient buffers this rank holds now: the flat gradients (while allocated) and, in stage 2, the
-  /// gradient shards.
-  int64_t gradient_bytes() const;
+  /// What read_shards found: the state of each of this rank's shard parameters and the saved options.
+  struct ReadShards {
+    std::vector<NamedTensors> states;
+    torch::serialize::InputArchive options;
+    int saved_world_size = 0;
+  };
+  /// Reads the files written by save_shard of every rank of the saving job (`files[r]`: rank r's), opening
+  /// only those that overlap this rank's shard, and cuts this rank's shard of every element-wise state tensor
+  /// out of them (exact, any world size when allow_reshard). Changes nothing. c10::ValueError for another
+  /// optimizer kind, other parameters (layout), a file that is not a shard of that job, or another world size
+  /// without allow_reshard.
+  ReadShards read_shards(const std::vector<std::string>& files, const std::string& kind, bool allow_reshard) const;
+  /// The same from this rank's archive of a job of this world size (write_shard's).
+  ReadShards read_own(torch::serialize::InputArchive& archive, const std::string& kind) const;
 
- protected:
-  const char* name() const override;
-  void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
-                  const std::optional<at::Tensor>& found_inf) override;
+  /// The per-parameter state (in the order the parameters were given) of shard states `states`, gathered on
+  /// rank `to`'s host memory chunk by chunk; other ranks get an empty vector. Collective.
+  std::vector<NamedTensors> consolidate(const std::vector<NamedTensors>& states, int to);
+  /// This rank's shard states from a full per-parameter state (what consolidate returns, or a torch
+  /// optimizer's state_dict()["state"] in parameter order). Changes nothing.
+  std::vector<NamedTensors> shard_states_of(const std::vector<NamedTensors>& per_param) const;
+
+  /// Takes the "master_param" entries out of shard states and makes them the masters (16-bit buffers);
+  /// masters missing from `states` are made again from the parameters.
+  void install_masters(std::vector<NamedTensors>& states);
+  /// The shard states with each 16-bit buffer's master added as "master_param".
+  std::vector<NamedTensors> with_masters(std::vector<NamedTensors> states) const;
 
  private:
-  struct Parts {
-    std::unique_ptr<FlatParams> flat;
-    std::vector<at::Tensor> shards;
-    std::vector<at::Tensor> shard_grads;  ///< stage 2
-  };
-  static Parts build(const std::vector<at::Tensor>& params, const dist::Communicator& comm, int stage,
-                     const AdamWOptions& options);
-  ZeroOptimizer(Parts parts, dist::Communicator communicator, int stage, AdamWOptions options);
+  using ShardLoader = std::function<void(int64_t rank, torch::serialize::InputArchive& into)>;
+  ReadShards read_from(int64_t n_old, const ShardLoader& load, const std::function<std::string(int64_t)>& name_of,
+                       const std::string& kind, const std::string& where) const;
+  bool is_master(size_t k) const;  ///< buffer k is 16-bit: its shard parameter is a separate fp32 master
+  at::Tensor data_shard(size_t k) const;
   void install_shard_grads();
+  void record_versions();
+  void reduce_in_fp32(size_t k);
 
   dist::Communicator comm_;
   int stage_;
   std::unique_ptr<FlatParams> flat_;
-  std::vector<at::Tensor> shards_;
-  std::vector<at::Tensor> shard_grads_;
+  std::vector<at::Tensor> shards_;       ///< per buffer: the shard parameter handed to the optimizer
+  std::vector<at::Tensor> shard_grads_;  ///< per buffer: a separate fp32 gradient shard (stage 2, or 16-bit)
+  std::vector<std::pair<size_t, size_t>> slot_of_param_;  ///< params[i] -> (buffer, slot)
+  std::vector<std::vector<uint32_t>> versions_;           ///< 16-bit buffers: each slot's parameter version
   bool reduced_ = false;  ///< the gradients of this step are reduced
   bool stepped_ = false;  ///< stepped since the last zero_grad: the gradients are spent
+  bool reattached_ = false;  ///< parameters were copied back in (FlatParams::reattach): masters follow them
 };
+
+/// What every ZeroOptimizer<Base> offers without its Base: for TrainingState (one file per rank) and Python.
+class ShardedOptimizer {
+ public:
+  virtual ~ShardedOptimizer() = default;
+  /// The optimizer itself (for GradScaler, LR schedulers, param_groups()).
+  virtual FusedOptimizer& optimizer() = 0;
+  virtual ZeroShards& shards() = 0;
+  virtual const ZeroShards& shards() const = 0;
+  /// "AdamW", "Adam" or "SGD".
+  virtual const char* kind() const = 0;
+
+  /// Zeroes the gradients for the next backward (stage 2: allocates the flat gradient again) and points every
+  /// parameter's .grad back at the flat buffer. Call this one, not torch::optim::Optimizer::zero_grad (not
+  /// virtual: it would drop the shard gradients; the next step then raises).
+  virtual void zero_grad(bool set_to_none = true) = 0;
+
+  /// This rank's file (ZeroShards::save_shard).
+  virtual void save_shard(const std::string& path) const = 0;
+  /// Loads the files of every rank of the saving job (files[r]: rank r's), resharding when the world size
+  /// differs and allow_reshard. All or nothing: c10::ValueError with nothing changed (ZeroShards::read_shards).
+  virtual void load_shards(const std::vector<std::string>& files, bool allow_reshard) = 0;
+  /// The full optimizer state per parameter (torch's state_dict()["state"] entries, in parameter order) on
+  /// rank `to`'s host memory; empty on other ranks. Collective.
+  virtual std::vector<NamedTensors> consolidate_state(int to) = 0;
+  /// Loads a full per-parameter state (consolidate_state's, or a torch optimizer's): every rank keeps its
+  /// shard. All or nothing.
+  virtual void load_full_state(const std::vector<NamedTensors>& per_param) = 0;
+
+  /// Bytes of this rank's optimizer state tensors (moments, step counters, masters), measured from the tensors.
+  virtual int64_t state_bytes() const = 0;
+  int64_t gradient_bytes() const { return shards().gradient_bytes(); }
+};
+
+namespace detail {
+// Built before Base (a base class listed first), so that Base's constructor gets the shard parameters.
+struct ZeroShardsHolder {
+  ZeroShards zero_shards;
+};
+}  // namespace detail
+
+/// ZeRO stage 1 or 2 over Base = AdamW, Adam or SGD (explicitly instantiated; no other Base links).
+template <class Base>
+class ZeroOptimizer : private detail::ZeroShardsHolder, public Base, public ShardedOptimizer {
+ public:
+  using Options = typename Base::Options;
+
+  /// Collective: every rank of `communicator` must construct it with the same parameter list (count, shapes,
+  /// dtypes; checked with one all-gather of a hash of them). Float32 parameters, or float16/bfloat16 ones
+  /// (fp32 master shards, fp32 reduction). c10::ValueError, with the parameters unchanged, for a stage other
+  /// than 1 or 2, an option out of range or capturable=true (the step communicates), parameters that differ
+  /// across ranks, or what FlatParams refuses (an empty list, a parameter given twice, not a contiguous leaf
+  /// requiring grad).
+  ZeroOptimizer(std::vector<at::Tensor> params, dist::Communicator communicator, int stage, Options options);
+
+  int stage() const { return zero_shards.stage(); }
+  const dist::Communicator& communicator() const { return zero_shards.communicator(); }
+  const FlatParams& flat_params() const { return zero_shards.flat_params(); }
+  /// The shard parameters Base steps (one per flat buffer): param_groups()[0].params().
+  const std::vector<at::Tensor>& shard_params() const { return zero_shards.shard_params(); }
+
+  FusedOptimizer& optimizer() override { return *this; }
+  ZeroShards& shards() override { return zero_shards; }
+  const ZeroShards& shards() const override { return zero_shards; }
+  const char* kind() const override { return Base::name(); }
+  void zero_grad(bool set_to_none = true) override;
+
+  /// Reduce-scatters the flat gradients (average over ranks), once per step: the GradScaler calls it before
+  /// it reads the gradients, step() when it was not called yet. Collective.
+  void prepare_gradients() override { zero_shards.reduce_gradients(); }
+  /// The overflow flag, max over ranks (collective).
+  at::Tensor global_found_inf(const at::Tensor& found_inf) override { return zero_shards.global_found_inf(found_inf); }
+  /// The global L2 norm from this rank's shard norm: sqrt(sum over ranks of norm^2), summed in float64.
+  at::Tensor global_grad_norm(const at::Tensor& norm) override { return zero_shards.global_grad_norm(norm); }
+
+  at::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override;
+
+  /// This rank's shard (the same file as save_shard), so that torch::save/load and TrainingState's backup work;
+  /// load() takes only a file of this rank at this world size (load_shards reshards).
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+  void save_shard(const std::string& path) const override;
+  void load_shards(const std::vector<std::string>& files, bool allow_reshard) override;
+  std::vector<NamedTensors> consolidate_state(int to) override;
+  void load_full_state(const std::vector<NamedTensors>& per_param) override;
+  int64_t state_bytes() const override;
+
+ protected:
+  const char* name() const override { return Base::name(); }
+  void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
+                  const std::optional<at::Tensor>& found_inf) override;
+
+ private:
+  std::vector<NamedTensors> shard_states() const;
+  /// Makes every state from `states` (checked) and only then swaps them in, with `options` when given.
+  void install(std::vector<NamedTensors> states, std::unique_ptr<Options> options);
+};
+
+ZeroOptimizer(std::vector<at::Tensor>, dist::Communicator, int, AdamWOptions) -> ZeroOptimizer<AdamW>;
+ZeroOptimizer(std::vector<at::Tensor>, dist::Communicator, int, AdamOptions) -> ZeroOptimizer<Adam>;
+ZeroOptimizer(std::vector<at::Tensor>, dist::Communicator, int, SGDOptions) -> ZeroOptimizer<SGD>;
+
+extern template class ZeroOptimizer<AdamW>;
+extern template class ZeroOptimizer<Adam>;
+extern template class ZeroOptimizer<SGD>;
 
 }  // namespace gpuops::optim

@@ -208,9 +208,17 @@ class TrainingState:
         payload = {"format": _FORMAT, "step": step, "epoch": epoch, "data_position": data_position,
                    "extras": extras or {}, "rng": _rng_states(),
                    "model": model.state_dict() if model is not None else None,
-                   "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                   "optimizer": optimizer.state_dict() if optimizer is not None and not _is_sharded(optimizer)
+                   else None,
                    "scaler": scaler.state_dict() if scaler is not None else None}
         _check_plain(payload, "the state")  # optimizers' and scalers' state dicts, as a last guard
+        if _is_sharded(optimizer):
+            # One file per rank in the same state (gpuops::save_sharded_state, shared with C++); state.pt
+            # (rank 0's) holds the rest.
+            payload["sharded_optimizer"] = optimizer.kind
+            optimizer._impl.lr = optimizer.param_groups[0]["lr"]
+            return Path(_C.save_sharded_state(self._store, step, "python", optimizer._impl,
+                                              lambda file: torch.save(payload, file)))
         path = None
         if self.process_group is None or self._rank() == 0:
             pending = self._store.begin(step, [_STATE_FILE], "python")
@@ -237,11 +245,15 @@ class TrainingState:
         return dist.get_rank(self.process_group)
 
     def load(self, *, model: Optional[torch.nn.Module] = None, optimizer=None, scaler=None,
-             map_location=None, restore_rng: bool = True) -> Optional[dict]:
+             map_location=None, restore_rng: bool = True, allow_reshard: bool = False) -> Optional[dict]:
         """Loads the newest good state into the given objects; returns {"step", "epoch", "data_position",
         "extras", "path"}, or None when the folder holds no state. A truncated, corrupt or unsafe state is
         skipped with a warning naming it, and the previous good state is used; when states exist but none
-        can be used, RuntimeError lists each one's problem (nothing is changed)."""
+        can be used, RuntimeError lists each one's problem (nothing is changed).
+
+        With a gpuops.ZeroOptimizer every rank loads its shard from the per-rank files (collective: the ranks
+        agree that all succeeded, or all put their objects back and raise ValueError); a state saved by another
+        world size is resharded exactly when ``allow_reshard``, refused otherwise."""
         _check_objects(model=model, optimizer=optimizer, scaler=scaler)
         if isinstance(map_location, (str, torch.device)):
             try:
@@ -268,7 +280,10 @@ class TrainingState:
                 problems.append(problem)
                 warnings.warn(f"TrainingState: {problem}; trying the previous state")
                 continue
-            self._apply(Path(stored.path), payload, model, optimizer, scaler)
+            if _is_sharded(optimizer):
+                self._apply_sharded(stored, payload, model, optimizer, scaler, allow_reshard)
+            else:
+                self._apply(Path(stored.path), payload, model, optimizer, scaler)
             if restore_rng:
                 _restore_rng_states(payload["rng"])
             return {"step": payload["step"], "epoch": payload["epoch"], "data_position": payload["data_position"],
@@ -295,6 +310,32 @@ class TrainingState:
             backup.restore()
             raise ValueError(f"TrainingState.load: {path} does not fit the objects given ({type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}); nothing was changed") from e
+
+
+    @staticmethod
+    def _apply_sharded(stored, payload: dict, model, optimizer, scaler, allow_reshard: bool) -> None:
+        """The model and scaler here, then every rank's shard (gpuops::load_sharded_state: agreed by all)."""
+        local = [o for o in (model, scaler) if o is not None]
+        backup = StateSnapshot(local)
+        error = ""
+        try:
+            files = _C.shard_files_of(stored)
+            TrainingState._apply(Path(stored.path), dict(payload, optimizer=None), model, None, scaler)
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it before anyone raises
+            files, error = [], str(e).splitlines()[0] if str(e) else type(e).__name__
+        try:
+            _C.load_sharded_state(optimizer._impl, files, allow_reshard, error)
+        except Exception:
+            if not error:
+                backup.restore()
+            raise
+        optimizer.param_groups[0]["lr"] = optimizer._impl.lr
+
+
+def _is_sharded(optimizer) -> bool:
+    from .zero import ZeroOptimizer
+
+    return isinstance(optimizer, ZeroOptimizer)
 
 
 def _read_payload(path: str, map_location):

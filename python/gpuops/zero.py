@@ -1,21 +1,29 @@
-"""gpuops.ZeroOptimizer: ZeRO stages 1 and 2 (issue 13, part 2) over a communicator.
+"""gpuops.ZeroOptimizer: ZeRO stages 1 and 2 (issue 13) over a communicator, for AdamW, Adam or SGD.
 
     import torch.distributed as dist, gpuops
     dist.init_process_group("gloo")                    # torchrun, or any launcher
-    opt = gpuops.ZeroOptimizer(model.parameters(), stage=2, lr=1e-3)   # the default group
+    opt = gpuops.ZeroOptimizer(model.parameters(), gpuops.optim.AdamW, stage=2, lr=1e-3)
     scaler = gpuops.GradScaler("cpu")
     for x, y in data:
         opt.zero_grad()
         scaler.scale(loss_fn(model(x), y)).backward()
         scaler.clip_grad_norm_(opt, 1.0)               # the global norm, over every rank's shard
-        scaler.step(opt)                               # reduce-scatter, fused AdamW on the shard, all-gather
+        scaler.step(opt)                               # reduce-scatter, fused step on the shard, all-gather
         scaler.update()
 
-The work is done by the C++ class ``gpuops::optim::ZeroOptimizer`` (``gpuops._C.ZeroOptimizer``); this
-class only adds what torch.optim code and our GradScaler look for: ``param_groups`` (one group, whose
-``params`` are this rank's shard parameters: their ``.grad`` is the reduced gradient shard), ``step``,
-``zero_grad`` and the AMP hand-off (``_step_supports_amp_scaling``). The model's parameters become views of
-flat buffers padded to a multiple of the world size; every rank must pass the same parameters.
+The work is done by the C++ class ``gpuops::optim::ZeroOptimizer<Base>`` (``gpuops._C.ZeroOptimizer``); this
+class only adds what torch.optim code and our GradScaler look for. It is a ``torch.optim.Optimizer`` with one
+group whose ``params`` are this rank's shard parameters (fp32; their ``.grad`` is the reduced gradient shard),
+so torch's LR schedulers drive it (the group's ``lr`` is read at every step; other options are fixed at
+construction). The model's parameters become views of flat buffers padded to a multiple of the world size;
+every rank must pass the same parameters. float16/bfloat16 parameters are stepped on fp32 master shards, their
+gradients reduced in fp32.
+
+State: as torch's ZeroRedundancyOptimizer, ``consolidate_state_dict(to)`` (every rank) then ``state_dict()``
+(on rank ``to``) give the full per-parameter state that torch's own optimizer of the same kind loads;
+``load_state_dict`` takes such a full state on every rank (each keeps its shard). ``save_shard`` /
+``load_shards`` write and read one file per rank (resharding to another world size when allowed), which is
+what gpuops.TrainingState does with this optimizer.
 """
 
 from __future__ import annotations
@@ -27,29 +35,60 @@ import torch
 from . import _C
 from . import dist as _dist
 
+_KIND_NAMES = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}
 
-class ZeroOptimizer:
-    """AdamW with its state (and the gradients, stage 2) sharded over the ranks of ``communicator``
-    (a ``gpuops.dist.Communicator``; None: one over torch.distributed's default group)."""
+
+def _kind_of(optimizer_class) -> str:
+    """'adamw', 'adam' or 'sgd' from a name or a class (ours, torch.optim's, or a subclass of them)."""
+    if isinstance(optimizer_class, str):
+        kind = _KIND_NAMES.get(optimizer_class.lower())
+        if kind is None:
+            raise ValueError(f"gpuops.ZeroOptimizer: optimizer_class must be AdamW, Adam or SGD (a class of "
+                             f"gpuops.optim or torch.optim, or its name), got {optimizer_class!r}")
+        return kind
+    from . import optim as ours
+
+    for kind, classes in (("adamw", (ours.AdamW, torch.optim.AdamW)), ("adam", (ours.Adam, torch.optim.Adam)),
+                          ("sgd", (ours.SGD, torch.optim.SGD))):
+        if isinstance(optimizer_class, type) and issubclass(optimizer_class, classes):
+            return kind
+    raise TypeError(f"gpuops.ZeroOptimizer: optimizer_class must be AdamW, Adam or SGD (a class of gpuops.optim "
+                    f"or torch.optim, or its name), got {optimizer_class!r}")
+
+
+class ZeroOptimizer(torch.optim.Optimizer):
+    """``optimizer_class`` (AdamW by default; Adam, SGD) with its state (and the gradients, stage 2) sharded
+    over the ranks of ``communicator`` (a ``gpuops.dist.Communicator``, a ``torch.distributed`` group, or None:
+    the default group). ``**defaults``: the optimizer's options, as torch.optim names them."""
 
     _step_supports_amp_scaling = True  # GradScaler hands over grad_scale and found_inf, no host sync
 
-    def __init__(self, params, communicator: Optional[_C.Communicator] = None, stage: int = 1, lr: float = 1e-3,
-                 betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2):
-        if communicator is None:
-            communicator = _dist.Communicator()
+    def __init__(self, params, optimizer_class=None, communicator=None, stage: int = 1, **defaults) -> None:
+        kind = _kind_of(optimizer_class if optimizer_class is not None else "adamw")
+        if communicator is None or isinstance(communicator, torch.distributed.ProcessGroup):
+            communicator = _dist.Communicator(communicator)
         if not isinstance(communicator, _C.Communicator):
-            raise TypeError("gpuops.ZeroOptimizer: communicator must be a gpuops.dist.Communicator or None, got "
-                            f"{type(communicator).__name__}")
-        self._impl = _C.ZeroOptimizer(params, communicator, stage, lr, betas, eps, weight_decay)
+            raise TypeError("gpuops.ZeroOptimizer: communicator must be a gpuops.dist.Communicator, a "
+                            f"torch.distributed group or None, got {type(communicator).__name__}")
+        self._impl = _C.ZeroOptimizer(params, communicator, stage, kind, dict(defaults))
         self.communicator = communicator
-        self.defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
-        self.param_groups = [dict(self.defaults, params=self._impl.shard_params())]
-        self.state: dict = {}  # the state lives in C++ (state_bytes()); checkpoints are not built yet
+        self._consolidated: Optional[list] = None
+        super().__init__(self._impl.shard_params(), self._impl.options)
+
+    def add_param_group(self, param_group: dict) -> None:
+        if self.param_groups:
+            raise ValueError("gpuops.ZeroOptimizer: add_param_group is not supported (one group over the flat "
+                             "buffers); make another ZeroOptimizer for parameters with other options")
+        super().add_param_group(param_group)
 
     @property
     def stage(self) -> int:
         return self._impl.stage
+
+    @property
+    def kind(self) -> str:
+        """'AdamW', 'Adam' or 'SGD'."""
+        return self._impl.kind
 
     def step(self, closure: Optional[Callable[[], Any]] = None):
         loss = None
@@ -65,7 +104,7 @@ class ZeroOptimizer:
         self._impl.zero_grad()
 
     def state_bytes(self) -> int:
-        """Bytes of this rank's optimizer state tensors."""
+        """Bytes of this rank's optimizer state tensors (moments, step counters, fp32 masters)."""
         return self._impl.state_bytes()
 
     def gradient_bytes(self) -> int:
@@ -75,6 +114,56 @@ class ZeroOptimizer:
     def flat_numels(self) -> list:
         """Elements of each flat buffer, padding included (every rank owns 1/world_size of each)."""
         return self._impl.flat_numels()
+
+    # ------------------------------------------------------------------ state
+    def save_shard(self, path) -> None:
+        """Writes this rank's shard and layout to ``path`` (complete or absent)."""
+        self._impl.lr = self.param_groups[0]["lr"]
+        self._impl.save_shard(str(path))
+
+    def load_shards(self, files, allow_reshard: bool = False) -> None:
+        """Loads the shard files of every rank of the saving job (``files[r]``: rank r's); when the world size
+        differs, each rank cuts its new shard out of them (exact), if ``allow_reshard``. All or nothing."""
+        self._impl.load_shards([str(f) for f in files], allow_reshard)
+        self.param_groups[0]["lr"] = self._impl.lr
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Gathers the full state on rank ``to``'s host memory, chunk by chunk (no device holds it whole).
+        Collective: every rank calls it."""
+        self._impl.lr = self.param_groups[0]["lr"]
+        per_param = self._impl.consolidate_state(to)
+        self._consolidated = per_param if self._impl.rank == to else None
+
+    def state_dict(self) -> dict:
+        """The full state dict gathered by consolidate_state_dict, on its rank ``to``: torch.optim's format
+        (``state`` by parameter index in the order given, one group), which torch's optimizer of the same kind
+        loads."""
+        if self._consolidated is None:
+            raise RuntimeError("gpuops.ZeroOptimizer.state_dict: call consolidate_state_dict(to) on every rank "
+                               "first; the full state is then returned on rank `to` (as torch's "
+                               "ZeroRedundancyOptimizer)")
+        group = dict(self._impl.options)
+        group.update({k: v for k, v in self.param_groups[0].items() if k not in ("params",)})
+        group["params"] = list(range(self._impl.param_count))
+        state = {i: s for i, s in enumerate(self._consolidated) if s}
+        return {"state": state, "param_groups": [group]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """A full state dict (state_dict()'s, or torch's optimizer of the same kind over the same parameters in
+        the same order): every rank keeps its shard. The group's lr is taken; its other options are not."""
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+            raise ValueError("gpuops.ZeroOptimizer.load_state_dict: expected a dict with 'state' and "
+                             f"'param_groups', got {type(state_dict).__name__}")
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        if len(ids) != self._impl.param_count:
+            raise ValueError(f"gpuops.ZeroOptimizer.load_state_dict: the state dict has {len(ids)} parameters; "
+                             f"this optimizer has {self._impl.param_count}")
+        saved = state_dict["state"]
+        per_param = [{k: v for k, v in saved.get(i, {}).items() if isinstance(v, torch.Tensor)} for i in ids]
+        self._impl.load_full_state(per_param)
+        lrs = {g["lr"] for g in state_dict["param_groups"] if "lr" in g}
+        if len(lrs) == 1:
+            self.param_groups[0]["lr"] = lrs.pop()
 
     # GradScaler's hooks for sharded optimizers: reduce before the gradients are read; one flag, one norm.
     def _gpuops_prepare_gradients(self) -> None:

@@ -89,7 +89,27 @@ void bind_communicator(py::module_& m) {
              return c.all_reduce(t, o);
            },
            py::arg("buffer"), py::arg("op") = "sum")
-      .def("barrier", &dist::Communicator::barrier, py::call_guard<py::gil_scoped_release>());
+      .def("barrier", &dist::Communicator::barrier, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "traffic",
+          [](const dist::Communicator& c) {
+            // {"reduce_scatter": {"calls", "payload_bytes", "ring_sent_bytes"}, ..., "ring_sent_bytes": total}
+            const dist::Traffic t = c.traffic();
+            py::dict d;
+            const auto one = [](const dist::TrafficCount& x) {
+              py::dict e;
+              e["calls"] = x.calls;
+              e["payload_bytes"] = x.payload_bytes;
+              e["ring_sent_bytes"] = x.ring_sent_bytes;
+              return e;
+            };
+            d["reduce_scatter"] = one(t.reduce_scatter);
+            d["all_gather"] = one(t.all_gather);
+            d["all_reduce"] = one(t.all_reduce);
+            d["ring_sent_bytes"] = t.ring_sent_bytes();
+            return d;
+          })
+      .def("reset_traffic", &dist::Communicator::reset_traffic);
 }
 
 }  // namespace gpuops::python

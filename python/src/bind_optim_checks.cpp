@@ -56,7 +56,7 @@ void bind_optim_checks(py::module_& m) {
          const py::object& weight_decay) {
         if (!py::isinstance<py::sequence>(betas) || py::isinstance<py::str>(betas) || py::len(betas) != 2)
           throw py::type_error(where + ": betas must be a pair of numbers, got " + text_of(betas));
-        optim::AdamOptions o;
+        optim::AdamStepOptions o;
         o.lr = real_arg(where, "lr", lr);
         o.beta1 = real_arg(where, "betas[0]", betas[py::int_(0)]);
         o.beta2 = real_arg(where, "betas[1]", betas[py::int_(1)]);
@@ -70,7 +70,7 @@ void bind_optim_checks(py::module_& m) {
       "check_sgd_options",
       [](const std::string& where, const py::object& lr, const py::object& momentum, const py::object& dampening,
          const py::object& weight_decay, const py::object& nesterov) {
-        optim::SgdOptions o;
+        optim::SgdStepOptions o;
         o.lr = real_arg(where, "lr", lr);
         o.momentum = real_arg(where, "momentum", momentum);
         o.dampening = real_arg(where, "dampening", dampening);

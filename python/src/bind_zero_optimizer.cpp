@@ -1,12 +1,17 @@
-// gpuops._C.ZeroOptimizer (zero_optimizer.h): the C++ sharded optimizer for Python; gpuops.ZeroOptimizer
-// (python/gpuops/zero.py) only adds torch.optim's attributes around it. Collective calls release the GIL.
+// gpuops._C.ZeroOptimizer (zero_optimizer.h): the C++ sharded optimizers (ZeroOptimizer<AdamW|Adam|SGD>)
+// through their common interface, ShardedOptimizer; gpuops.ZeroOptimizer (python/gpuops/zero.py) only adds
+// torch.optim's attributes around it. Also the sharded training-state protocol (sharded_state.h) for
+// gpuops.TrainingState. Collective calls release the GIL.
+#include <map>
 #include <optional>
 
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>  // torch.Tensor <-> at::Tensor
 
 #include "bindings.h"
 #include "py_args.h"
+#include "gpuops/sharded_state.h"
 #include "gpuops/zero_optimizer.h"
 
 namespace py = pybind11;
@@ -15,69 +20,226 @@ namespace gpuops::python {
 
 namespace {
 
+using optim::ShardedOptimizer;
+
 std::optional<at::Tensor> optional_tensor(const std::string& where, const std::string& name, const py::handle& v) {
   if (v.is_none()) return std::nullopt;
   return tensor_arg(where, name, v);
 }
 
+bool bool_arg(const std::string& where, const std::string& name, const py::handle& v) {
+  if (!PyBool_Check(v.ptr())) throw py::type_error(where + ": " + name + " must be a bool, got " + text_of(v));
+  return v.cast<bool>();
+}
+
+// The keyword options of one optimizer kind, each converted with a message naming it; unknown ones refused.
+struct Keywords {
+  std::string where;
+  py::dict given;
+  std::vector<std::string> used;
+
+  py::handle get(const char* name) {
+    used.emplace_back(name);
+    return given.contains(name) ? given[name] : py::handle();
+  }
+  template <typename Set>
+  void real(const char* name, Set set) {
+    if (auto v = get(name)) set(real_arg(where, name, v));
+  }
+  template <typename Set>
+  void flag(const char* name, Set set) {
+    if (auto v = get(name)) set(bool_arg(where, name, v));
+  }
+  void finish(const std::string& kind) {
+    for (const auto& [key, value] : given) {
+      const auto name = key.cast<std::string>();
+      // torch.optim's implementation switches: every choice runs our fused step (capturable is refused).
+      if ((name == "foreach" || name == "fused" || name == "differentiable") &&
+          (value.is_none() || (PyBool_Check(value.ptr()) && !value.cast<bool>())))
+        continue;
+      if (std::find(used.begin(), used.end(), name) == used.end())
+        throw py::type_error(where + ": unexpected option '" + name + "' for " + kind + " (accepted: " +
+                             [&] {
+                               std::string all;
+                               for (const auto& u : used) all += (all.empty() ? "" : ", ") + u;
+                               return all;
+                             }() +
+                             ")");
+    }
+  }
+  template <typename Options>
+  void adam(Options& o) {
+    real("lr", [&](double v) { o.lr(v); });
+    if (auto betas = get("betas")) {
+      if (py::isinstance<py::str>(betas) || !py::isinstance<py::sequence>(betas) || py::len(betas) != 2)
+        throw py::type_error(where + ": betas must be a pair of numbers, got " + text_of(betas));
+      const auto pair = py::reinterpret_borrow<py::sequence>(betas);
+      o.betas({real_arg(where, "betas", pair[0]), real_arg(where, "betas", pair[1])});
+    }
+    real("eps", [&](double v) { o.eps(v); });
+    real("weight_decay", [&](double v) { o.weight_decay(v); });
+    flag("amsgrad", [&](bool v) { o.amsgrad(v); });
+    flag("maximize", [&](bool v) { o.maximize(v); });
+    flag("capturable", [&](bool v) { o.capturable(v); });
+  }
+};
+
+std::unique_ptr<ShardedOptimizer> make(const std::string& kind, std::vector<at::Tensor> params,
+                                       const dist::Communicator& comm, int stage, Keywords& k) {
+  if (kind == "adamw") {
+    optim::AdamWOptions o;
+    k.adam(o);
+    k.finish("AdamW");
+    py::gil_scoped_release release;  // collective: one all-gather of the parameters' shapes
+    return std::make_unique<optim::ZeroOptimizer<optim::AdamW>>(std::move(params), comm, stage, o);
+  }
+  if (kind == "adam") {
+    optim::AdamOptions o;
+    k.adam(o);
+    k.finish("Adam");
+    py::gil_scoped_release release;
+    return std::make_unique<optim::ZeroOptimizer<optim::Adam>>(std::move(params), comm, stage, o);
+  }
+  if (kind == "sgd") {
+    auto lr = k.get("lr");
+    if (!lr) throw py::type_error(k.where + ": SGD needs lr (torch.optim.SGD's default 1e-3 is not assumed)");
+    optim::SGDOptions o(real_arg(k.where, "lr", lr));
+    k.real("momentum", [&](double v) { o.momentum(v); });
+    k.real("dampening", [&](double v) { o.dampening(v); });
+    k.real("weight_decay", [&](double v) { o.weight_decay(v); });
+    k.flag("nesterov", [&](bool v) { o.nesterov(v); });
+    k.flag("maximize", [&](bool v) { o.maximize(v); });
+    k.flag("capturable", [&](bool v) { o.capturable(v); });
+    k.finish("SGD");
+    py::gil_scoped_release release;
+    return std::make_unique<optim::ZeroOptimizer<optim::SGD>>(std::move(params), comm, stage, o);
+  }
+  throw py::value_error(k.where + ": optimizer must be 'adamw', 'adam' or 'sgd', got '" + kind + "'");
+}
+
+// The group's options as torch.optim names them (what a consolidated state_dict's param_groups hold).
+py::dict options_of(const torch::optim::OptimizerOptions& options) {
+  py::dict d;
+  const auto adam = [&d](const auto& o) {
+    d["lr"] = o.lr();
+    d["betas"] = py::make_tuple(std::get<0>(o.betas()), std::get<1>(o.betas()));
+    d["eps"] = o.eps();
+    d["weight_decay"] = o.weight_decay();
+    d["amsgrad"] = o.amsgrad();
+    d["maximize"] = o.maximize();
+  };
+  if (const auto* o = dynamic_cast<const optim::AdamWOptions*>(&options)) adam(*o);
+  if (const auto* o = dynamic_cast<const optim::AdamOptions*>(&options)) adam(*o);
+  if (const auto* o = dynamic_cast<const optim::SGDOptions*>(&options)) {
+    d["lr"] = o->lr();
+    d["momentum"] = o->momentum();
+    d["dampening"] = o->dampening();
+    d["weight_decay"] = o->weight_decay();
+    d["nesterov"] = o->nesterov();
+    d["maximize"] = o->maximize();
+  }
+  return d;
+}
+
+py::list to_python(const std::vector<optim::NamedTensors>& states) {
+  py::list out;
+  for (const auto& state : states) {
+    py::dict d;
+    for (const auto& [name, t] : state) d[py::str(name)] = t;
+    out.append(d);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_zero_optimizer(py::module_& m) {
-  using optim::ZeroOptimizer;
-  py::class_<ZeroOptimizer>(m, "ZeroOptimizer")
+  py::class_<ShardedOptimizer>(m, "ZeroOptimizer")
       .def(py::init([](const py::object& params, const dist::Communicator& communicator, const py::object& stage,
-                       const py::object& lr, const py::object& betas, const py::object& eps,
-                       const py::object& weight_decay) {
+                       const std::string& optimizer, const py::dict& options) {
              const std::string where = "gpuops.ZeroOptimizer";
              auto tensors = tensor_list_arg(where, "params", params);
              const int64_t s = int_arg(where, "stage", stage);
              if (s != 1 && s != 2)
                throw py::value_error(where + ": stage must be 1 (optimizer state sharded) or 2 (optimizer state "
                                      "and gradients sharded), got " + text_of(stage));
-             if (py::isinstance<py::str>(betas) || !py::isinstance<py::sequence>(betas) || py::len(betas) != 2)
-               throw py::type_error(where + ": betas must be a pair of numbers, got " + text_of(betas));
-             const auto pair = py::reinterpret_borrow<py::sequence>(betas);
-             optim::AdamWOptions o(real_arg(where, "lr", lr));
-             o.betas({real_arg(where, "betas", pair[0]), real_arg(where, "betas", pair[1])});
-             o.eps(real_arg(where, "eps", eps));
-             o.weight_decay(real_arg(where, "weight_decay", weight_decay));
-             py::gil_scoped_release release;  // collective: one all-gather of the parameters' shapes
-             return std::make_unique<ZeroOptimizer>(tensors, communicator, static_cast<int>(s), o);
+             Keywords k{where, options, {}};
+             return make(optimizer, std::move(tensors), communicator, static_cast<int>(s), k);
            }),
-           py::arg("params"), py::arg("communicator"), py::arg("stage") = 1, py::arg("lr") = 1e-3,
-           py::arg("betas") = py::make_tuple(0.9, 0.999), py::arg("eps") = 1e-8, py::arg("weight_decay") = 1e-2)
+           py::arg("params"), py::arg("communicator"), py::arg("stage"), py::arg("optimizer"), py::arg("options"))
       .def(
           "step",
-          [](ZeroOptimizer& z, const py::object& grad_scale, const py::object& found_inf) {
+          [](ShardedOptimizer& z, const py::object& grad_scale, const py::object& found_inf) {
             const std::string where = "ZeroOptimizer.step";
             auto gs = optional_tensor(where, "grad_scale", grad_scale);
             auto fi = optional_tensor(where, "found_inf", found_inf);
             py::gil_scoped_release release;
-            z.prepare_gradients();
-            z.step_scaled(gs, fi);
+            z.optimizer().prepare_gradients();
+            z.optimizer().step_scaled(gs, fi);
           },
           py::arg("grad_scale") = py::none(), py::arg("found_inf") = py::none())
-      .def("zero_grad", [](ZeroOptimizer& z) { z.zero_grad(); })
-      .def("prepare_gradients", &ZeroOptimizer::prepare_gradients, py::call_guard<py::gil_scoped_release>())
-      .def("global_found_inf", &ZeroOptimizer::global_found_inf, py::call_guard<py::gil_scoped_release>())
-      .def("global_grad_norm", &ZeroOptimizer::global_grad_norm, py::call_guard<py::gil_scoped_release>())
-      .def("shard_params", &ZeroOptimizer::shard_params)
+      .def("zero_grad", [](ShardedOptimizer& z) { z.zero_grad(); })
+      .def("prepare_gradients", [](ShardedOptimizer& z) { z.optimizer().prepare_gradients(); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("global_found_inf", [](ShardedOptimizer& z, const at::Tensor& f) { return z.optimizer().global_found_inf(f); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("global_grad_norm", [](ShardedOptimizer& z, const at::Tensor& n) { return z.optimizer().global_grad_norm(n); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("shard_params", [](ShardedOptimizer& z) { return z.shards().shard_params(); })
       .def_property(
-          "lr", [](const ZeroOptimizer& z) { return z.param_groups()[0].options().get_lr(); },
-          [](ZeroOptimizer& z, const py::object& lr) {
-            const double v = real_arg("ZeroOptimizer.lr", "lr", lr);
-            z.param_groups()[0].options().set_lr(v);
+          "lr", [](ShardedOptimizer& z) { return z.optimizer().param_groups()[0].options().get_lr(); },
+          [](ShardedOptimizer& z, const py::object& lr) {
+            z.optimizer().param_groups()[0].options().set_lr(real_arg("ZeroOptimizer.lr", "lr", lr));
           })
-      .def_property_readonly("stage", &ZeroOptimizer::stage)
-      .def_property_readonly("rank", [](const ZeroOptimizer& z) { return z.communicator().rank(); })
-      .def_property_readonly("world_size", [](const ZeroOptimizer& z) { return z.communicator().size(); })
-      .def("state_bytes", &ZeroOptimizer::state_bytes)
-      .def("gradient_bytes", &ZeroOptimizer::gradient_bytes)
-      .def("flat_numels", [](const ZeroOptimizer& z) {
-        std::vector<int64_t> n;
-        for (const auto& b : z.flat_params().buckets()) n.push_back(b.data.numel());
-        return n;
-      });
+      .def_property_readonly("kind", &ShardedOptimizer::kind)
+      .def_property_readonly("options",
+                             [](ShardedOptimizer& z) { return options_of(z.optimizer().param_groups()[0].options()); })
+      .def_property_readonly("stage", [](ShardedOptimizer& z) { return z.shards().stage(); })
+      .def_property_readonly("rank", [](ShardedOptimizer& z) { return z.shards().communicator().rank(); })
+      .def_property_readonly("world_size", [](ShardedOptimizer& z) { return z.shards().communicator().size(); })
+      .def_property_readonly("param_count", [](ShardedOptimizer& z) { return z.shards().param_count(); })
+      .def("state_bytes", &ShardedOptimizer::state_bytes)
+      .def("gradient_bytes", &ShardedOptimizer::gradient_bytes)
+      .def("flat_numels",
+           [](ShardedOptimizer& z) {
+             std::vector<int64_t> n;
+             for (const auto& b : z.shards().flat_params().buckets()) n.push_back(b.data.numel());
+             return n;
+           })
+      .def("save_shard", &ShardedOptimizer::save_shard, py::arg("path"), py::call_guard<py::gil_scoped_release>())
+      .def("load_shards", &ShardedOptimizer::load_shards, py::arg("files"), py::arg("allow_reshard") = false,
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "consolidate_state",
+          [](ShardedOptimizer& z, const py::object& to) {
+            const int64_t rank = int_arg("ZeroOptimizer.consolidate_state_dict", "to", to);
+            std::vector<optim::NamedTensors> states;
+            {
+              py::gil_scoped_release release;
+              states = z.consolidate_state(static_cast<int>(std::clamp<int64_t>(rank, -1, 1 << 30)));
+            }
+            return to_python(states);
+          },
+          py::arg("to"))
+      .def(
+          "load_full_state",
+          [](ShardedOptimizer& z, const std::vector<std::map<std::string, at::Tensor>>& per_param) {
+            py::gil_scoped_release release;
+            z.load_full_state(per_param);
+          },
+          py::arg("per_param"));
+
+  m.def(
+      "save_sharded_state",
+      [](const StateStore& store, int64_t step, const std::string& writer, ShardedOptimizer& optimizer,
+         const std::function<void(const std::string&)>& write_main) {
+        py::gil_scoped_release release;  // write_main takes the GIL back to run
+        return save_sharded_state(store, step, writer, optimizer, write_main);
+      },
+      py::arg("store"), py::arg("step"), py::arg("writer"), py::arg("optimizer"), py::arg("write_main"));
+  m.def("shard_files_of", &shard_files_of, py::arg("state"));
+  m.def("load_sharded_state", &load_sharded_state, py::arg("optimizer"), py::arg("files"), py::arg("allow_reshard"),
+        py::arg("local_error"), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace gpuops::python

@@ -236,6 +236,13 @@ Work Communicator::launch(std::string name, c10::intrusive_ptr<c10d::Work> work,
   return w;
 }
 
+void Communicator::count(TrafficCount& c, const at::Tensor& payload, int64_t ring_factor) const {
+  const auto bytes = static_cast<int64_t>(payload.nbytes());
+  c.calls += 1;
+  c.payload_bytes += bytes;
+  c.ring_sent_bytes += ring_factor * bytes * (size_ - 1) / size_;
+}
+
 Work Communicator::reduce_scatter(const at::Tensor& buffer, ReduceOp op) {
   check_tensor("reduce_scatter", "buffer", buffer);
   TORCH_CHECK_VALUE(buffer.numel() % size_ == 0, "gpuops::dist::reduce_scatter: buffer's numel ", buffer.numel(),
@@ -265,6 +272,7 @@ Work Communicator::reduce_scatter(const at::Tensor& input, const at::Tensor& out
   o.reduceOp = to_c10d(op);
   o.timeout = options_.timeout;
   auto work = group_->_reduce_scatter_base(out, in, o);
+  count(traffic_->reduce_scatter, in, 1);
   std::function<void()> finish;
   if (op == ReduceOp::Average) {
     const int n = size_;
@@ -297,7 +305,9 @@ Work Communicator::all_gather(const at::Tensor& input, const at::Tensor& output)
   at::Tensor in = input.view({-1}), out = output.view({-1});
   c10d::AllgatherOptions o;
   o.timeout = options_.timeout;
-  return launch("all_gather", group_->_allgather_base(out, in, o));
+  auto work = group_->_allgather_base(out, in, o);
+  count(traffic_->all_gather, out, 1);
+  return launch("all_gather", std::move(work));
 }
 
 Work Communicator::all_reduce(const at::Tensor& buffer, ReduceOp op) {
@@ -310,6 +320,7 @@ Work Communicator::all_reduce(const at::Tensor& buffer, ReduceOp op) {
   o.reduceOp = to_c10d(op);
   o.timeout = options_.timeout;
   auto work = group_->allreduce(tensors, o);
+  count(traffic_->all_reduce, buffer, 2);
   std::function<void()> finish;
   if (op == ReduceOp::Average) {
     const int n = size_;

@@ -122,6 +122,35 @@ void FlatParams::release_grads() {
   }
 }
 
+int64_t FlatParams::reattach() {
+  const auto detached = [](const Bucket& b, const Slot& s) {
+    return !s.param.storage().is_alias_of(b.data.storage()) || s.param.storage_offset() != b.data.storage_offset() + s.offset;
+  };
+  for (const auto& bucket : buckets_) {  // check all first
+    for (size_t i = 0; i < bucket.slots.size(); ++i) {
+      const Slot& s = bucket.slots[i];
+      if (!detached(bucket, s)) continue;
+      TORCH_CHECK_VALUE(s.param.numel() == s.numel && s.param.scalar_type() == bucket.dtype &&
+                            s.param.device() == bucket.device,
+                        "FlatParams: a parameter of ", s.numel, " elements (", bucket.dtype, " on ", bucket.device,
+                        ") was replaced by a tensor of ", s.param.numel(), " (", s.param.scalar_type(), " on ",
+                        s.param.device(), "); a flat buffer's parameters keep their shape, dtype and device");
+    }
+  }
+  int64_t count = 0;
+  c10::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    for (auto& s : bucket.slots) {
+      if (!detached(bucket, s)) continue;
+      at::Tensor view = alias(bucket.data, s.offset, s.param);
+      view.copy_(s.param.reshape(view.sizes()));
+      s.param.set_data(view);
+      ++count;
+    }
+  }
+  return count;
+}
+
 bool FlatParams::intact() const {
   // Storage and offset, not data_ptr: a parameter with no elements has a null data_ptr yet is a view.
   const auto views = [](const at::Tensor& t, const at::Tensor& flat, int64_t offset) {

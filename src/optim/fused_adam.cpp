@@ -21,7 +21,7 @@
 
 namespace gpuops::optim {
 
-void check_adam_options(const AdamOptions& o, const std::string& where) {
+void check_adam_options(const AdamStepOptions& o, const std::string& where) {
   using gpuops::detail::check_option;
   check_option(std::isfinite(o.lr) && o.lr >= 0.0, where, "Invalid learning rate", o.lr,
                "lr must be a finite number >= 0");
@@ -38,7 +38,7 @@ void check_adam_options(const AdamOptions& o, const std::string& where) {
 namespace {
 
 void check_all(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-               at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
+               at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamStepOptions& options,
                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   check_adam_options(options, "adam_step_");
   if (options.amsgrad) {
@@ -77,12 +77,12 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void adam_amsgrad_r
   for (int64_t i = 0; i < n; ++i) math::adam_update_amsgrad(param[i], grad[i], m[i], v[i], vmax[i], s);
 }
 
-math::AdamHyper to_hyper(const AdamOptions& o) {
+math::AdamHyper to_hyper(const AdamStepOptions& o) {
   return {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.decoupled, o.amsgrad, o.maximize};
 }
 
 // The CPU steps' hyper-parameters: a CPU lr tensor is read here (a plain load).
-math::AdamHyper to_cpu_hyper(const AdamOptions& o) {
+math::AdamHyper to_cpu_hyper(const AdamStepOptions& o) {
   math::AdamHyper hyper = to_hyper(o);
   if (o.lr_tensor) hyper.lr = *o.lr_tensor->data_ptr<float>();
   return hyper;
@@ -90,7 +90,7 @@ math::AdamHyper to_cpu_hyper(const AdamOptions& o) {
 
 // The CPU step over every tensor's pieces (common/cpu_parallel.h), with this optimizer's per-step constants.
 template <typename Body>
-void for_each_applied_piece(at::TensorList tensors, at::TensorList steps, const AdamOptions& options,
+void for_each_applied_piece(at::TensorList tensors, at::TensorList steps, const AdamStepOptions& options,
                             const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
                             const Body& body) {
   const auto hyper = to_cpu_hyper(options);
@@ -99,7 +99,7 @@ void for_each_applied_piece(at::TensorList tensors, at::TensorList steps, const 
 }
 
 void adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-              at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
+              at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamStepOptions& options,
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   for_each_applied_piece(params, steps, options, grad_scale, found_inf,
                          [&](size_t t, int64_t begin, int64_t end, const math::AdamStep& s) {
@@ -135,7 +135,7 @@ void adam_master_range(T* param, const T* grad, float* master, float* m, float* 
 
 void adam_master_cpu(at::TensorList params, at::TensorList grads, at::TensorList masters, at::TensorList exp_avgs,
                      at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
-                     const AdamOptions& options, const std::optional<at::Tensor>& grad_scale,
+                     const AdamStepOptions& options, const std::optional<at::Tensor>& grad_scale,
                      const std::optional<at::Tensor>& found_inf) {
   for_each_applied_piece(masters, steps, options, grad_scale, found_inf,
                          [&](size_t t, int64_t begin, int64_t end, const math::AdamStep& s) {
@@ -150,7 +150,7 @@ void adam_master_cpu(at::TensorList params, at::TensorList grads, at::TensorList
 
 #ifdef GPUOPS_WITH_CUDA
 void adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-               at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
+               at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamStepOptions& options,
                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   c10::cuda::CUDAGuard guard(params[0].device());
   std::vector<void*> lists[6];
@@ -163,7 +163,7 @@ void adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_a
 
 void adam_master_cuda(at::TensorList params, at::TensorList grads, at::TensorList masters, at::TensorList exp_avgs,
                       at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
-                      const AdamOptions& options, const std::optional<at::Tensor>& grad_scale,
+                      const AdamStepOptions& options, const std::optional<at::Tensor>& grad_scale,
                       const std::optional<at::Tensor>& found_inf) {
   c10::cuda::CUDAGuard guard(masters[0].device());
   std::vector<void*> lists[7];
@@ -181,7 +181,7 @@ void adam_master_cuda(at::TensorList params, at::TensorList grads, at::TensorLis
 
 void adam_step_master_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
                        at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                       at::TensorList steps, const AdamOptions& options, const std::optional<at::Tensor>& grad_scale,
+                       at::TensorList steps, const AdamStepOptions& options, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf) {
   // The float32 side (master, states, steps) as adam_step_ checks it, the masters standing in for the grads.
   check_all(master_params, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, options, grad_scale,
@@ -203,7 +203,7 @@ void adam_step_master_(at::TensorList params, at::TensorList grads, at::TensorLi
 }
 
 void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamOptions& options,
+                at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamStepOptions& options,
                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   check_all(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, options, grad_scale, found_inf);
   if (params.empty()) return;

@@ -19,12 +19,12 @@
 namespace gpuops::optim {
 namespace {
 
-math::SgdHyper to_hyper(const SgdOptions& o) {
+math::SgdHyper to_hyper(const SgdStepOptions& o) {
   return {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, o.maximize};
 }
 
 // The CPU steps' hyper-parameters: a CPU lr tensor is read here (a plain load).
-math::SgdHyper to_cpu_hyper(const SgdOptions& o) {
+math::SgdHyper to_cpu_hyper(const SgdStepOptions& o) {
   math::SgdHyper hyper = to_hyper(o);
   if (o.lr_tensor) hyper.lr = *o.lr_tensor->data_ptr<float>();
   return hyper;
@@ -32,7 +32,7 @@ math::SgdHyper to_cpu_hyper(const SgdOptions& o) {
 
 // The CPU step over every tensor's pieces (common/cpu_parallel.h), with this optimizer's per-step constants.
 template <typename Body>
-void for_each_applied_piece(at::TensorList tensors, at::TensorList steps, const SgdOptions& options,
+void for_each_applied_piece(at::TensorList tensors, at::TensorList steps, const SgdStepOptions& options,
                             const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
                             const Body& body) {
   const auto hyper = to_cpu_hyper(options);
@@ -41,7 +41,7 @@ void for_each_applied_piece(at::TensorList tensors, at::TensorList steps, const 
 }
 
 void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList buffers, at::TensorList steps,
-             const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
+             const SgdStepOptions& options, const std::optional<at::Tensor>& grad_scale,
              const std::optional<at::Tensor>& found_inf) {
   for_each_applied_piece(params, steps, options, grad_scale, found_inf,
                          [&](size_t t, int64_t begin, int64_t end, const math::SgdStep& s) {
@@ -54,7 +54,7 @@ void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList buffers
 }
 
 void sgd_master_cpu(at::TensorList params, at::TensorList grads, at::TensorList masters, at::TensorList buffers,
-                    at::TensorList steps, const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
+                    at::TensorList steps, const SgdStepOptions& options, const std::optional<at::Tensor>& grad_scale,
                     const std::optional<at::Tensor>& found_inf) {
   for_each_applied_piece(masters, steps, options, grad_scale, found_inf,
                          [&](size_t t, int64_t begin, int64_t end, const math::SgdStep& s) {
@@ -74,7 +74,7 @@ void sgd_master_cpu(at::TensorList params, at::TensorList grads, at::TensorList 
 
 #ifdef GPUOPS_WITH_CUDA
 void sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList buffers, at::TensorList steps,
-              const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
+              const SgdStepOptions& options, const std::optional<at::Tensor>& grad_scale,
               const std::optional<at::Tensor>& found_inf) {
   c10::cuda::CUDAGuard guard(params[0].device());
   std::vector<void*> lists[4];
@@ -86,7 +86,7 @@ void sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList buffer
 }
 
 void sgd_master_cuda(at::TensorList params, at::TensorList grads, at::TensorList masters, at::TensorList buffers,
-                     at::TensorList steps, const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
+                     at::TensorList steps, const SgdStepOptions& options, const std::optional<at::Tensor>& grad_scale,
                      const std::optional<at::Tensor>& found_inf) {
   c10::cuda::CUDAGuard guard(masters[0].device());
   std::vector<void*> lists[5];
@@ -102,7 +102,7 @@ void sgd_master_cuda(at::TensorList params, at::TensorList grads, at::TensorList
 
 }  // namespace
 
-void check_sgd_options(const SgdOptions& o, const std::string& where) {
+void check_sgd_options(const SgdStepOptions& o, const std::string& where) {
   using gpuops::detail::check_option;
   check_option(std::isfinite(o.lr) && o.lr >= 0.0, where, "Invalid learning rate", o.lr,
                "lr must be a finite number >= 0");
@@ -118,7 +118,7 @@ void check_sgd_options(const SgdOptions& o, const std::string& where) {
 }
 
 void sgd_step_master_(at::TensorList params, at::TensorList grads, at::TensorList master_params,
-                      at::TensorList momentum_buffers, at::TensorList steps, const SgdOptions& options,
+                      at::TensorList momentum_buffers, at::TensorList steps, const SgdStepOptions& options,
                       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   check_sgd_options(options, "sgd_step_master_");
   if (options.momentum != 0.0) {
@@ -142,7 +142,7 @@ void sgd_step_master_(at::TensorList params, at::TensorList grads, at::TensorLis
 }
 
 void sgd_step_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, at::TensorList steps,
-               const SgdOptions& options, const std::optional<at::Tensor>& grad_scale,
+               const SgdStepOptions& options, const std::optional<at::Tensor>& grad_scale,
                const std::optional<at::Tensor>& found_inf) {
   check_sgd_options(options, "sgd_step_");
   if (options.momentum != 0.0) {

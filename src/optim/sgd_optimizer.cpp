@@ -12,8 +12,8 @@
 namespace gpuops::optim {
 namespace {
 
-SgdOptions step_options_of(const SGDOptions& o) {
-  SgdOptions step_options;
+SgdStepOptions step_options_of(const SGDOptions& o) {
+  SgdStepOptions step_options;
   step_options.lr = o.lr();
   step_options.momentum = o.momentum();
   step_options.dampening = o.dampening();
@@ -110,7 +110,7 @@ void SGD::check_options(size_t index) const {
 void SGD::step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                      const std::optional<at::Tensor>& found_inf) {
   const auto& o = group_options<SGDOptions>(index);
-  SgdOptions step_options = step_options_of(o);
+  SgdStepOptions step_options = step_options_of(o);
   if (o.capturable()) step_options.lr_tensor = o.device_lr.on(params[0].device(), o.lr());
   // One fused call per parameter dtype: float32 directly, float16/bfloat16 on their fp32 master copies.
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;

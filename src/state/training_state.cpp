@@ -20,6 +20,7 @@
 #include "../common/rng_state.h"
 #include "posix_files.h"
 #include "gpuops/grad_scaler.h"
+#include "gpuops/sharded_state.h"
 #include "gpuops/state_store.h"
 
 namespace gpuops {
@@ -241,6 +242,14 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 
 std::string TrainingState::save(const TrainingProgress& progress, const TrainingObjects& objects) {
   TORCH_CHECK_VALUE(progress.step >= 0, "TrainingState::save: step must be >= 0, got ", progress.step);
+  if (auto* sharded = dynamic_cast<optim::ShardedOptimizer*>(objects.optimizer)) {
+    // One file per rank (sharded_state.h); state.pt holds the rest, written by rank 0.
+    TrainingObjects rest = objects;
+    rest.optimizer = nullptr;
+    const StateStore store(directory_, options_.keep);
+    return save_sharded_state(store, progress.step, "cpp", *sharded,
+                              [&](const std::string& file) { make_archive(progress, rest).save_to(file); });
+  }
   const bool writer = !options_.process_group || options_.process_group->getRank() == 0;
   std::string path;
   if (writer) {
@@ -263,7 +272,51 @@ std::string TrainingState::save(const TrainingProgress& progress, const Training
   return path;
 }
 
-std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, bool restore_rng) {
+namespace {
+
+// The model, optimizer and scaler from a payload, all or nothing.
+void load_objects(const TrainingObjects& objects, Payload& payload, const std::string& path) {
+    const Backup backup(objects);
+    try {
+      if (objects.model) {
+        objects.model->load(payload.model);
+        TORCH_CHECK(!backup.model_shapes_changed(), "a tensor of the saved model has another shape");
+      }
+      if (objects.optimizer) objects.optimizer->load(payload.optimizer);
+      if (objects.scaler && !payload.scaler.empty()) objects.scaler->load_state_dict(payload.scaler);
+    } catch (const std::exception& e) {
+      backup.restore(objects);
+      TORCH_CHECK_VALUE(false, "TrainingState::load: ", path, " does not fit the objects given (",
+                        first_line(e.what()), "); nothing was changed");
+    }
+}
+
+// With a sharded optimizer: the model and scaler here, then the shards, agreed by every rank.
+void load_with_shards(const TrainingObjects& objects, optim::ShardedOptimizer& sharded, const StoredState& state,
+                      Payload& payload, bool allow_reshard) {
+  TrainingObjects rest = objects;
+  rest.optimizer = nullptr;
+  const Backup backup(rest);
+  std::vector<std::string> files;
+  std::string error;
+  try {
+    files = shard_files_of(state);
+    load_objects(rest, payload, state.path);
+  } catch (const std::exception& e) {
+    error = first_line(e.what());  // load_objects put them back
+  }
+  try {
+    load_sharded_state(sharded, files, allow_reshard, error);
+  } catch (...) {
+    if (error.empty()) backup.restore(rest);
+    throw;
+  }
+}
+
+}  // namespace
+
+std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, bool restore_rng, bool allow_reshard) {
+  auto* sharded = dynamic_cast<optim::ShardedOptimizer*>(objects.optimizer);
   const StateStore store(directory_, options_.keep);
   std::vector<std::string> problems;
   for (StoredState& state : store.states()) {
@@ -288,20 +341,12 @@ std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, b
     }
     const std::string path = state.path;
     TORCH_CHECK_VALUE(!objects.model || payload.has_model, "TrainingState::load: ", path, " holds no model");
-    TORCH_CHECK_VALUE(!objects.optimizer || payload.has_optimizer, "TrainingState::load: ", path,
-                      " holds no optimizer");
-    const Backup backup(objects);
-    try {
-      if (objects.model) {
-        objects.model->load(payload.model);
-        TORCH_CHECK(!backup.model_shapes_changed(), "a tensor of the saved model has another shape");
-      }
-      if (objects.optimizer) objects.optimizer->load(payload.optimizer);
-      if (objects.scaler && !payload.scaler.empty()) objects.scaler->load_state_dict(payload.scaler);
-    } catch (const std::exception& e) {
-      backup.restore(objects);
-      TORCH_CHECK_VALUE(false, "TrainingState::load: ", path, " does not fit the objects given (",
-                        first_line(e.what()), "); nothing was changed");
+    if (sharded) {
+      load_with_shards(objects, *sharded, state, payload, allow_reshard);
+    } else {
+      TORCH_CHECK_VALUE(!objects.optimizer || payload.has_optimizer, "TrainingState::load: ", path,
+                        " holds no optimizer");
+      load_objects(objects, payload, path);
     }
     if (restore_rng) payload.rng.restore();
     LoadedState loaded;
@@ -316,5 +361,6 @@ std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, b
               "\nMove or delete them to start afresh; nothing was changed.");
   return std::nullopt;
 }
+
 
 }  // namespace gpuops

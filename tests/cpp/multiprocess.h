@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -24,6 +25,8 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include "gpuops/communicator.h"
 
 extern char** environ;
 
@@ -174,6 +177,25 @@ inline void run_all_ok(int n, const std::string& scenario) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(ranks.status[r], 0) << "rank " << r << "\n" << ranks.logs();
   std::printf("[ %s, %d ranks: %.2f s ]\n", scenario.c_str(), n,
               std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+/// A worker's main: a communicator from the launcher's environment (spawn's timeout for collectives, 30 s
+/// for the rendezvous), then the named scenario. 0, or 1 with the error on stderr.
+inline int run_scenario(const std::string& scenario,
+                        const std::map<std::string, std::function<void(gpuops::dist::Communicator&)>>& scenarios) {
+  try {
+    gpuops::dist::CommunicatorOptions o;
+    o.timeout = std::chrono::milliseconds(std::stoi(env_or("GPUOPS_COMM_TIMEOUT_MS", "30000")));
+    o.rendezvous_timeout = std::chrono::seconds(30);
+    auto comm = gpuops::dist::Communicator::from_environment(o);
+    const auto found = scenarios.find(scenario);
+    if (found == scenarios.end()) throw std::runtime_error("unknown scenario " + scenario);
+    found->second(comm);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %s: %s\n", env_or("RANK", "?").c_str(), e.what());
+    return 1;
+  }
 }
 
 }  // namespace gpuops_test

@@ -199,21 +199,10 @@ void scenario_peer_lost(Communicator& comm, bool killed) {
 }
 
 int run_worker(const std::string& scenario) {
-  try {
-    CommunicatorOptions o;
-    o.timeout = std::chrono::milliseconds(std::stoi(env_or("GPUOPS_COMM_TIMEOUT_MS", "15000")));
-    o.rendezvous_timeout = std::chrono::seconds(30);
-    auto comm = Communicator::from_environment(o);
-    if (scenario == "collectives") scenario_collectives(comm);
-    else if (scenario == "bad_input") scenario_bad_input(comm);
-    else if (scenario == "killed") scenario_peer_lost(comm, true);
-    else if (scenario == "stalled") scenario_peer_lost(comm, false);
-    else throw std::runtime_error("unknown scenario " + scenario);
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %s: %s\n", env_or("RANK", "?").c_str(), e.what());
-    return 1;
-  }
+  return run_scenario(scenario, {{"collectives", scenario_collectives},
+                                 {"bad_input", scenario_bad_input},
+                                 {"killed", [](Communicator& c) { scenario_peer_lost(c, true); }},
+                                 {"stalled", [](Communicator& c) { scenario_peer_lost(c, false); }}});
 }
 
 // ------------------------------------------------------------------------------------------------------

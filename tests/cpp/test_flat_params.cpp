@@ -8,6 +8,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize.h>
 
 #include "gpuops/flat_params.h"
 
@@ -139,3 +140,28 @@ TEST(FlatParams, AHugeAlignmentOrWorldSizeIsAClearError) {
 }
 
 }  // namespace
+
+// torch's C++ Module::load set_s the loaded tensors into the parameters: reattach copies them back into the
+// buffers and makes the parameters views again; a tensor of another shape is refused with nothing changed.
+TEST(FlatParams, ReattachPutsLoadedParametersBackIntoTheBuffer) {
+  torch::nn::Sequential model(torch::nn::Linear(5, 7), torch::nn::Linear(7, 2));
+  torch::nn::Sequential saved(torch::nn::Linear(5, 7), torch::nn::Linear(7, 2));
+  gpuops::FlatParams flat(model->parameters());
+  ASSERT_TRUE(flat.intact());
+  std::stringstream bytes;
+  torch::save(saved, bytes);
+  torch::load(model, bytes);
+  ASSERT_FALSE(flat.intact());  // the parameters now live elsewhere
+  EXPECT_EQ(flat.reattach(), 4);
+  EXPECT_TRUE(flat.intact());
+  EXPECT_EQ(flat.reattach(), 0);
+  for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(at::equal(model->parameters()[i], saved->parameters()[i])) << i;
+  const auto& slot = flat.buckets()[0].slots[1];
+  EXPECT_TRUE(at::equal(flat.buckets()[0].data.narrow(0, slot.offset, slot.numel), saved->parameters()[1]));
+  {
+    at::NoGradGuard no_grad;
+    model->parameters()[2].set_(at::zeros({3, 3}));
+  }
+  EXPECT_THROW(flat.reattach(), c10::ValueError);
+  EXPECT_TRUE(at::equal(model->parameters()[0], saved->parameters()[0]));
+}

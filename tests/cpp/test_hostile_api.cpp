@@ -281,7 +281,7 @@ struct AdamLists {
       steps.push_back(at::zeros({}));
     }
   }
-  void step(const gpuops::optim::AdamOptions& o = {}, std::optional<at::Tensor> scale = std::nullopt,
+  void step(const gpuops::optim::AdamStepOptions& o = {}, std::optional<at::Tensor> scale = std::nullopt,
             std::optional<at::Tensor> found = std::nullopt) {
     gpuops::optim::adam_step_(params, grads, m, v, vmax, steps, o, scale, found);
   }
@@ -321,7 +321,7 @@ TEST_F(HostileApi, AdamStepRefusesBadScalars) {
   expect_value_error([&] { l.step({}, std::nullopt, at::Tensor()); }, {"found_inf"});
   expect_value_error([&] { l.step({}, at::ones({1}, at::kInt)); }, {"grad_scale"});
   expect_value_error([&] { l.step({}, std::nullopt, at::zeros({3})); }, {"found_inf"});
-  gpuops::optim::AdamOptions o;
+  gpuops::optim::AdamStepOptions o;
   o.lr_tensor = at::Tensor();
   expect_value_error([&] { l.step(o); }, {"lr"});
   o.lr_tensor = at::ones({1}, at::kDouble);
@@ -371,7 +371,7 @@ TEST_F(HostileApi, SgdStepRefusesBadListsAndOptions) {
   using gpuops::optim::sgd_step_;
   std::vector<at::Tensor> p{at::randn({4})}, g{at::randn({4})}, steps{at::zeros({})};
   const auto before = p[0].clone();
-  gpuops::optim::SgdOptions o;
+  gpuops::optim::SgdStepOptions o;
   o.momentum = 0.9;
   expect_value_error([&] { sgd_step_(p, g, {}, steps, o, std::nullopt, std::nullopt); }, {"momentum_buffers"});
   expect_value_error([&] { sgd_step_(p, g, {at::Tensor()}, steps, o, std::nullopt, std::nullopt); },

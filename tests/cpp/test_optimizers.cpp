@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/schedulers/step_lr.h>
 #include <torch/optim/sgd.h>
@@ -89,6 +90,76 @@ TEST(FusedAdamW, MatchesTorchAdamWInFloat64OverAHundredSteps) {
   const double our_error = relative_error(run(init, grads, at::kFloat, ours), reference);
   // 1e-6 relative, or float32's own floor: torch's float32 AdamW is itself ~1e-6 off float64.
   EXPECT_LE(our_error, std::max(1e-6, 1.02 * torch_error)) << "torch float32: " << torch_error;
+}
+
+TEST(FusedAdam, MatchesTorchAdamInFloat64WithL2DecayAndAmsgrad) {
+  const auto init = random_values();
+  const auto grads = random_grad_sequence(100);
+  auto torch_adam = [](auto g1, auto g2) {
+    return std::make_unique<torch::optim::Adam>(
+        std::vector<OptimizerParamGroup>{
+            OptimizerParamGroup(g1),
+            OptimizerParamGroup(g2, std::make_unique<torch::optim::AdamOptions>(
+                                        torch::optim::AdamOptions(3e-3).amsgrad(true).weight_decay(0.1)))},
+        torch::optim::AdamOptions(1e-2).betas({0.8, 0.99}).eps(1e-6));
+  };
+  auto ours = [](auto g1, auto g2) {
+    return std::make_unique<gpuops::optim::Adam>(
+        std::vector<OptimizerParamGroup>{
+            OptimizerParamGroup(g1),
+            OptimizerParamGroup(g2, std::make_unique<gpuops::optim::AdamOptions>(
+                                        gpuops::optim::AdamOptions(3e-3).amsgrad(true).weight_decay(0.1)))},
+        gpuops::optim::AdamOptions(1e-2).betas({0.8, 0.99}).eps(1e-6));
+  };
+  const auto reference = run(init, grads, at::kDouble, torch_adam);
+  const double torch_error = relative_error(run(init, grads, at::kFloat, torch_adam), reference);
+  EXPECT_LE(relative_error(run(init, grads, at::kFloat, ours), reference), std::max(1e-6, 1.02 * torch_error));
+  // Adam is not AdamW: the L2 decay goes through the moments (the same options, the other update).
+  auto adamw = [](auto g1, auto g2) {
+    return std::make_unique<gpuops::optim::AdamW>(
+        std::vector<OptimizerParamGroup>{
+            OptimizerParamGroup(g1),
+            OptimizerParamGroup(g2, std::make_unique<gpuops::optim::AdamWOptions>(
+                                        gpuops::optim::AdamWOptions(3e-3).amsgrad(true).weight_decay(0.1)))},
+        gpuops::optim::AdamWOptions(1e-2).betas({0.8, 0.99}).eps(1e-6).weight_decay(0));
+  };
+  EXPECT_GT(relative_error(run(init, grads, at::kFloat, adamw), reference), 1e-4);
+}
+
+TEST(FusedAdam, ContinuesFromATorchAdamArchive) {
+  const auto init = random_values();
+  const auto grads = random_grad_sequence(20);
+  auto theirs = leaves(init, at::kFloat), mine = leaves(init, at::kFloat);
+  torch::optim::Adam torch_adam(theirs, torch::optim::AdamOptions(1e-2).weight_decay(0.05));
+  for (int s = 0; s < 10; ++s) {
+    set_grads(theirs, grads[s]);
+    torch_adam.step();
+  }
+  std::stringstream bytes;
+  torch::save(torch_adam, bytes);
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < mine.size(); ++i) mine[i].copy_(theirs[i]);
+  }
+  gpuops::optim::Adam ours(mine, gpuops::optim::AdamOptions(1.0));
+  torch::load(ours, bytes);
+  EXPECT_DOUBLE_EQ(ours.param_groups()[0].options().get_lr(), 1e-2);
+  for (int s = 10; s < 20; ++s) {
+    set_grads(theirs, grads[s]);
+    set_grads(mine, grads[s]);
+    torch_adam.step();
+    ours.step();
+  }
+  std::vector<at::Tensor> reference;
+  for (const auto& t : theirs) reference.push_back(t.detach().to(at::kDouble));
+  EXPECT_LE(relative_error(mine, reference), 1e-6);
+  // An SGD archive is another optimizer's: refused, nothing changed. (torch's Adam and AdamW archives hold the
+  // same keys: they cannot be told apart.)
+  torch::optim::SGD other(leaves(init, at::kFloat), torch::optim::SGDOptions(1e-2).momentum(0.9));
+  std::stringstream other_bytes;
+  torch::save(other, other_bytes);
+  EXPECT_THROW(torch::load(ours, other_bytes), c10::ValueError);
+  EXPECT_DOUBLE_EQ(ours.param_groups()[0].options().get_lr(), 1e-2);
 }
 
 TEST(FusedSGD, MatchesTorchSGDInFloat64WithNesterovAndDampening) {

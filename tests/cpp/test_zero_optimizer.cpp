@@ -110,7 +110,17 @@ std::vector<at::Tensor> train_zero(Communicator& comm, const Setup& s, int64_t* 
                  "gradient bytes before backward {}", opt.gradient_bytes());
     std::optional<gpuops::MemoryBudget> budget;
     if (step == 0) budget.emplace();
+    comm.reset_traffic();
     clipped += train_step(opt, scaler, params, s, [&](int m) { return batch_of(step, m, comm.rank()); }) ? 1 : 0;
+    // Traffic per step (ring algorithm): one reduce-scatter and one all-gather of the flat buffer, i.e. one
+    // all-reduce of the parameters, plus the overflow flag (4 bytes) and the squared norm (8 bytes).
+    const auto t = comm.traffic();
+    WORKER_CHECK(t.reduce_scatter.ring_sent_bytes == 4 * total * (n - 1) / n &&
+                     t.all_gather.ring_sent_bytes == 4 * total * (n - 1) / n && t.all_reduce.calls == 2 &&
+                     t.all_reduce.payload_bytes == 12,
+                 "step traffic: reduce-scatter {} B, all-gather {} B, {} all-reduces of {} B ({} elements)",
+                 t.reduce_scatter.ring_sent_bytes, t.all_gather.ring_sent_bytes, t.all_reduce.calls,
+                 t.all_reduce.payload_bytes, total);
     if (step == 0) *retained = budget->current_bytes();
     if (s.stage == 2) {  // after the reduction only the shard is kept
       WORKER_CHECK(opt.gradient_bytes() == shard * 4, "stage 2 keeps {} gradient bytes after the step, want {}",
@@ -246,12 +256,16 @@ void scenario_bad_input(Communicator& comm) {
   auto m = value_error_of([&] { ZeroOptimizer(params, comm, 1, AdamWOptions(-1.0)); });
   WORKER_CHECK(m.find("learning rate") != std::string::npos, "lr: got '{}'", m);
   unchanged("bad lr");
-  // A 16-bit parameter (not built yet): named.
-  std::vector<at::Tensor> half = params;
-  half[3] = at::zeros({kOut}, at::kBFloat16).requires_grad_(true);
-  m = value_error_of([&] { ZeroOptimizer(half, comm, 1, adamw_options()); });
-  WORKER_CHECK(m.find("params[3] is BFloat16") != std::string::npos, "bf16: got '{}'", m);
-  unchanged("bf16");
+  // A dtype without a master path: named.
+  std::vector<at::Tensor> wide = params;
+  wide[3] = at::zeros({kOut}, at::kDouble).requires_grad_(true);
+  m = value_error_of([&] { ZeroOptimizer(wide, comm, 1, adamw_options()); });
+  WORKER_CHECK(m.find("params[3] is Double") != std::string::npos, "float64: got '{}'", m);
+  unchanged("float64");
+  // capturable: the step communicates.
+  m = value_error_of([&] { ZeroOptimizer(params, comm, 1, adamw_options().capturable(true)); });
+  WORKER_CHECK(m.find("capturable") != std::string::npos, "capturable: got '{}'", m);
+  unchanged("capturable");
   // Parameter count differs on the last rank.
   std::vector<at::Tensor> more = params;
   if (r == comm.size() - 1) more.push_back(at::zeros({3}).requires_grad_(true));
@@ -284,19 +298,7 @@ void scenario_bad_input(Communicator& comm) {
 }
 
 int run_worker(const std::string& scenario) {
-  try {
-    CommunicatorOptions o;
-    o.timeout = std::chrono::milliseconds(30000);
-    o.rendezvous_timeout = std::chrono::seconds(30);
-    auto comm = Communicator::from_environment(o);
-    if (scenario == "train") scenario_train(comm);
-    else if (scenario == "bad_input") scenario_bad_input(comm);
-    else throw std::runtime_error("unknown scenario " + scenario);
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %s: %s\n", env_or("RANK", "?").c_str(), e.what());
-    return 1;
-  }
+  return run_scenario(scenario, {{"train", scenario_train}, {"bad_input", scenario_bad_input}});
 }
 
 // ------------------------------------------------------------------------------------------------------

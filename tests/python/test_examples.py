@@ -47,3 +47,35 @@ def test_python_finetune_example_resumes_a_preempted_run_bit_exactly(tmp_path):
                 "--state-dir", str(folder), *extra]
 
     check_preempted_run_resumes_exactly(command, tmp_path)
+
+
+def test_python_zero_example_under_torchrun_resumes_at_another_world_size(tmp_path):
+    """examples/python/train_zero.py under torchrun: 2 processes, preempted by a SIGTERM on rank 1 (every rank
+    saves the same step and exits 0), resumed on 1 process (the optimizer state resharded on load): the
+    resumed losses follow the uninterrupted 2-process run's (the reductions differ in order: 1e-5)."""
+    def run(folder, nproc, *extra):
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+                   str(ROOT / "examples" / "python" / "train_zero.py"), "--steps", "16", "--state-dir",
+                   str(tmp_path / folder), *extra]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                                env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    check_zero_resume_at_another_world_size(run, ["--signal-self-at", "6"])
+
+
+def check_zero_resume_at_another_world_size(run, stop_at_6):
+    """The train_zero examples (16 steps): `run(folder, world, *extra)` -> rank 0's output. A 2-rank run; one
+    stopped by a SIGTERM on rank 1 after step 6 (every rank saves step 7 and exits 0); resumed on 1 rank (the
+    optimizer resharded on load), whose losses follow the uninterrupted run's (reductions in another order)."""
+    whole = step_losses(run("whole", 2))
+    assert sorted(whole) == list(range(16)) and float(whole[15]) < 0.75 * float(whole[0])  # it learns
+    stopped = run("preempted", 2, *stop_at_6)
+    assert "stop requested: saved" in stopped and sorted(step_losses(stopped)) == list(range(7))
+    resumed = run("preempted", 1)
+    assert "resumed from" in resumed and "at step 7 on 1 rank(s)" in resumed
+    got = step_losses(resumed)
+    assert sorted(got) == list(range(7, 16))
+    for s in got:
+        assert abs(float(got[s]) - float(whole[s])) <= 1e-5 * float(whole[s]) + 1e-6, (s, got[s], whole[s])

@@ -39,3 +39,25 @@ def test_examples_build_against_the_installed_package(tmp_path):
     check_preempted_run_resumes_exactly(
         lambda folder, steps, *stop_at: [str(build / "finetune"), str(folder), str(steps), *map(str, stop_at)],
         tmp_path)
+
+
+def test_cpp_zero_example_resumes_at_another_world_size(tmp_path):
+    """examples/cpp/train_zero.cpp (built by the test above) as 2 processes with torchrun-style variables:
+    preempted by a SIGTERM on rank 1 (both save the same step, exit 0), resumed as 1 process (resharded)."""
+    from multiprocess_launch import free_port
+    from test_examples import check_zero_resume_at_another_world_size
+
+    program = ROOT / "build" / "examples" / "train_zero"
+    if not program.exists():
+        pytest.skip("the examples were not built (test_examples_build_against_the_installed_package)")
+
+    def run(folder, world, *extra):
+        base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
+                    OMP_NUM_THREADS="1")
+        procs = [subprocess.Popen([str(program), str(tmp_path / folder), "16", *extra], env=dict(base, RANK=str(r)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        return outs[0]
+
+    check_zero_resume_at_another_world_size(run, ["6"])

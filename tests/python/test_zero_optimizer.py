@@ -96,7 +96,7 @@ def _run(scenario, dist):
     options = dict(lr=3e-2, weight_decay=0.05)
     if scenario.startswith("train"):
         stage = int(scenario[-1])
-        zero = lambda params: gpuops.ZeroOptimizer(params, comm, stage=stage, **options)  # noqa: E731
+        zero = lambda params: gpuops.ZeroOptimizer(params, communicator=comm, stage=stage, **options)  # noqa: E731
         a, opt = _train(zero, lambda s, m: _batch(s, m, rank))
         b, _ = _train(zero, lambda s, m: _batch(s, m, rank))
         assert all(torch.equal(x, y) for x, y in zip(a, b)), "two runs differ"
@@ -141,7 +141,7 @@ def _run(scenario, dist):
             xs, ys = zip(*[_batch(s, m, r) for r in range(world)])
             return torch.cat(xs), torch.cat(ys)
 
-        a = train(lambda params: gpuops.ZeroOptimizer(params, comm, stage=2, **options), lambda s, m: _batch(s, m, rank))
+        a = train(lambda params: gpuops.ZeroOptimizer(params, communicator=comm, stage=2, **options), lambda s, m: _batch(s, m, rank))
         ref = train(lambda params: gpuops.optim.AdamW(params, **options), concatenated)
         worst = max(((x.double() - y.double()).abs().max() / y.abs().max()).item() for x, y in zip(a, ref))
         assert worst <= 1e-6, f"max relative error {worst} against single-process"
@@ -151,14 +151,14 @@ def _run(scenario, dist):
         model = _model()
         before = [p.data_ptr() for p in model.parameters()]
         with pytest.raises(ValueError, match="stage must be 1"):
-            gpuops.ZeroOptimizer(model.parameters(), comm, stage=3)
+            gpuops.ZeroOptimizer(model.parameters(), communicator=comm, stage=3)
         params = list(model.parameters())
         if rank == 1:
             params[2] = torch.nn.Parameter(torch.zeros(6, 31))
         with pytest.raises(ValueError, match="params differ across ranks"):
-            gpuops.ZeroOptimizer(params, comm, stage=1)
+            gpuops.ZeroOptimizer(params, communicator=comm, stage=1)
         with pytest.raises(ValueError, match="learning rate"):
-            gpuops.ZeroOptimizer(model.parameters(), comm, lr=-1.0)
+            gpuops.ZeroOptimizer(model.parameters(), communicator=comm, lr=-1.0)
         assert [p.data_ptr() for p in model.parameters()] == before, "a failed construction changed the model"
         opt = gpuops.ZeroOptimizer(model.parameters(), stage=2)  # the default group
         assert opt.stage == 2 and opt.param_groups[0]["params"][0].numel() * world == sum(opt.flat_numels())

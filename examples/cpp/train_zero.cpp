@@ -1,0 +1,82 @@
+// Data-parallel training from C++ with gpuops::optim::ZeroOptimizer (ZeRO stage 2 over our fused AdamW) and a
+// resumable TrainingState, launched by torchrun or any launcher that sets MASTER_ADDR, MASTER_PORT, RANK,
+// WORLD_SIZE (or SLURM's srun: SLURM_PROCID, SLURM_NTASKS with MASTER_ADDR/MASTER_PORT exported):
+//
+//   torchrun --nproc_per_node 2 --no-python ./train_zero /tmp/zero-state 20
+//   torchrun --nproc_per_node 1 --no-python ./train_zero /tmp/zero-state 40   # resumes, resharded
+//
+// Arguments: state folder, total steps, and optionally the step at which the last rank sends itself SIGTERM
+// (every rank then saves that step and exits 0). Rank 0 prints "step N loss X" (the global mean loss).
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include "gpuops/gpuops.h"
+
+namespace {
+
+// Slice `rank` of the global batch of `step` (the same global batch whatever the world size).
+std::pair<torch::Tensor, torch::Tensor> batch(int64_t step, int rank, int world) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(step));
+  const torch::Tensor x = at::randn({64, 8}, gen);
+  const torch::Tensor y = torch::tanh(0.5 * x.sum(1, /*keepdim=*/true));
+  const int64_t per = 64 / world;
+  return {x.narrow(0, rank * per, per), y.narrow(0, rank * per, per)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s STATE_DIR STEPS [SIGTERM_AT_STEP]\n", argv[0]);
+    return 2;
+  }
+  const std::string state_dir = argv[1];
+  const int64_t steps = std::stoll(argv[2]);
+  const int64_t signal_at = argc > 3 ? std::stoll(argv[3]) : -1;
+
+  auto comm = gpuops::dist::Communicator::from_environment();
+  const int rank = comm.rank(), world = comm.size();
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(8, 64), torch::nn::Tanh(), torch::nn::Linear(64, 1));
+  gpuops::optim::ZeroOptimizer opt(model->parameters(), comm, /*stage=*/2, gpuops::optim::AdamWOptions(3e-2));
+
+  gpuops::TrainingStateOptions state_options;
+  state_options.process_group = comm.process_group()->getBackend(c10::DeviceType::CPU);  // agreed stop flag
+  gpuops::TrainingState state(state_dir, state_options);
+  gpuops::TrainingObjects objects;
+  objects.model = model.ptr().get();
+  objects.optimizer = &opt;
+  int64_t start = 0;
+  if (const auto loaded = state.load(objects, /*restore_rng=*/true, /*allow_reshard=*/true)) {
+    start = loaded->step;
+    if (rank == 0) std::printf("resumed from %s at step %lld on %d rank(s)\n", loaded->path.c_str(),
+                               static_cast<long long>(start), world);
+  }
+  for (int64_t step = start; step < steps; ++step) {
+    opt.zero_grad();
+    auto [x, y] = batch(step, rank, world);
+    const torch::Tensor loss = torch::mse_loss(model->forward(x), y);
+    loss.backward();
+    opt.step();
+    torch::Tensor mean = loss.detach().clone().reshape({1});
+    comm.all_reduce(mean, gpuops::dist::ReduceOp::Average).wait();
+    if (rank == 0) std::printf("step %lld loss %.6f\n", static_cast<long long>(step), mean.item<double>());
+    if (step == signal_at && rank == world - 1) std::raise(SIGTERM);  // as a scheduler would
+    const bool stop = state.should_stop();  // agreed by every rank
+    if (stop || (step + 1) % 5 == 0 || step + 1 == steps) {
+      gpuops::TrainingProgress progress;
+      progress.step = step + 1;
+      const std::string path = state.save(progress, objects);
+      if (stop) {
+        if (rank == 0) std::printf("stop requested: saved %s\n", path.c_str());
+        break;
+      }
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}

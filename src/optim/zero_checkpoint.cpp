@@ -1,0 +1,326 @@
+// gpuops::optim::ZeroShards (zero_optimizer.h), the checkpoint side: one file per rank with the layout,
+// online resharding from the files of a job of any world size, the consolidated per-parameter state.
+//
+// Every state tensor of a shard parameter is either element-wise (one value per element of the shard: its
+// numel is the shard's) or a scalar shared by the whole buffer (the step counter). The layout of a flat
+// buffer (each parameter's offset and size) does not depend on the world size, only the padding at its end
+// does, so the element at offset i of a buffer is the same element in every job: resharding is copying
+// ranges.
+#include <cstdio>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include "gpuops/zero_optimizer.h"
+
+namespace gpuops::optim {
+namespace {
+
+constexpr int64_t kFormat = 1;
+constexpr const char* kMaster = "master_param";
+
+// A buffer's layout: the offsets of its parameters, then their sizes (world-size independent).
+at::Tensor layout_of(const FlatParams::Bucket& b) {
+  std::vector<int64_t> v;
+  for (const auto& s : b.slots) v.push_back(s.offset);
+  for (const auto& s : b.slots) v.push_back(s.numel);
+  return at::tensor(v, at::kLong);
+}
+
+// Where the last parameter of a buffer ends: the padding after it depends on the world size.
+int64_t used_end(const FlatParams::Bucket& b) { return b.slots.back().offset + b.slots.back().numel; }
+
+std::string join(const NamedTensors& state) {
+  std::string names;
+  for (const auto& [name, t] : state)
+    if (t.defined()) names += (names.empty() ? "" : ",") + name;
+  return names;
+}
+
+std::vector<std::string> split(const std::string& names) {
+  std::vector<std::string> out;
+  std::stringstream in(names);
+  for (std::string name; std::getline(in, name, ',');) out.push_back(name);
+  return out;
+}
+
+c10::IValue read_value(torch::serialize::InputArchive& a, const std::string& key, const std::string& file) {
+  c10::IValue v;
+  TORCH_CHECK_VALUE(a.try_read(key, v), "ZeroOptimizer: ", file, " has no '", key,
+                    "': it is not a ZeroOptimizer shard file");
+  return v;
+}
+
+// One saved rank's file, read whole and checked against this job's layout.
+struct SavedShard {
+  torch::serialize::InputArchive archive;
+  std::vector<torch::serialize::InputArchive> buckets;  // their "state" archives
+  std::vector<std::vector<std::string>> fields;
+  std::vector<int64_t> numels;  // padded buffer lengths in the saving job
+};
+
+}  // namespace
+
+void ZeroShards::write_shard(torch::serialize::OutputArchive& archive, const std::string& kind,
+                             const std::vector<NamedTensors>& states, const torch::optim::OptimizerOptions& options) const {
+  TORCH_CHECK_VALUE(states.size() == shards_.size(), "ZeroShards::write_shard: ", states.size(), " states for ",
+                    shards_.size(), " flat buffers");
+  archive.write("format", c10::IValue(kFormat));
+  archive.write("kind", c10::IValue(kind));
+  archive.write("world_size", c10::IValue(static_cast<int64_t>(comm_.size())));
+  archive.write("rank", c10::IValue(static_cast<int64_t>(comm_.rank())));
+  archive.write("stage", c10::IValue(static_cast<int64_t>(stage_)));
+  archive.write("buckets", c10::IValue(static_cast<int64_t>(shards_.size())));
+  torch::serialize::OutputArchive saved_options;
+  options.serialize(saved_options);
+  archive.write("options", saved_options);
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    const auto& b = flat_->buckets()[k];
+    torch::serialize::OutputArchive bucket, state;
+    bucket.write("dtype", c10::IValue(static_cast<int64_t>(b.dtype)));
+    bucket.write("numel", c10::IValue(b.data.numel()));
+    bucket.write("layout", c10::IValue(layout_of(b)));
+    for (const auto& [name, t] : states[k])
+      if (t.defined()) state.write(name, c10::IValue(t.detach().to(at::kCPU)));
+    bucket.write("fields", c10::IValue(join(states[k])));
+    bucket.write("state", state);
+    archive.write("bucket." + std::to_string(k), bucket);
+  }
+}
+
+void ZeroShards::save_shard(const std::string& path, const std::string& kind, const std::vector<NamedTensors>& states,
+                            const torch::optim::OptimizerOptions& options) const {
+  torch::serialize::OutputArchive archive;
+  write_shard(archive, kind, states, options);
+  // Complete or absent: a temporary name, renamed into place (TrainingState adds checksums and durability).
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  try {
+    archive.save_to(tmp);
+  } catch (const c10::Error& e) {
+    std::remove(tmp.c_str());
+    TORCH_CHECK(false, "ZeroOptimizer.save_shard: cannot write ", path, " (", e.what_without_backtrace(), ")");
+  }
+  TORCH_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "ZeroOptimizer.save_shard: cannot rename ", tmp, " to ",
+              path);
+}
+
+ZeroShards::ReadShards ZeroShards::read_shards(const std::vector<std::string>& files, const std::string& kind,
+                                               bool allow_reshard) const {
+  const auto n_old = static_cast<int64_t>(files.size());
+  TORCH_CHECK_VALUE(n_old >= 1, "ZeroOptimizer.load_shards: files must list the shard file of every rank of the "
+                    "saving job, got none");
+  TORCH_CHECK_VALUE(n_old == comm_.size() || allow_reshard, "ZeroOptimizer.load_shards: the state was saved by ",
+                    n_old, " ranks and this job has ", comm_.size(), "; resharding changes each rank's shard "
+                    "(exactly, online): allow it with allow_reshard=true");
+  const auto load = [&](int64_t r, torch::serialize::InputArchive& archive) {
+    try {
+      archive.load_from(files[r]);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK_VALUE(false, "ZeroOptimizer.load_shards: cannot read ", files[r], " (", e.what_without_backtrace(),
+                        ")");
+    }
+  };
+  return read_from(n_old, load, [&](int64_t r) { return files[r]; }, kind, "ZeroOptimizer.load_shards");
+}
+
+ZeroShards::ReadShards ZeroShards::read_own(torch::serialize::InputArchive& archive, const std::string& kind) const {
+  bool taken = false;
+  const auto load = [&](int64_t r, torch::serialize::InputArchive& into) {
+    TORCH_CHECK_VALUE(r == comm_.rank() && !taken, "ZeroOptimizer.load: the archive is not this rank's shard");
+    into = std::move(archive);
+    taken = true;
+  };
+  return read_from(comm_.size(), load, [](int64_t) { return std::string("the archive"); }, kind, "ZeroOptimizer.load");
+}
+
+ZeroShards::ReadShards ZeroShards::read_from(int64_t n_old, const ShardLoader& load,
+                                             const std::function<std::string(int64_t)>& name_of,
+                                             const std::string& kind, const std::string& where) const {
+  std::vector<std::unique_ptr<SavedShard>> opened(n_old);
+  const auto open = [&](int64_t r) -> SavedShard& {
+    if (opened[r]) return *opened[r];
+    const std::string file = name_of(r);
+    auto s = std::make_unique<SavedShard>();
+    load(r, s->archive);
+    auto& a = s->archive;
+    TORCH_CHECK_VALUE(read_value(a, "format", file).toInt() == kFormat, where, ": ", file, " has format ",
+                      read_value(a, "format", file).toInt(), "; this build reads format ", kFormat);
+    const std::string saved_kind = read_value(a, "kind", file).toStringRef();
+    TORCH_CHECK_VALUE(saved_kind == kind, where, ": ", file, " holds the state of a ", saved_kind,
+                      " optimizer; this one is ", kind);
+    TORCH_CHECK_VALUE(read_value(a, "world_size", file).toInt() == n_old && read_value(a, "rank", file).toInt() == r,
+                      where, ": files[", r, "] = ", file, " is rank ", read_value(a, "rank", file).toInt(), " of ",
+                      read_value(a, "world_size", file).toInt(), " ranks; files must list the ", n_old,
+                      " files of one save in rank order");
+    TORCH_CHECK_VALUE(read_value(a, "buckets", file).toInt() == static_cast<int64_t>(shards_.size()), where, ": ",
+                      file, " has ", read_value(a, "buckets", file).toInt(), " flat buffers; these parameters make ",
+                      shards_.size(), " (another model, or parameters of other dtypes)");
+    for (size_t k = 0; k < shards_.size(); ++k) {
+      torch::serialize::InputArchive bucket, state;
+      a.read("bucket." + std::to_string(k), bucket);
+      const auto& mine = flat_->buckets()[k];
+      const at::Tensor layout = read_value(bucket, "layout", file).toTensor();
+      TORCH_CHECK_VALUE(read_value(bucket, "dtype", file).toInt() == static_cast<int64_t>(mine.dtype) &&
+                            layout.sizes() == layout_of(mine).sizes() && at::equal(layout, layout_of(mine)),
+                        where, ": ", file, " was saved for other parameters (flat buffer ", k, " has another dtype, "
+                        "parameter count, or parameter sizes)");
+      const int64_t numel = read_value(bucket, "numel", file).toInt();
+      TORCH_CHECK_VALUE(numel % n_old == 0 && numel >= used_end(mine), where, ": ", file,
+                        " has a flat buffer of ", numel, " elements, which does not fit its layout");
+      s->fields.push_back(split(read_value(bucket, "fields", file).toStringRef()));
+      bucket.read("state", state);
+      s->buckets.push_back(std::move(state));
+      s->numels.push_back(numel);
+    }
+    opened[r] = std::move(s);
+    return *opened[r];
+  };
+
+  ReadShards result;
+  result.saved_world_size = static_cast<int>(n_old);
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    const int64_t s = shards_[k].numel(), lo = comm_.rank() * s, hi = lo + s;
+    // The saved rank holding this shard's first element (the last one when it is all new padding): the
+    // reference for the fields, the shared scalars and the options.
+    const int64_t guess = lo / std::max<int64_t>(1, s);
+    SavedShard& first_file = open(std::min(n_old - 1, guess));
+    const int64_t old_s = first_file.numels[k] / n_old;
+    const int64_t ref = std::min(n_old - 1, lo / old_s);
+    SavedShard& reference = open(ref);
+    if (k == 0) reference.archive.read("options", result.options);
+    NamedTensors state;
+    for (const std::string& name : reference.fields[k]) {
+      const at::Tensor first = read_value(reference.buckets[k], name, name_of(ref)).toTensor();
+      if (first.dim() != 1 || first.numel() != old_s) {  // shared by the buffer: the same in every file
+        state[name] = first.to(shards_[k].device());
+        continue;
+      }
+      at::Tensor out = at::zeros({s}, first.options().device(shards_[k].device()));  // padding stays zero
+      for (int64_t q = std::max<int64_t>(0, lo / old_s); q < n_old && q * old_s < hi; ++q) {
+        const int64_t from = std::max(lo, q * old_s), to = std::min(hi, (q + 1) * old_s);
+        if (from >= to) continue;
+        SavedShard& saved = open(q);
+        c10::IValue v;
+        TORCH_CHECK_VALUE(saved.buckets[k].try_read(name, v) && v.isTensor() && v.toTensor().numel() == old_s,
+                          where, ": ", name_of(q), " lacks '", name, "' of flat buffer ", k, " that ", name_of(ref),
+                          " has");
+        out.narrow(0, from - lo, to - from).copy_(v.toTensor().narrow(0, from - q * old_s, to - from));
+      }
+      state[name] = out;
+    }
+    result.states.push_back(std::move(state));
+  }
+  return result;
+}
+
+std::vector<NamedTensors> ZeroShards::consolidate(const std::vector<NamedTensors>& states, int to) {
+  TORCH_CHECK_VALUE(to >= 0 && to < comm_.size(), "ZeroOptimizer.consolidate_state_dict: to must be a rank in [0, ",
+                    comm_.size(), "), got ", to);
+  TORCH_CHECK_VALUE(states.size() == shards_.size(), "ZeroShards::consolidate: ", states.size(), " states for ",
+                    shards_.size(), " flat buffers");
+  const bool mine = comm_.rank() == to;
+  const int n = comm_.size();
+  c10::NoGradGuard no_grad;
+  // Per buffer and field: the whole buffer's values on `to`'s host, gathered kReduceChunk elements per rank
+  // at a time through the device (every rank takes part; the map's order is the same on every rank).
+  std::vector<std::map<std::string, at::Tensor>> whole(shards_.size());
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    const int64_t s = shards_[k].numel();
+    for (const auto& [name, t] : states[k]) {
+      if (!t.defined()) continue;
+      if (t.dim() != 1 || t.numel() != s) {
+        if (mine) whole[k][name] = t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+        continue;
+      }
+      at::Tensor host = mine ? at::empty({n, s}, t.options().device(at::kCPU)) : at::Tensor();
+      for (int64_t begin = 0; begin < s; begin += kReduceChunk) {
+        const int64_t len = std::min(kReduceChunk, s - begin);
+        at::Tensor part = t.narrow(0, begin, len).contiguous();
+        at::Tensor all = at::empty({n * len}, part.options());
+        comm_.all_gather(part, all).wait();
+        if (mine) host.narrow(1, begin, len).copy_(all.view({n, len}));
+      }
+      if (mine) whole[k][name] = host.view({-1});
+    }
+  }
+  std::vector<NamedTensors> per_param;
+  if (!mine) return per_param;
+  for (const auto& [k, slot_index] : slot_of_param_) {
+    const auto& slot = flat_->buckets()[k].slots[slot_index];
+    const int64_t s = shards_[k].numel();
+    NamedTensors state;
+    for (const auto& [name, t] : whole[k]) {
+      const bool elementwise = t.dim() == 1;  // the shared scalars are 0-dim
+      state[name] = elementwise ? t.narrow(0, slot.offset, slot.numel).view(slot.param.sizes()).clone() : t.clone();
+    }
+    per_param.push_back(std::move(state));
+  }
+  return per_param;
+}
+
+std::vector<NamedTensors> ZeroShards::shard_states_of(const std::vector<NamedTensors>& per_param) const {
+  const std::string where = "ZeroOptimizer.load_state_dict";
+  TORCH_CHECK_VALUE(per_param.size() == slot_of_param_.size(), where, ": the state has ", per_param.size(),
+                    " parameters; this optimizer has ", slot_of_param_.size());
+  std::vector<NamedTensors> states(shards_.size());
+  std::vector<int64_t> first_of(shards_.size(), -1);  // the first parameter of each buffer: the fields' reference
+  for (size_t i = 0; i < per_param.size(); ++i) {
+    const auto [k, slot_index] = slot_of_param_[i];
+    const auto& slot = flat_->buckets()[k].slots[slot_index];
+    const int64_t s = shards_[k].numel(), lo = comm_.rank() * s;
+    if (first_of[k] < 0) first_of[k] = static_cast<int64_t>(i);
+    const NamedTensors& ref = per_param[first_of[k]];
+    const NamedTensors& given = per_param[i];
+    TORCH_CHECK_VALUE(given.size() == ref.size() && std::equal(given.begin(), given.end(), ref.begin(),
+                                                               [](const auto& a, const auto& b) { return a.first == b.first; }),
+                      where, ": state[", i, "] has the fields {", join(given), "} but state[", first_of[k], "] has {",
+                      join(ref), "}; the parameters of one flat buffer (same device and dtype) step together");
+    for (const auto& [name, t] : given) {
+      TORCH_CHECK_VALUE(t.defined() && t.is_floating_point(), where, ": state[", i, "]['", name,
+                        "'] must be a floating tensor");
+      const bool elementwise = t.numel() == slot.numel && !(name == "step" && t.dim() == 0);
+      if (!elementwise) {
+        TORCH_CHECK_VALUE(t.numel() == 1, where, ": state[", i, "]['", name, "'] has shape ", t.sizes(),
+                          " but its parameter has shape ", slot.param.sizes());
+        const at::Tensor& other = ref.at(name);
+        TORCH_CHECK_VALUE(at::equal(t.to(at::kDouble).reshape({}), other.to(at::kDouble).reshape({})), where,
+                          ": state[", i, "]['", name, "'] = ", t.item<double>(), " but state[", first_of[k], "]['",
+                          name, "'] = ", other.item<double>(), "; the parameters of one flat buffer share it");
+        states[k][name] = t.detach().to(shards_[k].options().requires_grad(false)).reshape({});
+        continue;
+      }
+      at::Tensor& out = states[k][name];
+      if (!out.defined()) out = at::zeros({s}, shards_[k].options().requires_grad(false));
+      const int64_t from = std::max(lo, slot.offset), to = std::min(lo + s, slot.offset + slot.numel);
+      if (from < to) out.narrow(0, from - lo, to - from).copy_(t.detach().reshape({-1}).narrow(0, from - slot.offset, to - from));
+    }
+  }
+  return states;
+}
+
+void ZeroShards::install_masters(std::vector<NamedTensors>& states) {
+  c10::NoGradGuard no_grad;
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    const auto found = states[k].find(kMaster);
+    if (is_master(k)) {
+      shards_[k].copy_(found != states[k].end() ? found->second : data_shard(k).to(at::kFloat));
+    }
+    if (found != states[k].end()) states[k].erase(found);
+  }
+  record_versions();
+}
+
+std::vector<NamedTensors> ZeroShards::with_masters(std::vector<NamedTensors> states) const {
+  for (size_t k = 0; k < shards_.size(); ++k)
+    if (is_master(k)) states[k][kMaster] = shards_[k].detach();
+  return states;
+}
+
+}  // namespace gpuops::optim

@@ -1,0 +1,350 @@
+// ZeroOptimizer beyond fp32 AdamW, with real processes over Gloo (multiprocess.h): Adam and SGD against their
+// single-process twins; bfloat16 parameters whose fp32 masters follow single-process training (gradients
+// reduced in fp32); checkpoints through TrainingState, resharded 2 -> 4 -> 1 -> 2 and compared bit for bit;
+// a SIGTERM on one rank makes every rank save and stop at the same step.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <torch/serialize.h>
+
+#include "gpuops/communicator.h"
+#include "gpuops/optimizers.h"
+#include "gpuops/training_state.h"
+#include "gpuops/zero_optimizer.h"
+#include "multiprocess.h"
+
+namespace {
+
+using gpuops::dist::Communicator;
+using gpuops::dist::CommunicatorOptions;
+using namespace gpuops::optim;  // NOLINT
+using namespace gpuops_test;    // NOLINT: the launch helpers
+
+constexpr int64_t kBatch = 4, kIn = 11, kHidden = 23, kOut = 3;  // odd sizes: padding between parameters
+
+// An MLP whose last layer is `last_dtype` (a second flat buffer when it is not float32).
+std::vector<at::Tensor> make_params(at::ScalarType dtype = at::kFloat, at::ScalarType last_dtype = at::kFloat) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(77);
+  std::vector<at::Tensor> p = {(at::randn({kHidden, kIn}, gen) * 0.3).to(dtype), (at::randn({kHidden}, gen) * 0.1).to(dtype),
+                               (at::randn({kOut, kHidden}, gen) * 0.3).to(last_dtype),
+                               (at::randn({kOut}, gen) * 0.1).to(last_dtype)};
+  for (auto& t : p) t.requires_grad_(true);
+  return p;
+}
+
+std::pair<at::Tensor, at::Tensor> batch_of(int step, int micro, int rank) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5000 + 1000 * step + 10 * micro + rank);
+  return {at::randn({kBatch, kIn}, gen), at::randn({kBatch, kOut}, gen)};
+}
+
+at::Tensor loss_of(const std::vector<at::Tensor>& p, const at::Tensor& x, const at::Tensor& y) {
+  at::Tensor h = at::tanh(at::addmm(p[1], x.to(p[0].scalar_type()), p[0].t()));
+  return (at::addmm(p[3], h.to(p[2].scalar_type()), p[2].t()).to(at::kFloat) - y).square().mean();
+}
+
+constexpr int kAccumulation = 2;
+
+// One step of rank `rank` (or of the concatenated batch of all `ranks` when rank < 0): micro-batches summed
+// into the gradients (divided by the window), then the optimizer's step.
+void train_step(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params, int step, int rank, int ranks) {
+  for (int m = 0; m < kAccumulation; ++m) {
+    std::vector<at::Tensor> xs, ys;
+    for (int r = rank < 0 ? 0 : rank; r < (rank < 0 ? ranks : rank + 1); ++r) {
+      auto [x, y] = batch_of(step, m, r);
+      xs.push_back(x);
+      ys.push_back(y);
+    }
+    (loss_of(params, at::cat(xs), at::cat(ys)) / kAccumulation).backward();
+  }
+  opt.step();
+}
+
+double max_rel_error(const at::Tensor& a, const at::Tensor& ref) {
+  return (a.to(at::kDouble) - ref.to(at::kDouble)).abs().max().item<double>() /
+         ref.to(at::kDouble).abs().max().item<double>();
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Adam and SGD: ZeRO stage 2 against the same optimizer on the concatenated batch, 20 steps.
+
+template <class Base, class Options>
+double zero_against_single(Communicator& comm, const Options& options) {
+  auto params = make_params(), ref = make_params();
+  ZeroOptimizer<Base> zero(params, comm, 2, options);
+  Base single(ref, options);
+  for (int step = 0; step < 20; ++step) {
+    zero.zero_grad();
+    single.zero_grad();
+    train_step(zero, params, step, comm.rank(), comm.size());
+    train_step(single, ref, step, -1, comm.size());
+  }
+  double worst = 0;
+  for (size_t i = 0; i < params.size(); ++i) worst = std::max(worst, max_rel_error(params[i], ref[i]));
+  WORKER_CHECK(worst <= 1e-6, "{}: max relative error {} against single-process > 1e-6", zero.kind(), worst);
+  WORKER_CHECK(max_rel_error(params[0], make_params()[0]) > 0.01, "{}: training barely moved", zero.kind());
+  return worst;
+}
+
+void scenario_kinds(Communicator& comm) {
+  const double adam = zero_against_single<Adam>(comm, AdamOptions(2e-2).weight_decay(0.1).amsgrad(true));
+  const double sgd = zero_against_single<SGD>(comm, SGDOptions(5e-2).momentum(0.9).nesterov(true).weight_decay(1e-3));
+  write_file(fmt::format("{}/result.{}", env_or("GPUOPS_COMM_DIR", "/tmp"), comm.rank()),
+             fmt::format("Adam (amsgrad, L2) max_rel_err={:.3g}; SGD (nesterov) max_rel_err={:.3g}", adam, sgd));
+}
+
+// ------------------------------------------------------------------------------------------------------
+// bfloat16 parameters: ZeRO's fp32 masters against a single process that computes every rank's bf16
+// gradient (accumulated in bf16 as autograd does), averages them in fp32 and steps fp32 masters.
+
+void scenario_bf16(Communicator& comm) {
+  const int n = comm.size(), stage = std::stoi(env_or("GPUOPS_ZERO_STAGE", "1"));
+  auto params = make_params(at::kBFloat16, at::kBFloat16);
+  ZeroOptimizer zero(params, comm, stage, AdamWOptions(1e-2));
+  auto ref = make_params(at::kBFloat16, at::kBFloat16);
+  std::vector<at::Tensor> masters;
+  for (const auto& p : ref) masters.push_back(p.detach().to(at::kFloat).requires_grad_(true));
+  AdamW single(masters, AdamWOptions(1e-2));
+  const int64_t total = zero.flat_params().buckets()[0].data.numel();
+  for (int step = 0; step < 30; ++step) {
+    zero.zero_grad();
+    comm.reset_traffic();
+    train_step(zero, params, step, comm.rank(), n);
+    // One step's traffic (ring algorithm): the gradients reduce-scattered in fp32, the bf16 parameters
+    // all-gathered, and nothing else (no scaler, no clipping).
+    const auto t = comm.traffic();
+    WORKER_CHECK(t.reduce_scatter.ring_sent_bytes == 4 * total * (n - 1) / n &&
+                     t.all_gather.ring_sent_bytes == 2 * total * (n - 1) / n && t.all_reduce.calls == 0,
+                 "step traffic: reduce-scatter {} B, all-gather {} B, {} all-reduces, for {} bf16 elements",
+                 t.reduce_scatter.ring_sent_bytes, t.all_gather.ring_sent_bytes, t.all_reduce.calls, total);
+    single.zero_grad();
+    std::vector<at::Tensor> sum(ref.size());
+    for (int r = 0; r < n; ++r) {
+      for (auto& p : ref) p.mutable_grad() = at::zeros_like(p);  // accumulate in bf16 from zero, as the flat buffer
+      for (int m = 0; m < kAccumulation; ++m) {
+        auto [x, y] = batch_of(step, m, r);
+        (loss_of(ref, x, y) / kAccumulation).backward();
+      }
+      for (size_t i = 0; i < ref.size(); ++i) sum[i] = r == 0 ? ref[i].grad().to(at::kFloat) : sum[i] + ref[i].grad().to(at::kFloat);
+    }
+    for (size_t i = 0; i < ref.size(); ++i) masters[i].mutable_grad() = sum[i] / n;
+    single.step();
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < ref.size(); ++i) ref[i].copy_(masters[i]);
+  }
+  const auto full = zero.consolidate_state(0);
+  int64_t numel = 0;
+  for (const auto& p : params) numel += p.numel();
+  WORKER_CHECK(zero.shards().master_bytes() * n >= 4 * numel && zero.shards().master_bytes() * n < 4 * (numel + 64),
+               "fp32 masters: {} bytes per rank for {} parameters", zero.shards().master_bytes(), numel);
+  if (comm.rank() != 0) return;
+  double worst = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor master = full[i].at("master_param");
+    worst = std::max(worst, max_rel_error(master, masters[i]));
+    WORKER_CHECK(at::equal(master.to(at::kBFloat16), params[i].detach()), "params[{}] is not its master rounded", i);
+  }
+  WORKER_CHECK(worst <= 1e-5, "bf16 masters: max relative error {} against single-process > 1e-5", worst);
+  // The masters carry what bf16 cannot hold (else the test could not tell fp32 masters from none).
+  const at::Tensor m0 = full[0].at("master_param");
+  WORKER_CHECK(!at::equal(m0, m0.to(at::kBFloat16).to(at::kFloat)), "the fp32 masters hold only bf16 values");
+  write_file(fmt::format("{}/result.0", env_or("GPUOPS_COMM_DIR", "/tmp")),
+             fmt::format("bf16 stage {}: fp32 masters max_rel_err={:.3g} against single-process fp32 reduction", stage,
+                         worst));
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Checkpoints: one phase per launch, sharing GPUOPS_ZERO_CKPT. An fp32 buffer and a bf16 one.
+
+gpuops::TrainingObjects objects_of(torch::optim::Optimizer& opt) {
+  gpuops::TrainingObjects o;
+  o.optimizer = &opt;
+  return o;
+}
+
+void save_tensors(const std::vector<at::Tensor>& ts, const std::string& path) { torch::save(ts, path); }
+std::vector<at::Tensor> load_tensors(const std::string& path) {
+  std::vector<at::Tensor> ts;
+  torch::load(ts, path);
+  return ts;
+}
+
+// The consolidated state as one list of tensors (fixed order), to compare bit for bit across phases.
+std::vector<at::Tensor> flatten(const std::vector<NamedTensors>& full) {
+  std::vector<at::Tensor> out;
+  for (const auto& state : full)
+    for (const auto& [name, t] : state) out.push_back(t);
+  return out;
+}
+
+void check_same(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, const std::string& what) {
+  WORKER_CHECK(a.size() == b.size(), "{}: {} tensors against {}", what, a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) WORKER_CHECK(at::equal(a[i], b[i]), "{}: tensor {} differs", what, i);
+}
+
+void scenario_phase(Communicator& comm) {
+  const std::string dir = env_or("GPUOPS_ZERO_CKPT", "/tmp/zero-ckpt"), phase = env_or("GPUOPS_ZERO_PHASE", "");
+  auto params = make_params(at::kFloat, at::kBFloat16);
+  gpuops::TrainingStateOptions so;
+  so.process_group = comm.process_group()->getBackend(c10::DeviceType::CPU);
+  if (phase != "first") {  // the parameters at step 5, as the first phase saved them
+    at::NoGradGuard no_grad;
+    const auto saved = load_tensors(dir + "/params5.pt");
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(saved[i]);
+  }
+  ZeroOptimizer opt(params, comm, 2, AdamWOptions(1e-2).weight_decay(0.05));
+  const auto train = [&](int from, int to) {
+    for (int step = from; step < to; ++step) {
+      opt.zero_grad();
+      train_step(opt, params, step, comm.rank(), comm.size());
+    }
+  };
+  const auto consolidated = [&] { return flatten(opt.consolidate_state(0)); };
+  if (phase == "first") {  // 2 ranks: 5 steps, save, the reference state; then 5 more, the reference parameters
+    train(0, 5);
+    gpuops::TrainingState state(dir + "/a", so);
+    gpuops::TrainingProgress progress;
+    progress.step = 5;
+    const std::string path = state.save(progress, objects_of(opt));
+    WORKER_CHECK(!path.empty() && read_file(path + "/rank-00001.pt").size() > 0, "no shard file of rank 1 in '{}'", path);
+    const auto full = consolidated();
+    if (comm.rank() == 0) {
+      save_tensors(full, dir + "/full5.pt");
+      std::vector<at::Tensor> p5;
+      for (const auto& p : params) p5.push_back(p.detach().clone());
+      save_tensors(p5, dir + "/params5.pt");
+    }
+    train(5, 10);
+    if (comm.rank() == 0) {
+      std::vector<at::Tensor> p10;
+      for (const auto& p : params) p10.push_back(p.detach().clone());
+      save_tensors(p10, dir + "/params10.pt");
+    }
+    return;
+  }
+  // A later phase: load the previous phase's state, resharded; the consolidated state is the first one's.
+  const std::string from = dir + (phase == "second" ? "/a" : phase == "third" ? "/b" : "/c");
+  gpuops::TrainingState state(from, so);
+  if (phase == "second") {  // another world size, not allowed: refused, nothing changed
+    std::string error;
+    try {
+      state.load(objects_of(opt), true, /*allow_reshard=*/false);
+    } catch (const c10::ValueError& e) {
+      error = e.what_without_backtrace();
+    }
+    WORKER_CHECK(error.find("allow_reshard") != std::string::npos && error.find("saved by 2 ranks") != std::string::npos,
+                 "load at another world size without allow_reshard: got '{}'", error);
+    WORKER_CHECK(opt.state_bytes() == opt.shards().master_bytes(), "a refused load left optimizer state behind");
+  }
+  const auto loaded = state.load(objects_of(opt), true, /*allow_reshard=*/true);
+  WORKER_CHECK(loaded && loaded->step == 5, "loaded step {}", loaded ? loaded->step : -1);
+  const auto full = consolidated();
+  if (comm.rank() == 0) check_same(full, load_tensors(dir + "/full5.pt"), "consolidated state after " + phase);
+  if (phase != "fourth") {
+    gpuops::TrainingState next(dir + (phase == "second" ? "/b" : "/c"), so);
+    gpuops::TrainingProgress progress;
+    progress.step = 5;
+    next.save(progress, objects_of(opt));
+    return;
+  }
+  train(5, 10);  // back at 2 ranks: the same bits as the first phase's uninterrupted run
+  if (comm.rank() == 0) {
+    std::vector<at::Tensor> p10;
+    for (const auto& p : params) p10.push_back(p.detach().clone());
+    check_same(p10, load_tensors(dir + "/params10.pt"), "parameters after resuming through 4 and 1 ranks");
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------
+// SIGTERM on rank 1 at step 3: every rank sees should_stop() at the same step, saves, and stops.
+
+void scenario_sigterm(Communicator& comm) {
+  const std::string dir = env_or("GPUOPS_COMM_DIR", "/tmp") + "/state";
+  auto params = make_params();
+  ZeroOptimizer opt(params, comm, 1, AdamWOptions(1e-2));
+  gpuops::TrainingStateOptions so;
+  so.process_group = comm.process_group()->getBackend(c10::DeviceType::CPU);
+  gpuops::TrainingState state(dir, so);
+  for (int step = 0; step < 100; ++step) {
+    opt.zero_grad();
+    train_step(opt, params, step, comm.rank(), comm.size());
+    if (step == 3 && comm.rank() == 1) std::raise(SIGTERM);  // a scheduler's signal, caught by TrainingState
+    if (state.should_stop()) {
+      gpuops::TrainingProgress progress;
+      progress.step = step + 1;
+      const std::string path = state.save(progress, objects_of(opt));
+      write_file(fmt::format("{}/result.{}", env_or("GPUOPS_COMM_DIR", "/tmp"), comm.rank()),
+                 fmt::format("stopped after step {} with {}", step + 1, path));
+      return;
+    }
+  }
+  throw std::runtime_error("never stopped");
+}
+
+int run_worker(const std::string& scenario) {
+  return run_scenario(scenario, {{"kinds", scenario_kinds}, {"bf16", scenario_bf16}, {"phase", scenario_phase}, {"sigterm", scenario_sigterm}});
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Parent side
+
+Ranks run(int n, const std::string& scenario) {
+  const auto t0 = Clock::now();
+  auto ranks = spawn(n, scenario, 30000);
+  const bool in_time = wait_ranks(ranks, t0 + std::chrono::seconds(60));
+  EXPECT_TRUE(in_time) << "ranks still running after 60 s\n" << ranks.logs();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(ranks.status[r], 0) << "rank " << r << "\n" << ranks.logs();
+  std::printf("[ %s, %d ranks: %.2f s; rank 0: %s ]\n", scenario.c_str(), n,
+              std::chrono::duration<double>(Clock::now() - t0).count(), read_file(ranks.dir + "/result.0").c_str());
+  return ranks;
+}
+
+TEST(ZeroKinds, AdamAndSgdTwoRanks) { run(2, "kinds"); }
+
+TEST(ZeroBf16, Stage1TwoRanks) {
+  ::setenv("GPUOPS_ZERO_STAGE", "1", 1);
+  run(2, "bf16");
+}
+
+TEST(ZeroBf16, Stage2TwoRanks) {
+  ::setenv("GPUOPS_ZERO_STAGE", "2", 1);
+  run(2, "bf16");
+}
+
+TEST(ZeroBf16, Stage2FourRanks) {  // four ranks: Gloo's sum runs in another order than the reference's
+  ::setenv("GPUOPS_ZERO_STAGE", "2", 1);
+  run(4, "bf16");
+}
+
+TEST(ZeroCheckpoint, ReshardTwoFourOneTwo) {
+  char tmpl[] = "/tmp/gpuops-zero-ckpt-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  ::setenv("GPUOPS_ZERO_CKPT", tmpl, 1);
+  for (const auto& [phase, n] : std::vector<std::pair<std::string, int>>{{"first", 2}, {"second", 4}, {"third", 1},
+                                                                           {"fourth", 2}}) {
+    ::setenv("GPUOPS_ZERO_PHASE", phase.c_str(), 1);
+    run(n, "phase");
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
+TEST(ZeroCheckpoint, SigtermOnOneRankStopsAll) {
+  auto ranks = run(2, "sigterm");
+  const std::string a = read_file(ranks.dir + "/result.0"), b = read_file(ranks.dir + "/result.1");
+  EXPECT_NE(a.find("stopped after step 4"), std::string::npos) << a;
+  EXPECT_EQ(a, b) << "the ranks stopped differently";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (const char* scenario = std::getenv("GPUOPS_COMM_WORKER")) return run_worker(scenario);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
