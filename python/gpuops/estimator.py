@@ -111,6 +111,7 @@ def estimate(
     seq_len: int = 512,
     grad_accum: int = 1,
     zero_grad: str = "none",
+    zero_reduce: str = "backward",
     sharding: str = "flat",
     reshard_after_forward: bool = True,
     offload_optimizer: bool = False,
@@ -162,6 +163,10 @@ def estimate(
     torch >= 2.0's default: the forward runs without gradients) or ``"zeros"`` (torch < 2.0's default: they
     stay allocated through the next step).
 
+    ``zero_reduce`` (ZeRO stages 1-2): ``"backward"`` (gradients reduced in buckets while backward runs, as
+    DeepSpeed and Megatron do: stage 2 holds 1/N of them) or ``"step"`` (gpuops.ZeroOptimizer: the full flat
+    gradient is kept from ``zero_grad()`` and reduce-scattered at the step; stage 2 adds its fp32 shard).
+
     The CUDA software (``device="cuda"``): ``gpu`` a catalog GPU whose profile to use (its compute capability:
     context and workspaces; ``None``: an H100), ``cuda`` the CUDA major version of the torch build (11-13),
     ``module_loading`` ``"lazy"`` (torch's default) or ``"eager"``, ``allocator`` ``"default"`` or
@@ -174,7 +179,7 @@ def estimate(
         spec, device, precision=precision, amp=amp, optimizer=optimizer, optimizer_impl=optimizer_impl,
         zero_stage=zero_stage, num_gpus=num_gpus, checkpointing=checkpointing, attention=attention,
         lora_rank=lora_rank, lora_targets=lora_targets, base_dtype=base_dtype, micro_batch=micro_batch,
-        seq_len=seq_len, grad_accum=grad_accum, zero_grad=zero_grad, sharding=sharding, reshard_after_forward=reshard_after_forward,
+        seq_len=seq_len, grad_accum=grad_accum, zero_grad=zero_grad, zero_reduce=zero_reduce, sharding=sharding, reshard_after_forward=reshard_after_forward,
         offload_optimizer=offload_optimizer, quantize_lm_head=quantize_lm_head, loss=loss, lora_dropout=lora_dropout,
         compile=compile, gpu=gpu, cuda=cuda, module_loading=module_loading, allocator=allocator,
         context_bytes=context_bytes)

@@ -42,7 +42,7 @@ struct EstimateOptions {
   std::string checkpointing = "none", attention = "sdpa";
   std::string base_dtype = "bf16", device = "cuda", gpu;
   std::string zero = "0", gpus = "1", lora_rank = "0", batch = "1", seq = std::to_string(kDefaultSeq),
-              grad_accum = "1", zero_grad = "none";
+              grad_accum = "1", zero_grad = "none", zero_reduce = "backward";
   std::vector<std::string> lora_targets = {"q", "v"};
   bool recommend = false, json = false;
   // Optimizer placement and sharding (docs/estimator.md, "Optimizers, offload and sharding"):
@@ -98,6 +98,7 @@ est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& m
   if (!seq_given && model.learned_positions) s.seq_len = std::min(s.seq_len, model.max_positions);
   s.grad_accum = parse_integer("--grad-accum", o.grad_accum);
   s.grads_set_to_none = est::parse_zero_grad(o.zero_grad);
+  s.zero_reduce_at_step = est::parse_zero_reduce(o.zero_reduce);
   est::parse_loss(o.loss, s);
   s.lora_dropout = est::parse_lora_dropout(o.lora_dropout);
   s.compile = o.compile;
@@ -295,6 +296,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       seq_option,
       estimate->add_option("--grad-accum", o.grad_accum, "Gradient accumulation steps")
           ->type_name("INT")
+          ->capture_default_str(),
+      estimate->add_option("--zero-reduce", o.zero_reduce, "ZeRO 1-2: gradients reduced in buckets during the "
+                           "backward (DeepSpeed, Megatron) or at the step (gpuops' ZeroOptimizer)")
+          ->type_name("backward|step")
           ->capture_default_str(),
       estimate->add_option("--zero-grad", o.zero_grad, "Between steps the gradients are: none "
                            "(zero_grad(set_to_none=True), torch >= 2.0) or zeros (kept, torch < 2.0)")

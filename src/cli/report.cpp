@@ -28,6 +28,7 @@ std::string describe_state_options(const est::TrainingSetup& s) {
   std::string out;
   if (s.sharding == est::ShardingLayout::Fsdp2)
     out += fmt::format(", FSDP2 (reshard after forward {})", s.reshard_after_forward ? "true" : "false");
+  if (s.zero_reduce_at_step) out += ", gradients reduced at the step (gpuops ZeroOptimizer)";
   if (s.offload_optimizer) out += ", optimizer offloaded to the host";
   if (s.lora.quantize_lm_head) out += fmt::format(", LM head in {}", est::to_string(s.lora.base));
   if (s.loss != est::LossKind::Standard) out += fmt::format(", loss {}", est::loss_to_string(s));
@@ -98,6 +99,7 @@ json setup_json(const est::TrainingSetup& s) {
           {"seq_len", s.seq_len},
           {"grad_accum", s.grad_accum},
           {"zero_grad", s.grads_set_to_none ? "none" : "zeros"},
+          {"zero_reduce", s.zero_reduce_at_step ? "step" : "backward"},
           {"global_batch", (est::CheckedInt(s.micro_batch) * s.grad_accum * s.num_gpus).get()},
           {"loss", est::loss_to_string(s)},
           {"lora_dropout", s.lora_dropout},

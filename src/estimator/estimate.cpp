@@ -114,6 +114,12 @@ MemoryBreakdown persistent_memory(const ModelSpec& m, const TrainingSetup& s, co
   MemoryBreakdown b;
   b.weights = (C(local_weights) * wbytes + sharded_frozen_bytes(m, s) + buffer_bytes(m, s)).get();
   b.gradients = (C(local_grads) * wbytes).get();
+  if (s.zero_reduce_at_step) {
+    // gpuops' ZeroOptimizer: the whole flat gradient lives through the step; an fp32 shard beside it when
+    // stage 2 keeps one, or when 16-bit gradients are reduced in fp32.
+    const bool fp32_shard = s.zero_stage == 2 || wbytes != 4;
+    b.gradients = (C(trainable_parameter_count(m, s)) * wbytes + (fp32_shard ? 4 * C(local_states) : C(0))).get();
+  }
   b.master_weights = is_mixed(s.precision) && s.amp == AmpLayout::MasterCopy ? (C(local_states) * 4).get() : 0;
   b.optimizer_states = s.optimizer == OptimizerKind::Adafactor
                            ? adafactor_state_bytes(m, s)

@@ -192,6 +192,10 @@ void validate_state_options(const TrainingSetup& s, const ModelSpec& m) {
     GPUOPS_CHECK_ARG(!params_only, "sharding fsdp2 needs an architecture (per-tensor dim-0 shards), not a bare "
                      "parameter count; accepted: sharding flat with params, or a preset / config.json");
   }
+  GPUOPS_CHECK_ARG(!s.zero_reduce_at_step || ((s.zero_stage == 1 || s.zero_stage == 2) && !is_fsdp2(s)),
+                   "zero-reduce step (gpuops' ZeroOptimizer) applies to ZeRO stages 1 and 2 with sharding flat; "
+                   "accepted: zero 1 or 2, or zero-reduce backward; got zero {}{}", s.zero_stage,
+                   is_fsdp2(s) ? " with sharding fsdp2" : "");
   GPUOPS_CHECK_ARG(s.reshard_after_forward || is_fsdp2(s),
                    "reshard-after-forward false applies to sharding fsdp2 only; accepted: sharding fsdp2, or "
                    "reshard-after-forward true");

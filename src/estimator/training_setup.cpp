@@ -210,6 +210,14 @@ bool parse_zero_grad(std::string_view text) {
                                   printable(text)));
 }
 
+bool parse_zero_reduce(std::string_view text) {
+  if (text == "backward") return false;
+  if (text == "step") return true;
+  throw ArgumentError(fmt::format("zero-reduce '{}' is not accepted; accepted: backward (gradients reduced in "
+                                  "buckets during backward: DeepSpeed, Megatron), step (reduced at the step: gpuops' "
+                                  "ZeroOptimizer)", printable(text)));
+}
+
 int64_t compute_dtype_bytes(Precision p) { return p == Precision::Fp32 ? 4 : 2; }
 
 bool is_mixed(Precision p) { return p == Precision::Fp16Mixed || p == Precision::Bf16Mixed; }

@@ -633,3 +633,25 @@ TEST(StepPeak, GradientsKeptBetweenStepsAreAliveInTheForward) {
   EXPECT_EQ(est::parse_zero_grad("none"), true);
   EXPECT_THROW(est::parse_zero_grad("false"), gpuops::ArgumentError);
 }
+
+TEST(StepPeak, ZeroReducedAtTheStepKeepsTheWholeFlatGradient) {
+  // gpuops' ZeroOptimizer (zero_reduce "step"): stage 1 keeps every gradient from zero_grad() on, stage 2 adds
+  // its fp32 shard; reduced in buckets during backward (DeepSpeed), stage 2 holds 1/N.
+  const est::ModelSpec m = est::preset("gpt2");
+  est::TrainingSetup s = full_bf16_mixed();
+  s.precision = est::Precision::Fp32;
+  s.num_gpus = 4;
+  const int64_t n = est::parameter_count(m);
+  s.zero_stage = 2;
+  EXPECT_EQ(persistent(m, s).gradients, 4 * ((n + 3) / 4));  // DeepSpeed: a quarter
+  s.zero_reduce_at_step = true;
+  EXPECT_EQ(persistent(m, s).gradients, 4 * n + 4 * ((n + 3) / 4));
+  EXPECT_EQ(est::phase_breakdowns(m, s, est::cpu_device(), persistent(m, s))[0].gradients, persistent(m, s).gradients);
+  s.zero_stage = 1;
+  EXPECT_EQ(persistent(m, s).gradients, 4 * n);
+  s.zero_stage = 3;
+  EXPECT_THROW(est::validate(s, m), gpuops::ArgumentError);
+  EXPECT_EQ(est::parse_zero_reduce("step"), true);
+  EXPECT_EQ(est::parse_zero_reduce("backward"), false);
+  EXPECT_THROW(est::parse_zero_reduce("hooks"), gpuops::ArgumentError);
+}

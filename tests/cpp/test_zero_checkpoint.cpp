@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -287,8 +289,33 @@ void scenario_sigterm(Communicator& comm) {
   throw std::runtime_error("never stopped");
 }
 
+// ------------------------------------------------------------------------------------------------------
+// The last rank SIGKILLs itself after its backward of step 3: the others, inside the step's reduce-scatter,
+// raise the communicator's clear error (the collective, this rank, the lost peer) within the timeout.
+
+void scenario_killed_mid_step(Communicator& comm) {
+  auto params = make_params();
+  ZeroOptimizer opt(params, comm, 2, AdamWOptions(1e-2));
+  for (int step = 0; step < 10; ++step) {
+    opt.zero_grad();
+    auto [x, y] = batch_of(step, 0, comm.rank());
+    loss_of(params, x, y).backward();
+    if (step == 3 && comm.rank() == comm.size() - 1) std::raise(SIGKILL);
+    const int64_t start = now_ms();
+    try {
+      opt.step();
+    } catch (const c10::Error& e) {
+      write_file(fmt::format("{}/result.{}", env_or("GPUOPS_COMM_DIR", "/tmp"), comm.rank()),
+                 fmt::format("{} {}", now_ms() - start, e.what_without_backtrace()));
+      return;
+    }
+  }
+  throw std::runtime_error("every step completed without the killed peer");
+}
+
 int run_worker(const std::string& scenario) {
-  return run_scenario(scenario, {{"kinds", scenario_kinds}, {"bf16", scenario_bf16}, {"phase", scenario_phase}, {"sigterm", scenario_sigterm}});
+  return run_scenario(scenario, {{"kinds", scenario_kinds}, {"bf16", scenario_bf16}, {"phase", scenario_phase}, {"sigterm", scenario_sigterm},
+                                 {"killed_mid_step", scenario_killed_mid_step}});
 }
 
 // ------------------------------------------------------------------------------------------------------
@@ -339,6 +366,29 @@ TEST(ZeroCheckpoint, SigtermOnOneRankStopsAll) {
   const std::string a = read_file(ranks.dir + "/result.0"), b = read_file(ranks.dir + "/result.1");
   EXPECT_NE(a.find("stopped after step 4"), std::string::npos) << a;
   EXPECT_EQ(a, b) << "the ranks stopped differently";
+}
+
+TEST(ZeroCheckpoint, ARankKilledMidStepMakesTheOthersRaiseWithinTheTimeout) {
+  constexpr int kTimeoutMs = 4000, kMarginMs = 1500;
+  const auto t0 = Clock::now();
+  auto ranks = spawn(3, "killed_mid_step", kTimeoutMs);
+  const bool in_time = wait_ranks(ranks, t0 + std::chrono::seconds(40), {0, 1});
+  kill_rest(ranks);
+  ASSERT_TRUE(in_time) << "a survivor hung\n" << ranks.logs();
+  EXPECT_EQ(ranks.status[2], 128 + SIGKILL) << ranks.logs();
+  for (int r : {0, 1}) {
+    ASSERT_EQ(ranks.status[r], 0) << "rank " << r << "\n" << ranks.logs();
+    std::istringstream result(read_file(fmt::format("{}/result.{}", ranks.dir, r)));
+    int64_t elapsed = -1;
+    result >> elapsed;
+    const std::string message((std::istreambuf_iterator<char>(result)), std::istreambuf_iterator<char>());
+    EXPECT_NE(message.find("reduce_scatter"), std::string::npos) << message;
+    EXPECT_NE(message.find(fmt::format("rank {} of 3", r)), std::string::npos) << message;
+    EXPECT_GE(elapsed, 0);
+    EXPECT_LE(elapsed, kTimeoutMs + kMarginMs) << message;
+    std::printf("[ rank %d raised after %lld ms: %s ]\n", r, static_cast<long long>(elapsed),
+                message.substr(0, message.find('\n')).c_str());
+  }
 }
 
 }  // namespace

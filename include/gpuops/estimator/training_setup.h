@@ -72,6 +72,11 @@ struct TrainingSetup {
   /// zero_grad(set_to_none=...): true (torch >= 2.0's default) frees the gradients between steps; false
   /// (torch < 2.0's default, and the Hugging Face Trainer on it) keeps them allocated, zeroed.
   bool grads_set_to_none = true;
+  /// ZeRO stages 1-2: where the gradients are reduced. false ("backward"): from gradient hooks in buckets
+  /// while backward runs (DeepSpeed, Megatron): stage 2 holds 1/N of them. true ("step"): gpuops'
+  /// ZeroOptimizer, which keeps the full flat gradient from zero_grad() and reduce-scatters it at the step;
+  /// stage 2 (and 16-bit parameters) add the fp32 gradient shard.
+  bool zero_reduce_at_step = false;
   // Activation-side setups (docs/estimator.md, "Checkpointing policies, chunked loss, LoRA dropout,
   // torch.compile").
   LossKind loss = LossKind::Standard;
@@ -123,7 +128,12 @@ int64_t compute_dtype_bytes(Precision p);
 
 /// True when the gradients exist during the forward and the early backward: kept zeroed between steps, or
 /// accumulated over several micro-batches.
-inline bool gradients_alive_in_forward(const TrainingSetup& s) { return s.grad_accum > 1 || !s.grads_set_to_none; }
+inline bool gradients_alive_in_forward(const TrainingSetup& s) {
+  return s.grad_accum > 1 || !s.grads_set_to_none || s.zero_reduce_at_step;
+}
+
+/// "backward" or "step" (TrainingSetup::zero_reduce_at_step); ArgumentError naming --zero-reduce otherwise.
+bool parse_zero_reduce(std::string_view text);
 
 /// "none" (set_to_none=True) or "zeros" (set_to_none=False); ArgumentError naming --zero-grad otherwise.
 bool parse_zero_grad(std::string_view text);

@@ -1,0 +1,91 @@
+"""The estimator's per-rank ZeRO figures (`gpuops estimate --zero 1|2 --gpus N`) against the per-rank peaks of
+gpuops.ZeroOptimizer, measured on CPU processes over Gloo with gpuops.memory_budget (measure.py's meter).
+
+    .venv/bin/python bench/estimator_validation/zero_ranks.py [--world 2]
+
+Each rank trains validate.py's held-out Hugging Face models for two steps with ZeroOptimizer (AdamW, fp32)
+and measures its peak above the pre-build baseline; rank 0 prints one JSON row per (model, stage) with the
+measured peak of every rank, ZeroOptimizer's own state and gradient bytes, and the estimate for that stage
+and world size (optimizer_impl "fused": ours steps in one fused pass; zero_reduce "step": ours keeps the flat
+gradient from zero_grad() and reduces it at the step).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+CASES = [("gpt2-tied", 2, 64), ("llama-gqa-untied", 2, 64), ("gpt2-untied-inner", 4, 128)]
+
+
+def _rank_main():
+    import torch
+    import torch.distributed as dist
+
+    import gpuops
+    from measure import make_config, measure_peak, model_factory_for
+    from validate import MODELS
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows = []
+    for name, batch, seq in CASES:
+        kind, cfg = MODELS[name]
+        for stage in (1, 2):
+            held = {}
+
+            def factory(params):
+                opt = gpuops.ZeroOptimizer(params, "adamw", stage=stage, lr=1e-3)
+                held["opt"] = opt
+                return opt
+
+            result = measure_peak(model_factory_for(kind, cfg, "sdpa"), factory, batch, seq, "fp32", meter="gpuops")
+            peaks = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+            dist.all_gather(peaks, torch.tensor([result["peak"]]))
+            est = gpuops.estimate(config=make_config(kind, cfg, "sdpa").to_dict(), precision="fp32",
+                                  optimizer="adamw", optimizer_impl="fused", zero_stage=stage, num_gpus=world,
+                                  micro_batch=batch, seq_len=seq, device="cpu", zero_reduce="step")
+            rows.append({"model": name, "batch": batch, "seq": seq, "stage": stage, "world": world,
+                         "measured": [int(p.item()) for p in peaks], "peak_phase": result["peak_phase"],
+                         "state_bytes": held["opt"].state_bytes(), "estimated": est.total_bytes,
+                         "est_optimizer_states": est.optimizer_states, "est_gradients": est.gradients})
+            del held["opt"]
+            dist.barrier()
+    if rank == 0:
+        print("ROWS " + json.dumps(rows), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run(world: int = 2) -> list:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                OMP_NUM_THREADS="1", GPUOPS_ZERO_RANKS_WORKER="1")
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__)], env=dict(base, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        if p.returncode != 0:
+            raise RuntimeError(f"rank {r} failed:\n{out}")
+    return json.loads(next(l for l in outs[0].splitlines() if l.startswith("ROWS "))[5:])
+
+
+if __name__ == "__main__":
+    if os.environ.get("GPUOPS_ZERO_RANKS_WORKER"):
+        _rank_main()
+    else:
+        parser = argparse.ArgumentParser(description=__doc__)
+        parser.add_argument("--world", type=int, default=2)
+        for row in run(parser.parse_args().world):
+            worst = max(row["measured"], key=lambda m: abs(row["estimated"] - m))
+            row["error"] = (row["estimated"] - worst) / worst
+            print(json.dumps(row))

@@ -1,0 +1,23 @@
+"""`gpuops estimate --zero 1|2 --gpus 2 --zero-reduce step` against the per-rank peaks of gpuops.ZeroOptimizer:
+validate.py's held-out Hugging Face models trained by 2 CPU processes over Gloo, each rank's peak measured by
+gpuops.memory_budget (bench/estimator_validation/zero_ranks.py; the rows are in docs/estimator.md)."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "estimator_validation"))
+import zero_ranks  # noqa: E402
+
+
+def test_per_rank_estimate_matches_measured_zero_peaks():
+    rows = zero_ranks.run(2)
+    assert {(r["stage"], r["model"]) for r in rows} == {(s, c[0]) for s in (1, 2) for c in zero_ranks.CASES}
+    for r in rows:
+        low, high = min(r["measured"]), max(r["measured"])
+        label = f"{r['model']} stage {r['stage']}: estimated {r['estimated']}, measured per rank {r['measured']}"
+        # Every rank's steady peak to 0.1% (measured: 100 bytes of 30-77 MB, the optimizers' step counters).
+        assert abs(r["estimated"] - low) <= 1e-3 * low, label
+        # Now and then one stage-1 rank peaks higher, by a transient not explained yet (docs/estimator.md).
+        assert high <= 1.08 * r["estimated"], label
+        # The optimizer state is the estimator's to the step counters (one per flat buffer here, one per tensor there).
+        assert abs(r["state_bytes"] - r["est_optimizer_states"]) <= 4 * 64, label
