@@ -13,6 +13,7 @@ Per method and world size, rank 0 reports:
   gpuops.memory_budget (our counting CPU allocator);
 - step time: median of the timed steps, and its ratio to torch's ZeroRedundancyOptimizer in the same run.
 The model is an MLP (4 x Linear(1024, 1024)); every method sees the same data; OMP_NUM_THREADS=1 per rank.
+gpuops' buckets are 4 MiB (one weight matrix each); "-bwd" reduces them from autograd hooks during backward.
 """
 
 import argparse
@@ -26,7 +27,7 @@ import time
 
 import torch
 
-METHODS = ["gpuops-zero1", "gpuops-zero2", "torch-zero+ddp", "ddp", "fsdp2"]
+METHODS = ["gpuops-zero1", "gpuops-zero2", "gpuops-zero2-bwd", "torch-zero+ddp", "ddp", "fsdp2"]
 WIDTH, LAYERS, BATCH, WARMUP, TIMED = 1024, 4, 32, 3, 10
 
 
@@ -55,8 +56,9 @@ def _run_method(method, rank, world):
         param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         if method.startswith("gpuops"):
             comm = gpuops.dist.Communicator(timeout=120)
-            opt = gpuops.ZeroOptimizer(model.parameters(), "adamw", communicator=comm, stage=int(method[-1]),
-                                       lr=1e-3)
+            # -bwd: reduced from autograd hooks in buckets while backward runs (reduce_in_backward)
+            opt = gpuops.ZeroOptimizer(model.parameters(), "adamw", communicator=comm, stage=int(method[11]),
+                                       reduce_in_backward=method.endswith("-bwd"), bucket_bytes=4 * 2**20, lr=1e-3)
             net = model
         elif method == "fsdp2":
             from torch.distributed.fsdp import fully_shard

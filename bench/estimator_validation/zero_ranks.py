@@ -36,11 +36,11 @@ def _rank_main():
     rows = []
     for name, batch, seq in CASES:
         kind, cfg = MODELS[name]
-        for stage in (1, 2):
+        for stage, bwd in ((1, False), (2, False), (2, True)):
             held = {}
 
             def factory(params):
-                opt = gpuops.ZeroOptimizer(params, "adamw", stage=stage, lr=1e-3)
+                opt = gpuops.ZeroOptimizer(params, "adamw", stage=stage, reduce_in_backward=bwd, lr=1e-3)
                 held["opt"] = opt
                 return opt
 
@@ -49,8 +49,10 @@ def _rank_main():
             dist.all_gather(peaks, torch.tensor([result["peak"]]))
             est = gpuops.estimate(config=make_config(kind, cfg, "sdpa").to_dict(), precision="fp32",
                                   optimizer="adamw", optimizer_impl="fused", zero_stage=stage, num_gpus=world,
-                                  micro_batch=batch, seq_len=seq, device="cpu", zero_reduce="step")
+                                  micro_batch=batch, seq_len=seq, device="cpu",
+                                  zero_reduce="backward" if bwd else "step")
             rows.append({"model": name, "batch": batch, "seq": seq, "stage": stage, "world": world,
+                         "reduce_in_backward": bwd,
                          "measured": [int(p.item()) for p in peaks], "peak_phase": result["peak_phase"],
                          "state_bytes": held["opt"].state_bytes(), "estimated": est.total_bytes,
                          "est_optimizer_states": est.optimizer_states, "est_gradients": est.gradients})

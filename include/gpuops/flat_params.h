@@ -41,6 +41,9 @@ class FlatParams {
   /// empty list, a parameter given twice, one that is not a leaf requiring grad, sparse, or not contiguous,
   /// a .grad that is not a dense tensor of its parameter's shape, dtype and device, or bad options.
   explicit FlatParams(const std::vector<at::Tensor>& params, FlatParamsOptions options = {});
+  /// The constructor's checks alone (c10::ValueError), changing nothing: for callers that build several
+  /// FlatParams from one list and must refuse it before the first one changes a parameter.
+  static void check(const std::vector<at::Tensor>& params, const FlatParamsOptions& options = {});
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
@@ -60,6 +63,11 @@ class FlatParams {
   /// into their slots and they become views again. c10::ValueError, with nothing changed, when such a parameter
   /// changed shape, dtype or device. Returns how many were put back.
   int64_t reattach();
+  /// Makes slot `slot` of bucket `bucket`'s parameter's .grad a view of the bucket's gradient buffer again,
+  /// keeping its values: when the buffer was released (release_grads) it is allocated, zeroed, and every
+  /// parameter of the bucket gets its view. For a reduction from autograd hooks, where autograd made the
+  /// gradient of a parameter whose .grad was undefined.
+  void adopt_grad(size_t bucket, size_t slot);
   /// Whether every parameter's .grad and data are still the views of the buffers.
   bool intact() const;
   /// The rank-th of world_size equal slices of a bucket's `data` or `grad` buffer (ZeRO's shard).

@@ -1,25 +1,27 @@
 #pragma once
 // gpuops::optim::ZeroOptimizer<Base> (issue 13): ZeRO stages 1 and 2 over one of our fused optimizers (AdamW,
-// Adam, SGD) and a Communicator. The parameters are gathered into FlatParams padded to a multiple of the world
-// size; every rank owns the contiguous shard [rank * S, (rank + 1) * S) of each flat buffer and keeps the
-// optimizer state of that shard only. The optimizer underneath (Base itself: ZeroOptimizer<AdamW> is an AdamW)
-// steps one fp32 "shard parameter" per buffer: for a float32 buffer a leaf aliasing the shard of the flat
-// parameters; for a float16/bfloat16 buffer the fp32 master copy of the shard, rounded (to nearest even) into
-// the 16-bit parameters after the step. Its .grad is the reduced fp32 gradient shard. The step is Base's own
-// fused step, on 1/N of the elements; the engine of everything else is ZeroShards.
+// Adam, SGD) and a Communicator. The parameters are cut into buckets (ZeroOptions::bucket_bytes, in reverse
+// order), each a FlatParams buffer padded to a multiple of the world size; every rank owns the contiguous
+// shard [rank * S, (rank + 1) * S) of each bucket and keeps the optimizer state of that shard only. The
+// optimizer underneath (Base itself: ZeroOptimizer<AdamW> is an AdamW) steps one fp32 "shard parameter" per
+// bucket: for a float32 bucket a leaf aliasing the shard of the flat parameters; for a float16/bfloat16 one
+// the fp32 master copy of the shard, rounded (to nearest even) into the 16-bit parameters after the step. Its
+// .grad is the reduced fp32 gradient shard. The step is Base's own fused step, on 1/N of the elements; the
+// engine of everything else is ZeroShards.
 //
-// One step: (1) reduce-scatter every flat gradient (average over ranks), buffers in a fixed order, once per
-// step (after all micro-batches of an accumulation window). 16-bit gradients are reduced in fp32: each chunk
-// of kReduceChunk elements per rank is converted on the fly (two chunks in flight), so the sum never rounds
-// to 16 bits. (2) With a GradScaler: one all-reduce of the overflow flag (max) and, with clip_grad_norm_, one
-// of the squared norm (sum, float64). (3) Base's fused step on the shard (scale and flag on the device, as a
-// GradScaler hands them to every fused optimizer). (4) All-gather every flat parameter buffer. Traffic per
-// step: reduce-scatter + all-gather = one all-reduce of the parameters, plus two one-element all-reduces.
+// One step: (1) reduce-scatter every bucket's gradient (average over ranks), buckets in a fixed order: once
+// per step after the accumulation window, or (reduce_in_backward) from autograd hooks while each backward
+// runs. 16-bit gradients are reduced in fp32: chunks of kReduceChunk elements per rank converted on the fly,
+// so the sum never rounds to 16 bits. (2) With a GradScaler: one all-reduce of the overflow flag (max) and,
+// with clip_grad_norm_, one of the squared norm (sum, float64). (3) Base's fused step on the shards (scale and
+// flag on the device, as a GradScaler hands them to every fused optimizer). (4) All-gather every bucket.
+// Traffic per step: reduce-scatter + all-gather = one all-reduce of the parameters (per micro-batch for the
+// reduce-scatter with reduce_in_backward), plus two one-element all-reduces.
 //
-// Stage 2 keeps only its gradient shard after the reduction (the full flat gradient is freed; zero_grad()
-// allocates it again for the next backward). Stage 1 float32 reduces in place: afterwards the parameters'
-// .grad hold the average over ranks in this rank's shard only, elsewhere unspecified. Results do not depend
-// on timing: the collectives run in a fixed order and are waited in that order.
+// Stage 2 keeps only its gradient shards after the reduction (the flat gradients are freed: at the step, or
+// bucket by bucket during backward with reduce_in_backward). Stage 1 float32 reducing at the step works in
+// place: afterwards the parameters' .grad hold the average over ranks in this rank's shard only, elsewhere
+// unspecified. Results do not depend on timing: the collectives run in a fixed order and are waited in order.
 //
 // Checkpoints (zero_checkpoint.cpp): every rank writes its shard and the layout (parameter offsets and sizes,
 // world size, padding) to its own file; a job of any world size loads them, each rank reading only the files
@@ -27,6 +29,7 @@
 // optimizer state on one rank's host memory, chunk by chunk, so no device ever holds the whole state.
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -40,7 +43,28 @@
 #include "gpuops/flat_params.h"
 #include "gpuops/optimizers.h"
 
+namespace torch::autograd {
+struct Node;  // a parameter's gradient accumulator (the reduce_in_backward hooks)
+}
+
 namespace gpuops::optim {
+
+/// How a ZeroOptimizer shards and when it reduces.
+struct ZeroOptions {
+  int stage = 1;  ///< 1: optimizer state sharded; 2: optimizer state and gradients sharded
+  /// false: the gradients accumulate locally over an accumulation window and are reduce-scattered once, at
+  /// the step. true: each bucket is reduce-scattered from autograd hooks as soon as backward has produced all
+  /// of its gradients (overlapping the rest of the backward), in every backward pass (micro-batch); the
+  /// reduced shards are summed into fp32 gradient shards. Stage 2 then never holds the whole gradient (a
+  /// bucket's flat gradient lives from its first gradient to its reduction); the traffic is one
+  /// reduce-scatter per micro-batch. Stage 1 keeps its flat gradients allocated (zeroed after each reduction).
+  bool reduce_in_backward = false;
+  /// The parameters are cut, in reverse order (the order backward produces their gradients), into buckets
+  /// of at most this many bytes (a larger parameter gets one of its own), each of one dtype and device; every
+  /// bucket is a flat buffer padded to a multiple of the world size, each rank owning one contiguous shard of
+  /// it. Checkpoints record the buckets: load them with the same bucket_bytes. >= 1.
+  int64_t bucket_bytes = int64_t{25} << 20;
+};
 
 /// An optimizer's state tensors by name ("step", "exp_avg", "momentum_buffer", "master_param", ...), the names
 /// torch's state_dict uses.
@@ -56,19 +80,28 @@ class ZeroShards {
   /// Collective (one all-gather of the parameters' count and shapes). c10::ValueError, with the parameters
   /// unchanged, for a stage other than 1 or 2, parameters that differ across ranks, a dtype other than
   /// float32/float16/bfloat16, or what FlatParams refuses.
-  ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, int stage);
+  /// With reduce_in_backward, a hook on every parameter's gradient accumulator (removed by the destructor):
+  /// the object must not move, hence no copy or move.
+  ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, ZeroOptions options);
+  ~ZeroShards();
+  ZeroShards(const ZeroShards&) = delete;
+  ZeroShards& operator=(const ZeroShards&) = delete;
 
-  int stage() const { return stage_; }
+  int stage() const { return options_.stage; }
+  const ZeroOptions& options() const { return options_; }
   const dist::Communicator& communicator() const { return comm_; }
   dist::Communicator& communicator() { return comm_; }
-  const FlatParams& flat_params() const { return *flat_; }
+  /// The flat buffers ("buckets"), in the order they are reduced.
+  size_t bucket_count() const { return flats_.size(); }
+  const FlatParams::Bucket& bucket(size_t k) const { return flats_[k]->buckets()[0]; }
   /// One fp32 leaf per flat buffer (see the top of this file); its .grad is the reduced gradient shard.
   const std::vector<at::Tensor>& shard_params() const { return shards_; }
   /// Number of parameters given (the consolidated state's length).
   size_t param_count() const { return slot_of_param_.size(); }
 
   void zero_grad();
-  /// Reduce-scatters the gradients, once per step (a second call before the step does nothing). Collective.
+  /// Reduce-scatters the gradients, once per step (a second call before the step does nothing; with
+  /// reduce_in_backward the backward passes have done it). Collective.
   void reduce_gradients();
   at::Tensor global_found_inf(const at::Tensor& found_inf);
   at::Tensor global_grad_norm(const at::Tensor& norm);
@@ -121,6 +154,10 @@ class ZeroShards {
   std::vector<NamedTensors> with_masters(std::vector<NamedTensors> states) const;
 
  private:
+  struct HookKey {
+    std::shared_ptr<torch::autograd::Node> accumulator;
+    uintptr_t key = 0;
+  };
   using ShardLoader = std::function<void(int64_t rank, torch::serialize::InputArchive& into)>;
   ReadShards read_from(int64_t n_old, const ShardLoader& load, const std::function<std::string(int64_t)>& name_of,
                        const std::string& kind, const std::string& where) const;
@@ -128,18 +165,31 @@ class ZeroShards {
   at::Tensor data_shard(size_t k) const;
   void install_shard_grads();
   void record_versions();
-  void reduce_in_fp32(size_t k);
+  void reduce_in_fp32(size_t k, const at::Tensor& out);
+  // reduce_in_backward: a parameter's gradient arrived; a bucket launched, finished; the end of a pass.
+  void on_gradient(size_t k, size_t slot);
+  void launch(size_t k);
+  void finish_oldest();
+  void finish_pass();
 
   dist::Communicator comm_;
-  int stage_;
-  std::unique_ptr<FlatParams> flat_;
+  ZeroOptions options_;
+  std::vector<std::unique_ptr<FlatParams>> flats_;  ///< one per bucket
   std::vector<at::Tensor> shards_;       ///< per buffer: the shard parameter handed to the optimizer
   std::vector<at::Tensor> shard_grads_;  ///< per buffer: a separate fp32 gradient shard (stage 2, or 16-bit)
   std::vector<std::pair<size_t, size_t>> slot_of_param_;  ///< params[i] -> (buffer, slot)
   std::vector<std::vector<uint32_t>> versions_;           ///< 16-bit buffers: each slot's parameter version
-  bool reduced_ = false;  ///< the gradients of this step are reduced
+  bool reduced_grads_ = false;  ///< the gradients of this step are reduced
   bool stepped_ = false;  ///< stepped since the last zero_grad: the gradients are spent
   bool reattached_ = false;  ///< parameters were copied back in (FlatParams::reattach): masters follow them
+  // reduce_in_backward only
+  std::vector<HookKey> hooks_;
+  std::vector<size_t> ready_;              ///< per bucket: gradients arrived in this pass
+  size_t next_launch_ = 0;                 ///< buckets launch in order: every rank runs the same collectives
+  bool pass_active_ = false;               ///< a backward pass is running (its end callback is queued)
+  std::vector<bool> accumulated_;          ///< per bucket: its gradient shard holds a sum since zero_grad()
+  std::deque<std::pair<size_t, dist::Work>> pending_;  ///< launched, not finished: (bucket, work)
+  std::vector<at::Tensor> reduced_;        ///< per bucket: the reduced shard of the pass, until finished
 };
 
 /// What every ZeroOptimizer<Base> offers without its Base: for TrainingState (one file per rank) and Python.
@@ -194,11 +244,14 @@ class ZeroOptimizer : private detail::ZeroShardsHolder, public Base, public Shar
   /// than 1 or 2, an option out of range or capturable=true (the step communicates), parameters that differ
   /// across ranks, or what FlatParams refuses (an empty list, a parameter given twice, not a contiguous leaf
   /// requiring grad).
+  ZeroOptimizer(std::vector<at::Tensor> params, dist::Communicator communicator, ZeroOptions zero, Options options);
+  /// The same with ZeroOptions' defaults but the stage.
   ZeroOptimizer(std::vector<at::Tensor> params, dist::Communicator communicator, int stage, Options options);
 
   int stage() const { return zero_shards.stage(); }
   const dist::Communicator& communicator() const { return zero_shards.communicator(); }
-  const FlatParams& flat_params() const { return zero_shards.flat_params(); }
+  size_t bucket_count() const { return zero_shards.bucket_count(); }
+  const FlatParams::Bucket& bucket(size_t k) const { return zero_shards.bucket(k); }
   /// The shard parameters Base steps (one per flat buffer): param_groups()[0].params().
   const std::vector<at::Tensor>& shard_params() const { return zero_shards.shard_params(); }
 
@@ -243,6 +296,9 @@ class ZeroOptimizer : private detail::ZeroShardsHolder, public Base, public Shar
 ZeroOptimizer(std::vector<at::Tensor>, dist::Communicator, int, AdamWOptions) -> ZeroOptimizer<AdamW>;
 ZeroOptimizer(std::vector<at::Tensor>, dist::Communicator, int, AdamOptions) -> ZeroOptimizer<Adam>;
 ZeroOptimizer(std::vector<at::Tensor>, dist::Communicator, int, SGDOptions) -> ZeroOptimizer<SGD>;
+ZeroOptimizer(std::vector<at::Tensor>, dist::Communicator, ZeroOptions, AdamWOptions) -> ZeroOptimizer<AdamW>;
+ZeroOptimizer(std::vector<at::Tensor>, dist::Communicator, ZeroOptions, AdamOptions) -> ZeroOptimizer<Adam>;
+ZeroOptimizer(std::vector<at::Tensor>, dist::Communicator, ZeroOptions, SGDOptions) -> ZeroOptimizer<SGD>;
 
 extern template class ZeroOptimizer<AdamW>;
 extern template class ZeroOptimizer<Adam>;

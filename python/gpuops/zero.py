@@ -59,18 +59,24 @@ def _kind_of(optimizer_class) -> str:
 class ZeroOptimizer(torch.optim.Optimizer):
     """``optimizer_class`` (AdamW by default; Adam, SGD) with its state (and the gradients, stage 2) sharded
     over the ranks of ``communicator`` (a ``gpuops.dist.Communicator``, a ``torch.distributed`` group, or None:
-    the default group). ``**defaults``: the optimizer's options, as torch.optim names them."""
+    the default group). ``**defaults``: the optimizer's options, as torch.optim names them.
+
+    ``reduce_in_backward``: reduce each bucket of ``bucket_bytes`` from autograd hooks as soon as its gradients
+    are complete, in every backward pass (overlap; stage 2 then never holds the whole gradient, at one
+    reduce-scatter per micro-batch); False: once per step, after the accumulation window."""
 
     _step_supports_amp_scaling = True  # GradScaler hands over grad_scale and found_inf, no host sync
 
-    def __init__(self, params, optimizer_class=None, communicator=None, stage: int = 1, **defaults) -> None:
+    def __init__(self, params, optimizer_class=None, communicator=None, stage: int = 1, *,
+                 reduce_in_backward: bool = False, bucket_bytes: int = 25 * 2**20, **defaults) -> None:
         kind = _kind_of(optimizer_class if optimizer_class is not None else "adamw")
         if communicator is None or isinstance(communicator, torch.distributed.ProcessGroup):
             communicator = _dist.Communicator(communicator)
         if not isinstance(communicator, _C.Communicator):
             raise TypeError("gpuops.ZeroOptimizer: communicator must be a gpuops.dist.Communicator, a "
                             f"torch.distributed group or None, got {type(communicator).__name__}")
-        self._impl = _C.ZeroOptimizer(params, communicator, stage, kind, dict(defaults))
+        self._impl = _C.ZeroOptimizer(params, communicator, stage, kind, dict(defaults), reduce_in_backward,
+                                      bucket_bytes)
         self.communicator = communicator
         self._consolidated: Optional[list] = None
         super().__init__(self._impl.shard_params(), self._impl.options)

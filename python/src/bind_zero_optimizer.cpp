@@ -85,7 +85,7 @@ struct Keywords {
 };
 
 std::unique_ptr<ShardedOptimizer> make(const std::string& kind, std::vector<at::Tensor> params,
-                                       const dist::Communicator& comm, int stage, Keywords& k) {
+                                       const dist::Communicator& comm, const optim::ZeroOptions& stage, Keywords& k) {
   if (kind == "adamw") {
     optim::AdamWOptions o;
     k.adam(o);
@@ -156,17 +156,25 @@ py::list to_python(const std::vector<optim::NamedTensors>& states) {
 void bind_zero_optimizer(py::module_& m) {
   py::class_<ShardedOptimizer>(m, "ZeroOptimizer")
       .def(py::init([](const py::object& params, const dist::Communicator& communicator, const py::object& stage,
-                       const std::string& optimizer, const py::dict& options) {
+                       const std::string& optimizer, const py::dict& options, const py::object& reduce_in_backward,
+                       const py::object& bucket_bytes) {
              const std::string where = "gpuops.ZeroOptimizer";
              auto tensors = tensor_list_arg(where, "params", params);
              const int64_t s = int_arg(where, "stage", stage);
              if (s != 1 && s != 2)
                throw py::value_error(where + ": stage must be 1 (optimizer state sharded) or 2 (optimizer state "
                                      "and gradients sharded), got " + text_of(stage));
+             optim::ZeroOptions zero;
+             zero.stage = static_cast<int>(s);
+             zero.reduce_in_backward = bool_arg(where, "reduce_in_backward", reduce_in_backward);
+             zero.bucket_bytes = int_arg(where, "bucket_bytes", bucket_bytes);
+             if (zero.bucket_bytes < 1)
+               throw py::value_error(where + ": bucket_bytes must be >= 1, got " + text_of(bucket_bytes));
              Keywords k{where, options, {}};
-             return make(optimizer, std::move(tensors), communicator, static_cast<int>(s), k);
+             return make(optimizer, std::move(tensors), communicator, zero, k);
            }),
-           py::arg("params"), py::arg("communicator"), py::arg("stage"), py::arg("optimizer"), py::arg("options"))
+           py::arg("params"), py::arg("communicator"), py::arg("stage"), py::arg("optimizer"), py::arg("options"),
+           py::arg("reduce_in_backward") = false, py::arg("bucket_bytes") = optim::ZeroOptions().bucket_bytes)
       .def(
           "step",
           [](ShardedOptimizer& z, const py::object& grad_scale, const py::object& found_inf) {
@@ -203,7 +211,7 @@ void bind_zero_optimizer(py::module_& m) {
       .def("flat_numels",
            [](ShardedOptimizer& z) {
              std::vector<int64_t> n;
-             for (const auto& b : z.shards().flat_params().buckets()) n.push_back(b.data.numel());
+             for (size_t k = 0; k < z.shards().bucket_count(); ++k) n.push_back(z.shards().bucket(k).data.numel());
              return n;
            })
       .def("save_shard", &ShardedOptimizer::save_shard, py::arg("path"), py::call_guard<py::gil_scoped_release>())

@@ -28,7 +28,7 @@ at::Tensor alias(const at::Tensor& flat, int64_t offset, const at::Tensor& like)
 constexpr int64_t kMaxAlignmentBytes = 4096;
 constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
 
-FlatParams::FlatParams(const std::vector<at::Tensor>& params, FlatParamsOptions options) {
+void FlatParams::check(const std::vector<at::Tensor>& params, const FlatParamsOptions& options) {
   TORCH_CHECK_VALUE(!params.empty(), "FlatParams: params must not be empty");
   TORCH_CHECK_VALUE(options.alignment_bytes >= 1 && options.alignment_bytes <= kMaxAlignmentBytes &&
                         (options.alignment_bytes & (options.alignment_bytes - 1)) == 0,
@@ -36,11 +36,7 @@ FlatParams::FlatParams(const std::vector<at::Tensor>& params, FlatParamsOptions 
                     options.alignment_bytes);
   TORCH_CHECK_VALUE(options.world_size >= 1 && options.world_size <= kMaxWorldSize,
                     "FlatParams: world_size must be in [1, ", kMaxWorldSize, "], got ", options.world_size);
-  // Every check first, then every allocation and copy, and only then are the parameters changed: a failed
-  // construction leaves them as they were.
   std::set<const void*> seen;
-  std::map<std::pair<std::string, at::ScalarType>, size_t> bucket_of;
-  std::vector<Bucket> buckets;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     TORCH_CHECK_VALUE(p.defined() && p.is_leaf() && p.requires_grad(), "FlatParams: params[", i,
@@ -58,6 +54,16 @@ FlatParams::FlatParams(const std::vector<at::Tensor>& params, FlatParamsOptions 
                         g.layout() == at::kStrided ? "" : "a sparse tensor of ", "shape ", g.sizes(), ", dtype ",
                         g.scalar_type(), " on ", g.device());
     }
+  }
+}
+
+FlatParams::FlatParams(const std::vector<at::Tensor>& params, FlatParamsOptions options) {
+  // Every check first, then every allocation and copy, and only then are the parameters changed: a failed
+  // construction leaves them as they were.
+  check(params, options);
+  std::map<std::pair<std::string, at::ScalarType>, size_t> bucket_of;
+  std::vector<Bucket> buckets;
+  for (const at::Tensor& p : params) {
     const auto key = std::make_pair(p.device().str(), p.scalar_type());
     if (!bucket_of.count(key)) {
       bucket_of[key] = buckets.size();
@@ -120,6 +126,25 @@ void FlatParams::release_grads() {
     for (auto& slot : bucket.slots) slot.param.mutable_grad().reset();
     bucket.grad.reset();
   }
+}
+
+void FlatParams::adopt_grad(size_t b, size_t slot) {
+  TORCH_CHECK_VALUE(b < buckets_.size() && slot < buckets_[b].slots.size(), "FlatParams::adopt_grad: bucket ", b,
+                    " slot ", slot, " is out of range");
+  Bucket& bucket = buckets_[b];
+  const Slot& s = bucket.slots[slot];
+  const at::Tensor own = s.param.grad();
+  if (bucket.grad.defined() && own.defined() && own.storage().is_alias_of(bucket.grad.storage()) &&
+      own.storage_offset() == bucket.grad.storage_offset() + s.offset)
+    return;  // already its view
+  c10::NoGradGuard no_grad;
+  if (!bucket.grad.defined()) {
+    bucket.grad = at::zeros_like(bucket.data);
+    for (auto& other : bucket.slots) other.param.mutable_grad() = alias(bucket.grad, other.offset, other.param);
+  } else {
+    s.param.mutable_grad() = alias(bucket.grad, s.offset, s.param);
+  }
+  if (own.defined()) s.param.mutable_grad().copy_(own);
 }
 
 int64_t FlatParams::reattach() {

@@ -76,22 +76,22 @@ void ZeroShards::write_shard(torch::serialize::OutputArchive& archive, const std
   archive.write("kind", c10::IValue(kind));
   archive.write("world_size", c10::IValue(static_cast<int64_t>(comm_.size())));
   archive.write("rank", c10::IValue(static_cast<int64_t>(comm_.rank())));
-  archive.write("stage", c10::IValue(static_cast<int64_t>(stage_)));
+  archive.write("stage", c10::IValue(static_cast<int64_t>(options_.stage)));
   archive.write("buckets", c10::IValue(static_cast<int64_t>(shards_.size())));
   torch::serialize::OutputArchive saved_options;
   options.serialize(saved_options);
   archive.write("options", saved_options);
   for (size_t k = 0; k < shards_.size(); ++k) {
-    const auto& b = flat_->buckets()[k];
-    torch::serialize::OutputArchive bucket, state;
-    bucket.write("dtype", c10::IValue(static_cast<int64_t>(b.dtype)));
-    bucket.write("numel", c10::IValue(b.data.numel()));
-    bucket.write("layout", c10::IValue(layout_of(b)));
+    const auto& b = bucket(k);
+    torch::serialize::OutputArchive out, state;
+    out.write("dtype", c10::IValue(static_cast<int64_t>(b.dtype)));
+    out.write("numel", c10::IValue(b.data.numel()));
+    out.write("layout", c10::IValue(layout_of(b)));
     for (const auto& [name, t] : states[k])
       if (t.defined()) state.write(name, c10::IValue(t.detach().to(at::kCPU)));
-    bucket.write("fields", c10::IValue(join(states[k])));
-    bucket.write("state", state);
-    archive.write("bucket." + std::to_string(k), bucket);
+    out.write("fields", c10::IValue(join(states[k])));
+    out.write("state", state);
+    archive.write("bucket." + std::to_string(k), out);
   }
 }
 
@@ -160,22 +160,22 @@ ZeroShards::ReadShards ZeroShards::read_from(int64_t n_old, const ShardLoader& l
                       read_value(a, "world_size", file).toInt(), " ranks; files must list the ", n_old,
                       " files of one save in rank order");
     TORCH_CHECK_VALUE(read_value(a, "buckets", file).toInt() == static_cast<int64_t>(shards_.size()), where, ": ",
-                      file, " has ", read_value(a, "buckets", file).toInt(), " flat buffers; these parameters make ",
-                      shards_.size(), " (another model, or parameters of other dtypes)");
+                      file, " has ", read_value(a, "buckets", file).toInt(), " buckets; these parameters make ",
+                      shards_.size(), " (another model, parameters of other dtypes, or another bucket_bytes)");
     for (size_t k = 0; k < shards_.size(); ++k) {
-      torch::serialize::InputArchive bucket, state;
-      a.read("bucket." + std::to_string(k), bucket);
-      const auto& mine = flat_->buckets()[k];
-      const at::Tensor layout = read_value(bucket, "layout", file).toTensor();
-      TORCH_CHECK_VALUE(read_value(bucket, "dtype", file).toInt() == static_cast<int64_t>(mine.dtype) &&
+      torch::serialize::InputArchive saved, state;
+      a.read("bucket." + std::to_string(k), saved);
+      const auto& mine = this->bucket(k);
+      const at::Tensor layout = read_value(saved, "layout", file).toTensor();
+      TORCH_CHECK_VALUE(read_value(saved, "dtype", file).toInt() == static_cast<int64_t>(mine.dtype) &&
                             layout.sizes() == layout_of(mine).sizes() && at::equal(layout, layout_of(mine)),
-                        where, ": ", file, " was saved for other parameters (flat buffer ", k, " has another dtype, "
-                        "parameter count, or parameter sizes)");
-      const int64_t numel = read_value(bucket, "numel", file).toInt();
+                        where, ": ", file, " was saved for other parameters (bucket ", k, " has another dtype, "
+                        "parameter count, or parameter sizes; or another bucket_bytes)");
+      const int64_t numel = read_value(saved, "numel", file).toInt();
       TORCH_CHECK_VALUE(numel % n_old == 0 && numel >= used_end(mine), where, ": ", file,
                         " has a flat buffer of ", numel, " elements, which does not fit its layout");
-      s->fields.push_back(split(read_value(bucket, "fields", file).toStringRef()));
-      bucket.read("state", state);
+      s->fields.push_back(split(read_value(saved, "fields", file).toStringRef()));
+      saved.read("state", state);
       s->buckets.push_back(std::move(state));
       s->numels.push_back(numel);
     }
@@ -253,7 +253,7 @@ std::vector<NamedTensors> ZeroShards::consolidate(const std::vector<NamedTensors
   std::vector<NamedTensors> per_param;
   if (!mine) return per_param;
   for (const auto& [k, slot_index] : slot_of_param_) {
-    const auto& slot = flat_->buckets()[k].slots[slot_index];
+    const auto& slot = bucket(k).slots[slot_index];
     const int64_t s = shards_[k].numel();
     NamedTensors state;
     for (const auto& [name, t] : whole[k]) {
@@ -273,7 +273,7 @@ std::vector<NamedTensors> ZeroShards::shard_states_of(const std::vector<NamedTen
   std::vector<int64_t> first_of(shards_.size(), -1);  // the first parameter of each buffer: the fields' reference
   for (size_t i = 0; i < per_param.size(); ++i) {
     const auto [k, slot_index] = slot_of_param_[i];
-    const auto& slot = flat_->buckets()[k].slots[slot_index];
+    const auto& slot = bucket(k).slots[slot_index];
     const int64_t s = shards_[k].numel(), lo = comm_.rank() * s;
     if (first_of[k] < 0) first_of[k] = static_cast<int64_t>(i);
     const NamedTensors& ref = per_param[first_of[k]];

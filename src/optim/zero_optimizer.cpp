@@ -84,11 +84,24 @@ std::unique_ptr<SGDParamState> state_from(const NamedTensors& named, const at::T
 
 }  // namespace
 
+namespace {
+ZeroOptions stage_only(int stage) {
+  ZeroOptions o;
+  o.stage = stage;
+  return o;
+}
+}  // namespace
+
+template <class Base>
+ZeroOptimizer<Base>::ZeroOptimizer(std::vector<at::Tensor> params, dist::Communicator communicator, ZeroOptions zero,
+                                   Options options)
+    : detail::ZeroShardsHolder{ZeroShards(checked_with<Base>(params, options), std::move(communicator), zero)},
+      Base(zero_shards.shard_params(), options) {}
+
 template <class Base>
 ZeroOptimizer<Base>::ZeroOptimizer(std::vector<at::Tensor> params, dist::Communicator communicator, int stage,
                                    Options options)
-    : detail::ZeroShardsHolder{ZeroShards(checked_with<Base>(params, options), std::move(communicator), stage)},
-      Base(zero_shards.shard_params(), options) {}
+    : ZeroOptimizer(std::move(params), std::move(communicator), stage_only(stage), std::move(options)) {}
 
 template <class Base>
 void ZeroOptimizer<Base>::zero_grad(bool /*set_to_none*/) {

@@ -1,5 +1,6 @@
-// gpuops::optim::ZeroShards (zero_optimizer.h), the step side: flat buffers, shards and masters, the
-// reduction of the gradients, the global flag and norm, the all-gather. No optimizer math here.
+// gpuops::optim::ZeroShards (zero_optimizer.h), the step side: buckets (one flat buffer each), shards and
+// masters, the reduction of the gradients (at the step, or from autograd hooks during backward), the global
+// flag and norm, the all-gather. No optimizer math here.
 #include <deque>
 #include <string>
 #include <utility>
@@ -7,6 +8,10 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "gpuops/zero_optimizer.h"
 
@@ -44,9 +49,11 @@ int64_t params_hash(const std::vector<at::Tensor>& params) {
 
 // Local checks first (the same on every rank given the same arguments), then the one collective. Returns
 // the parameters unchanged, so that the constructor can check before FlatParams changes anything.
-const std::vector<at::Tensor>& checked(const std::vector<at::Tensor>& params, dist::Communicator& comm, int stage) {
-  TORCH_CHECK_VALUE(stage == 1 || stage == 2, "ZeroOptimizer: stage must be 1 (optimizer state sharded) or 2 "
-                    "(optimizer state and gradients sharded), got ", stage);
+const std::vector<at::Tensor>& checked(const std::vector<at::Tensor>& params, dist::Communicator& comm,
+                                       const ZeroOptions& options) {
+  TORCH_CHECK_VALUE(options.stage == 1 || options.stage == 2, "ZeroOptimizer: stage must be 1 (optimizer state "
+                    "sharded) or 2 (optimizer state and gradients sharded), got ", options.stage);
+  TORCH_CHECK_VALUE(options.bucket_bytes >= 1, "ZeroOptimizer: bucket_bytes must be >= 1, got ", options.bucket_bytes);
   for (size_t i = 0; i < params.size(); ++i) {
     const auto dtype = params[i].defined() ? params[i].scalar_type() : at::kFloat;
     TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, "ZeroOptimizer: params[",
@@ -73,46 +80,93 @@ FlatParamsOptions padded_to(int world_size) {
   return o;
 }
 
+// The parameters cut into buckets, in reverse order (backward's), each of one dtype and device and at most
+// `cap` bytes unless one parameter is larger; within a bucket the parameters keep their order.
+std::vector<std::vector<at::Tensor>> buckets_of(const std::vector<at::Tensor>& params, int64_t cap) {
+  std::vector<std::vector<at::Tensor>> buckets;
+  int64_t bytes = 0;
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    const at::Tensor& p = *it;
+    const int64_t n = static_cast<int64_t>(p.numel()) * static_cast<int64_t>(p.element_size());
+    const bool fresh = buckets.empty() || buckets.back().front().scalar_type() != p.scalar_type() ||
+                       buckets.back().front().device() != p.device() || bytes + n > cap;
+    if (fresh) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().insert(buckets.back().begin(), p);
+    bytes += n;
+  }
+  return buckets;
+}
+
 }  // namespace
 
-ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, int stage)
-    : comm_(std::move(communicator)), stage_(stage) {
-  flat_ = std::make_unique<FlatParams>(checked(params, comm_, stage), padded_to(comm_.size()));
-  // params[i] -> (buffer, slot): FlatParams fills buffers in order of first appearance, slots in order.
-  std::vector<size_t> next_slot(flat_->buckets().size(), 0);
+ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, ZeroOptions options)
+    : comm_(std::move(communicator)), options_(options) {
+  const auto& all = checked(params, comm_, options_);
+  // FlatParams checks every parameter before it changes one; run its checks over the whole list first, so that
+  // a bad parameter in a later bucket leaves the earlier ones untouched.
+  FlatParams::check(all, padded_to(comm_.size()));
+  for (const auto& group : buckets_of(all, options_.bucket_bytes))
+    flats_.push_back(std::make_unique<FlatParams>(group, padded_to(comm_.size())));
+  // params[i] -> (bucket, slot).
   for (const at::Tensor& p : params) {
-    for (size_t k = 0; k < flat_->buckets().size(); ++k) {
-      const auto& b = flat_->buckets()[k];
-      if (next_slot[k] < b.slots.size() && b.slots[next_slot[k]].param.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
-        slot_of_param_.emplace_back(k, next_slot[k]++);
-        break;
-      }
+    for (size_t k = 0; k < flats_.size(); ++k) {
+      const auto& slots = bucket(k).slots;
+      const auto found = std::find_if(slots.begin(), slots.end(), [&](const FlatParams::Slot& s) {
+        return s.param.unsafeGetTensorImpl() == p.unsafeGetTensorImpl();
+      });
+      if (found != slots.end()) slot_of_param_.emplace_back(k, static_cast<size_t>(found - slots.begin()));
     }
   }
   TORCH_INTERNAL_ASSERT(slot_of_param_.size() == params.size());
   c10::NoGradGuard no_grad;
-  for (size_t k = 0; k < flat_->buckets().size(); ++k) {
+  for (size_t k = 0; k < flats_.size(); ++k) {
     const at::Tensor shard = data_shard(k);
-    // A float32 buffer's shard is stepped in place; a 16-bit one through its fp32 master.
+    // A float32 bucket's shard is stepped in place; a 16-bit one through its fp32 master.
     shards_.push_back(is_master(k) ? shard.to(at::kFloat).requires_grad_(true)
-                                   : alias(flat_->buckets()[k].data, comm_.rank() * shard.numel(), shard.numel())
+                                   : alias(bucket(k).data, comm_.rank() * shard.numel(), shard.numel())
                                          .requires_grad_(true));
-    shard_grads_.push_back(stage_ == 2 || is_master(k) ? at::zeros_like(shards_.back()) : at::Tensor());
+    const bool separate = options_.stage == 2 || is_master(k) || options_.reduce_in_backward;
+    shard_grads_.push_back(separate ? at::zeros_like(shards_.back()) : at::Tensor());
   }
-  versions_.resize(flat_->buckets().size());
+  versions_.resize(flats_.size());
+  ready_.assign(flats_.size(), 0);
+  accumulated_.assign(flats_.size(), false);
+  reduced_.resize(flats_.size());
+  if (options_.reduce_in_backward) {
+    if (options_.stage == 2)
+      for (auto& f : flats_) f->release_grads();  // a bucket's gradient exists from its first gradient on
+    for (size_t k = 0; k < flats_.size(); ++k) {
+      for (size_t i = 0; i < bucket(k).slots.size(); ++i) {
+        auto accumulator = torch::autograd::impl::grad_accumulator(bucket(k).slots[i].param);
+        const uintptr_t key = accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [this, k, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+              on_gradient(k, i);
+              return outputs;
+            }));
+        hooks_.push_back({std::move(accumulator), key});
+      }
+    }
+  }
   install_shard_grads();
   record_versions();
 }
 
-bool ZeroShards::is_master(size_t k) const { return flat_->buckets()[k].dtype != at::kFloat; }
+ZeroShards::~ZeroShards() {
+  for (auto& h : hooks_) h.accumulator->del_post_hook(h.key);
+}
 
-at::Tensor ZeroShards::data_shard(size_t k) const { return comm_.shard(flat_->buckets()[k].data); }
+bool ZeroShards::is_master(size_t k) const { return bucket(k).dtype != at::kFloat; }
+
+at::Tensor ZeroShards::data_shard(size_t k) const { return comm_.shard(bucket(k).data); }
 
 void ZeroShards::install_shard_grads() {
   for (size_t k = 0; k < shards_.size(); ++k) {
     const int64_t s = shards_[k].numel();
     shards_[k].mutable_grad() =
-        shard_grads_[k].defined() ? shard_grads_[k] : alias(flat_->buckets()[k].grad, comm_.rank() * s, s);
+        shard_grads_[k].defined() ? shard_grads_[k] : alias(bucket(k).grad, comm_.rank() * s, s);
   }
 }
 
@@ -120,23 +174,31 @@ void ZeroShards::record_versions() {
   for (size_t k = 0; k < shards_.size(); ++k) {
     versions_[k].clear();
     if (!is_master(k)) continue;
-    for (const auto& slot : flat_->buckets()[k].slots) versions_[k].push_back(slot.param._version());
+    for (const auto& slot : bucket(k).slots) versions_[k].push_back(slot.param._version());
   }
 }
 
 void ZeroShards::zero_grad() {
   // A model loaded through torch's C++ Module::load points its parameters at the loaded tensors: copy them in.
-  if (flat_->reattach() > 0) reattached_ = true;
-  flat_->zero_grad();  // stage 2: allocates the flat gradients again
+  for (auto& f : flats_)
+    if (f->reattach() > 0) reattached_ = true;
+  if (options_.reduce_in_backward) {
+    TORCH_CHECK(!pass_active_, "ZeroOptimizer.zero_grad: called during a backward pass");
+    for (auto& f : flats_) options_.stage == 2 ? f->release_grads() : f->zero_grad();
+    for (auto& g : shard_grads_) g.zero_();
+    accumulated_.assign(flats_.size(), false);
+  } else {
+    for (auto& f : flats_) f->zero_grad();  // stage 2: allocates the flat gradients again
+  }
   install_shard_grads();
-  reduced_ = false;
+  reduced_grads_ = false;
   stepped_ = false;
 }
 
-void ZeroShards::reduce_in_fp32(size_t k) {
-  const at::Tensor& grad = flat_->buckets()[k].grad;
+void ZeroShards::reduce_in_fp32(size_t k, const at::Tensor& out) {
+  const at::Tensor& grad = bucket(k).grad;
   const int n = comm_.size();
-  const int64_t s = shard_grads_[k].numel();
+  const int64_t s = out.numel();
   const at::Tensor rows = grad.view({n, s});  // row r: rank r's shard
   // Chunk c of every rank's shard, in fp32: the reduce-scatter leaves the sum of this rank's chunk. At most
   // two in flight, so the fp32 copies stay bounded whatever the buffer's size.
@@ -144,8 +206,7 @@ void ZeroShards::reduce_in_fp32(size_t k) {
   for (int64_t begin = 0; begin < s; begin += kReduceChunk) {
     const int64_t len = std::min(kReduceChunk, s - begin);
     at::Tensor input = rows.narrow(1, begin, len).to(at::kFloat).contiguous().view({-1});
-    in_flight.emplace_back(comm_.reduce_scatter(input, shard_grads_[k].narrow(0, begin, len), dist::ReduceOp::Average),
-                           input);
+    in_flight.emplace_back(comm_.reduce_scatter(input, out.narrow(0, begin, len), dist::ReduceOp::Average), input);
     if (in_flight.size() > 2) {
       in_flight.front().first.wait();
       in_flight.pop_front();
@@ -155,28 +216,86 @@ void ZeroShards::reduce_in_fp32(size_t k) {
 }
 
 void ZeroShards::reduce_gradients() {
-  if (reduced_) return;
+  if (reduced_grads_) return;
   TORCH_CHECK(!stepped_, "ZeroOptimizer: the gradients were spent by the last step; call zero_grad() (of this "
               "optimizer) before the next backward");
+  if (options_.reduce_in_backward) {  // every backward pass reduced its own gradients
+    reduced_grads_ = true;
+    return;
+  }
   bool ours = true;
   for (const at::Tensor& shard : shards_) ours = ours && shard.grad().defined();
-  TORCH_CHECK(ours && flat_->intact(), "ZeroOptimizer: the parameters' gradients are no longer the flat buffer's "
-              "views (something set them to None, e.g. torch::optim::Optimizer::zero_grad, which is not virtual); "
-              "call ZeroOptimizer::zero_grad() before backward");
+  for (const auto& f : flats_) ours = ours && f->intact();
+  TORCH_CHECK(ours, "ZeroOptimizer: the parameters' gradients are no longer the flat buffer's views (something "
+              "set them to None, e.g. torch::optim::Optimizer::zero_grad, which is not virtual); call "
+              "ZeroOptimizer::zero_grad() before backward");
   c10::NoGradGuard no_grad;
-  // Fixed order: the float32 buffers launched in turn and waited in turn, then the 16-bit ones chunk by chunk.
+  // Fixed order: the float32 buckets launched in turn and waited in turn, then the 16-bit ones chunk by chunk.
   std::vector<dist::Work> works;
   for (size_t k = 0; k < shards_.size(); ++k) {
     if (is_master(k)) continue;
-    const at::Tensor& grad = flat_->buckets()[k].grad;
+    const at::Tensor& grad = bucket(k).grad;
     works.push_back(shard_grads_[k].defined() ? comm_.reduce_scatter(grad, shard_grads_[k], dist::ReduceOp::Average)
                                               : comm_.reduce_scatter(grad, dist::ReduceOp::Average));
   }
   for (auto& w : works) w.wait();
   for (size_t k = 0; k < shards_.size(); ++k)
-    if (is_master(k)) reduce_in_fp32(k);
-  if (stage_ == 2) flat_->release_grads();  // only the shards are kept
-  reduced_ = true;
+    if (is_master(k)) reduce_in_fp32(k, shard_grads_[k]);
+  if (options_.stage == 2)
+    for (auto& f : flats_) f->release_grads();  // only the shards are kept
+  reduced_grads_ = true;
+}
+
+// ------------------------------------------------------------------ reduce_in_backward
+
+void ZeroShards::on_gradient(size_t k, size_t slot) {
+  TORCH_CHECK(!stepped_, "ZeroOptimizer: backward after the step without zero_grad(); call zero_grad() (of this "
+              "optimizer) before the next backward");
+  if (!pass_active_) {  // the first gradient of this backward pass: finish the pass when the backward ends
+    pass_active_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_pass(); });
+  }
+  // Stage 2 frees a bucket's gradient once reduced: autograd then made this one on its own. Bring it in.
+  flats_[k]->adopt_grad(0, slot);
+  if (++ready_[k] == bucket(k).slots.size())
+    while (next_launch_ < flats_.size() && ready_[next_launch_] == bucket(next_launch_).slots.size()) launch(next_launch_++);
+}
+
+void ZeroShards::launch(size_t k) {
+  c10::NoGradGuard no_grad;
+  if (!bucket(k).grad.defined()) flats_[k]->zero_grad();  // no gradient arrived in this pass: zeros
+  reduced_[k] = at::empty_like(shard_grads_[k]);
+  if (is_master(k)) {
+    reduce_in_fp32(k, reduced_[k]);  // chunked, waited inside
+    pending_.emplace_back(k, dist::Work());
+  } else {
+    pending_.emplace_back(k, comm_.reduce_scatter(bucket(k).grad, reduced_[k], dist::ReduceOp::Average));
+  }
+  while (pending_.size() > 2) finish_oldest();  // bounded memory: at most two buckets in flight
+}
+
+void ZeroShards::finish_oldest() {
+  auto [k, work] = std::move(pending_.front());
+  pending_.pop_front();
+  work.wait();
+  c10::NoGradGuard no_grad;
+  accumulated_[k] ? shard_grads_[k].add_(reduced_[k]) : shard_grads_[k].copy_(reduced_[k]);
+  accumulated_[k] = true;
+  reduced_[k].reset();
+  if (options_.stage == 2) {
+    flats_[k]->release_grads();
+  } else {
+    bucket(k).grad.zero_();
+  }
+}
+
+void ZeroShards::finish_pass() {
+  // Buckets that did not complete (parameters unused in this pass) go now, still in order; then all finish.
+  while (next_launch_ < flats_.size()) launch(next_launch_++);
+  while (!pending_.empty()) finish_oldest();
+  ready_.assign(flats_.size(), 0);
+  next_launch_ = 0;
+  pass_active_ = false;
 }
 
 at::Tensor ZeroShards::global_found_inf(const at::Tensor& found_inf) {
@@ -195,7 +314,7 @@ void ZeroShards::before_step() {
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < shards_.size(); ++k) {
     if (!is_master(k)) continue;
-    const auto& slots = flat_->buckets()[k].slots;
+    const auto& slots = bucket(k).slots;
     bool written = reattached_;
     for (size_t i = 0; i < slots.size(); ++i) written = written || slots[i].param._version() != versions_[k][i];
     if (!written) continue;
@@ -212,17 +331,17 @@ void ZeroShards::after_step() {
   for (size_t k = 0; k < shards_.size(); ++k)
     if (is_master(k)) data_shard(k).copy_(shards_[k]);  // round to nearest even
   std::vector<dist::Work> works;
-  for (const auto& bucket : flat_->buckets()) works.push_back(comm_.all_gather(bucket.data));
+  for (size_t k = 0; k < flats_.size(); ++k) works.push_back(comm_.all_gather(bucket(k).data));
   for (auto& w : works) w.wait();
   record_versions();
-  reduced_ = false;
+  reduced_grads_ = false;
   stepped_ = true;
 }
 
 int64_t ZeroShards::gradient_bytes() const {
   int64_t bytes = 0;
-  for (const auto& bucket : flat_->buckets())
-    if (bucket.grad.defined()) bytes += static_cast<int64_t>(bucket.grad.nbytes());
+  for (size_t k = 0; k < flats_.size(); ++k)
+    if (bucket(k).grad.defined()) bytes += static_cast<int64_t>(bucket(k).grad.nbytes());
   for (const at::Tensor& g : shard_grads_)
     if (g.defined()) bytes += static_cast<int64_t>(g.nbytes());
   return bytes;

@@ -17,6 +17,7 @@
 #include <torch/serialize.h>
 
 #include "gpuops/communicator.h"
+#include "gpuops/memory_budget.h"
 #include "gpuops/optimizers.h"
 #include "gpuops/training_state.h"
 #include "gpuops/zero_optimizer.h"
@@ -113,7 +114,7 @@ void scenario_bf16(Communicator& comm) {
   std::vector<at::Tensor> masters;
   for (const auto& p : ref) masters.push_back(p.detach().to(at::kFloat).requires_grad_(true));
   AdamW single(masters, AdamWOptions(1e-2));
-  const int64_t total = zero.flat_params().buckets()[0].data.numel();
+  const int64_t total = zero.bucket(0).data.numel();
   for (int step = 0; step < 30; ++step) {
     zero.zero_grad();
     comm.reset_traffic();
@@ -290,6 +291,66 @@ void scenario_sigterm(Communicator& comm) {
 }
 
 // ------------------------------------------------------------------------------------------------------
+// Stage 2 reducing in backward: right after backward only the gradient shards exist, the peak of the
+// backward is lower than when the whole flat gradient waits for the step, and the parameters agree.
+
+// A deep MLP (8 layers of 64): many buckets, so that only a few are in flight at any time.
+std::vector<at::Tensor> deep_params() {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(99);
+  std::vector<at::Tensor> p;
+  for (int l = 0; l < 8; ++l) {
+    p.push_back((at::randn({64, 64}, gen) * 0.15).requires_grad_(true));
+    p.push_back((at::randn({64}, gen) * 0.1).requires_grad_(true));
+  }
+  return p;
+}
+
+at::Tensor deep_loss(const std::vector<at::Tensor>& p, const at::Tensor& x) {
+  at::Tensor h = x;
+  for (size_t l = 0; l < p.size(); l += 2) h = at::tanh(at::addmm(p[l + 1], h, p[l].t()));
+  return h.square().mean();
+}
+
+void scenario_hooks_memory(Communicator& comm) {
+  const auto run = [&](bool hooks, int64_t* peak, int64_t* after_backward) {
+    auto params = deep_params();
+    ZeroOptions zero;
+    zero.stage = 2;
+    zero.reduce_in_backward = hooks;
+    zero.bucket_bytes = 4096;
+    ZeroOptimizer opt(params, comm, zero, AdamWOptions(1e-2));
+    for (int step = 0; step < 5; ++step) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(300 + 10 * step + comm.rank());
+      const at::Tensor x = at::randn({8, 64}, gen);
+      gpuops::MemoryBudget budget;  // from zero_grad() (which allocates the flat gradient at the step) on
+      opt.zero_grad();
+      deep_loss(params, x).backward();
+      *peak = budget.peak_bytes();
+      *after_backward = opt.gradient_bytes();
+      if (hooks)
+        for (const auto& p : params) WORKER_CHECK(!p.grad().defined(), "a full gradient survived the backward");
+      opt.step();
+    }
+    std::vector<at::Tensor> out;
+    for (const auto& p : params) out.push_back(p.detach().clone());
+    return out;
+  };
+  int64_t peak_hooks = 0, peak_step = 0, grads_hooks = 0, grads_step = 0;
+  const auto a = run(true, &peak_hooks, &grads_hooks);
+  const auto b = run(false, &peak_step, &grads_step);
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, max_rel_error(a[i], b[i]));
+  WORKER_CHECK(worst <= 1e-6, "reduced in backward against at the step: max relative error {}", worst);
+  WORKER_CHECK(grads_hooks * comm.size() < grads_step, "gradient bytes after backward: {} in backward, {} at the step",
+               grads_hooks, grads_step);
+  WORKER_CHECK(peak_hooks < peak_step, "backward peak {} reducing in backward, {} at the step", peak_hooks, peak_step);
+  write_file(fmt::format("{}/result.{}", env_or("GPUOPS_COMM_DIR", "/tmp"), comm.rank()),
+             fmt::format("stage 2: after backward {} gradient bytes (reduced in backward) against {} (at the step); "
+                         "backward peak {} against {} bytes; max_rel_err {:.3g}",
+                         grads_hooks, grads_step, peak_hooks, peak_step, worst));
+}
+
+// ------------------------------------------------------------------------------------------------------
 // The last rank SIGKILLs itself after its backward of step 3: the others, inside the step's reduce-scatter,
 // raise the communicator's clear error (the collective, this rank, the lost peer) within the timeout.
 
@@ -315,7 +376,8 @@ void scenario_killed_mid_step(Communicator& comm) {
 
 int run_worker(const std::string& scenario) {
   return run_scenario(scenario, {{"kinds", scenario_kinds}, {"bf16", scenario_bf16}, {"phase", scenario_phase}, {"sigterm", scenario_sigterm},
-                                 {"killed_mid_step", scenario_killed_mid_step}});
+                                 {"killed_mid_step", scenario_killed_mid_step},
+                                 {"hooks_memory", scenario_hooks_memory}});
 }
 
 // ------------------------------------------------------------------------------------------------------
@@ -348,6 +410,8 @@ TEST(ZeroBf16, Stage2FourRanks) {  // four ranks: Gloo's sum runs in another ord
   ::setenv("GPUOPS_ZERO_STAGE", "2", 1);
   run(4, "bf16");
 }
+
+TEST(ZeroReduceInBackward, Stage2HoldsOnlyShardsAfterBackward) { run(2, "hooks_memory"); }
 
 TEST(ZeroCheckpoint, ReshardTwoFourOneTwo) {
   char tmpl[] = "/tmp/gpuops-zero-ckpt-XXXXXX";

@@ -74,6 +74,7 @@ GradScalerOptions scaler_options() {
 
 struct Setup {
   int stage = 1;
+  bool hooks = false;  // reduce_in_backward, with small buckets (one per parameter here)
   int accumulation = 2;
   double max_norm = 1.0;  // clipping active on some steps
 };
@@ -98,24 +99,36 @@ bool train_step(Opt& opt, GradScaler& scaler, const std::vector<at::Tensor>& par
 std::vector<at::Tensor> train_zero(Communicator& comm, const Setup& s, int64_t* state_bytes, int64_t* flat_numel,
                                    int64_t* retained, std::string* notes) {
   auto params = make_params();
-  ZeroOptimizer opt(params, comm, s.stage, adamw_options());
+  gpuops::optim::ZeroOptions zero;
+  zero.stage = s.stage;
+  zero.reduce_in_backward = s.hooks;
+  if (s.hooks) zero.bucket_bytes = 512;
+  ZeroOptimizer opt(params, comm, zero, adamw_options());
+  WORKER_CHECK(opt.bucket_count() == (s.hooks ? 4u : 1u), "{} buckets", opt.bucket_count());
   GradScaler scaler(scaler_options());
   const int n = comm.size();
-  const auto& bucket = opt.flat_params().buckets()[0];
-  const int64_t total = bucket.data.numel(), shard = total / n;
+  int64_t total = 0;  // every bucket's elements, padding included
+  for (size_t k = 0; k < opt.bucket_count(); ++k) total += opt.bucket(k).data.numel();
+  const int64_t shard = total / n;
+  // Gradient buffers between zero_grad() and backward: the flat gradient (not in stage 2 with hooks, where a
+  // bucket's exists only from its first gradient to its reduction) and the separate fp32 shards.
+  const int64_t flat_bytes = s.stage == 2 && s.hooks ? 0 : total * 4;
+  const int64_t shard_bytes = s.stage == 2 || s.hooks ? shard * 4 : 0;
   int clipped = 0;
   for (int step = 0; step < kSteps; ++step) {
     opt.zero_grad();
-    WORKER_CHECK(opt.gradient_bytes() == (s.stage == 2 ? (total + shard) * 4 : total * 4),
-                 "gradient bytes before backward {}", opt.gradient_bytes());
+    WORKER_CHECK(opt.gradient_bytes() == flat_bytes + shard_bytes, "gradient bytes before backward {}, want {}",
+                 opt.gradient_bytes(), flat_bytes + shard_bytes);
     std::optional<gpuops::MemoryBudget> budget;
     if (step == 0) budget.emplace();
     comm.reset_traffic();
     clipped += train_step(opt, scaler, params, s, [&](int m) { return batch_of(step, m, comm.rank()); }) ? 1 : 0;
     // Traffic per step (ring algorithm): one reduce-scatter and one all-gather of the flat buffer, i.e. one
-    // all-reduce of the parameters, plus the overflow flag (4 bytes) and the squared norm (8 bytes).
+    // all-reduce of the parameters, plus the overflow flag (4 bytes) and the squared norm (8 bytes). With
+    // hooks, one reduce-scatter per micro-batch.
     const auto t = comm.traffic();
-    WORKER_CHECK(t.reduce_scatter.ring_sent_bytes == 4 * total * (n - 1) / n &&
+    const int64_t reductions = s.hooks ? s.accumulation : 1;
+    WORKER_CHECK(t.reduce_scatter.ring_sent_bytes == reductions * 4 * total * (n - 1) / n &&
                      t.all_gather.ring_sent_bytes == 4 * total * (n - 1) / n && t.all_reduce.calls == 2 &&
                      t.all_reduce.payload_bytes == 12,
                  "step traffic: reduce-scatter {} B, all-gather {} B, {} all-reduces of {} B ({} elements)",
@@ -176,6 +189,7 @@ void scenario_train(Communicator& comm) {
   Setup s;
   s.stage = std::stoi(env_or("GPUOPS_ZERO_STAGE", "1"));
   s.accumulation = std::stoi(env_or("GPUOPS_ZERO_ACCUM", "2"));
+  s.hooks = env_or("GPUOPS_ZERO_HOOKS", "0") == "1";
   const int n = comm.size();
   int64_t zero_state = 0, zero_state_again = 0, ref_state = 0, total = 0, total_again = 0;
   int64_t retained = 0, retained_again = 0, ref_retained = 0;
@@ -206,10 +220,12 @@ void scenario_train(Communicator& comm) {
   // alignment of each parameter and of the total to N x 16 bytes), plus one float32 step counter per buffer.
   int64_t numel = 0;
   for (const auto& p : ref) numel += p.numel();
-  const int64_t moments = zero_state - 4, ref_moments = ref_state - 4 * static_cast<int64_t>(ref.size());
+  const int64_t buckets = s.hooks ? 4 : 1;  // one step counter per bucket
+  const int64_t moments = zero_state - 4 * buckets, ref_moments = ref_state - 4 * static_cast<int64_t>(ref.size());
   WORKER_CHECK(zero_state == zero_state_again, "state bytes differ between runs");
   WORKER_CHECK(ref_moments == 8 * numel, "unsharded moments {} bytes for {} parameters", ref_moments, numel);
-  WORKER_CHECK(moments * n == 8 * total && total >= numel && total - numel < 4 * (n + static_cast<int64_t>(ref.size())),
+  WORKER_CHECK(moments * n == 8 * total && total >= numel &&
+                   total - numel < 4 * (n * 4 + static_cast<int64_t>(ref.size())),
                "state bytes {} x {} ranks against {} unsharded ({} elements padded to {})", moments, n, ref_moments,
                numel, total);
   // Measured with MemoryBudget: what the first step allocated and kept is the state plus the same few scaler bytes
@@ -304,7 +320,8 @@ int run_worker(const std::string& scenario) {
 // ------------------------------------------------------------------------------------------------------
 // Parent side
 
-void run_train(int n, int stage, int accumulation) {
+void run_train(int n, int stage, int accumulation, bool hooks = false) {
+  ::setenv("GPUOPS_ZERO_HOOKS", hooks ? "1" : "0", 1);
   ::setenv("GPUOPS_ZERO_STAGE", std::to_string(stage).c_str(), 1);
   ::setenv("GPUOPS_ZERO_ACCUM", std::to_string(accumulation).c_str(), 1);
   const auto t0 = Clock::now();
@@ -312,7 +329,8 @@ void run_train(int n, int stage, int accumulation) {
   const bool in_time = wait_ranks(ranks, t0 + std::chrono::seconds(55));
   EXPECT_TRUE(in_time) << "ranks still running after 55 s\n" << ranks.logs();
   for (int r = 0; r < n; ++r) EXPECT_EQ(ranks.status[r], 0) << "rank " << r << "\n" << ranks.logs();
-  std::printf("[ stage %d, %d ranks, accumulation %d: %.2f s; rank 0: %s ]\n", stage, n, accumulation,
+  std::printf("[ stage %d%s, %d ranks, accumulation %d: %.2f s; rank 0: %s ]\n", stage,
+              hooks ? " reduced in backward" : "", n, accumulation,
               std::chrono::duration<double>(Clock::now() - t0).count(),
               read_file(ranks.dir + "/result.0").c_str());
 }
@@ -321,6 +339,9 @@ TEST(ZeroOptimizer, Stage1TwoRanks) { run_train(2, 1, 2); }
 TEST(ZeroOptimizer, Stage2TwoRanks) { run_train(2, 2, 2); }
 TEST(ZeroOptimizer, Stage1FourRanks) { run_train(4, 1, 2); }
 TEST(ZeroOptimizer, Stage2FourRanksNoAccumulation) { run_train(4, 2, 1); }
+TEST(ZeroOptimizer, Stage1ReducedInBackwardTwoRanks) { run_train(2, 1, 2, true); }
+TEST(ZeroOptimizer, Stage2ReducedInBackwardTwoRanks) { run_train(2, 2, 2, true); }
+TEST(ZeroOptimizer, Stage2ReducedInBackwardFourRanksNoAccumulation) { run_train(4, 2, 1, true); }
 TEST(ZeroOptimizer, BadInputTwoRanks) { run_all_ok(2, "bad_input"); }
 
 }  // namespace

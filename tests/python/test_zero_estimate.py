@@ -12,7 +12,9 @@ import zero_ranks  # noqa: E402
 def test_per_rank_estimate_matches_measured_zero_peaks():
     rows = zero_ranks.run(2)
     assert {(r["stage"], r["model"]) for r in rows} == {(s, c[0]) for s in (1, 2) for c in zero_ranks.CASES}
-    for r in rows:
+    # reduce_in_backward rows are printed, not checked: the estimator's "backward" (DeepSpeed's) does not count
+    # the buckets in flight (docs/estimator.md).
+    for r in (r for r in rows if not r["reduce_in_backward"]):
         low, high = min(r["measured"]), max(r["measured"])
         label = f"{r['model']} stage {r['stage']}: estimated {r['estimated']}, measured per rank {r['measured']}"
         # Every rank's steady peak to 0.1% (measured: 100 bytes of 30-77 MB, the optimizers' step counters).

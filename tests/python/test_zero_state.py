@@ -100,6 +100,28 @@ def _run(scenario, dist):
             err = _rel_err(_params(a), _params(b))
             assert err <= 1e-6, f"{zero.kind}: max relative error {err} against single-process"
             print(f"rank {rank}: {zero.kind} stage 2 max_rel_err={err:.3g}", flush=True)
+        # Reduced from autograd hooks during backward (buckets of 256 bytes: three), stage 2, with a
+        # scaler and accumulation over 2 micro-batches: no full gradient survives a backward.
+        a, b = _model(), _model()
+        zero = gpuops.ZeroOptimizer(a.parameters(), "adamw", communicator=comm, stage=2, reduce_in_backward=True,
+                                    bucket_bytes=256, lr=2e-2)
+        ref = gpuops.optim.AdamW(b.parameters(), lr=2e-2)
+        scalers = [gpuops.GradScaler("cpu", init_scale=512.0), gpuops.GradScaler("cpu", init_scale=512.0)]
+        for step in range(12):
+            for opt, net, batches, scaler in ((zero, a, mine, scalers[0]), (ref, b, everyone, scalers[1])):
+                opt.zero_grad()
+                for m in range(2):
+                    x, y = batches(2 * step + m)
+                    scaler.scale(torch.nn.functional.mse_loss(net(x), y) / 2).backward()
+                    if opt is zero:
+                        assert all(p.grad is None for p in a.parameters())
+                scaler.step(opt)
+                scaler.update()
+        assert len(zero.flat_numels()) > 2
+        err = _rel_err(_params(a), _params(b))
+        assert err <= 1e-6, f"reduced in backward: max relative error {err} against single-process"
+        print(f"rank {rank}: stage 2 reduced in backward, {len(zero.flat_numels())} buckets, accumulation 2: "
+              f"max_rel_err={err:.3g}", flush=True)
         with pytest.raises(TypeError, match="unexpected option 'betas' for SGD"):
             gpuops.ZeroOptimizer(_model().parameters(), "sgd", communicator=comm, lr=0.1, betas=(0.9, 0.99))
         with pytest.raises(TypeError, match="optimizer_class must be AdamW, Adam or SGD"):
