@@ -55,6 +55,10 @@ class FusedOptimizer : public torch::optim::Optimizer {
   virtual void prepare_gradients() {}
   virtual at::Tensor global_found_inf(const at::Tensor& found_inf) { return found_inf; }
   virtual at::Tensor global_grad_norm(const at::Tensor& norm) { return norm; }
+  /// The divisor GradScaler::set_grad_divisor folds into the unscale: a sharded optimizer averages its
+  /// gradients over ranks, so the global mean needs the mean of the ranks' divisors (e.g. sample counts of
+  /// windows that differ across ranks). Here: the divisor as given.
+  virtual at::Tensor global_divisor(const at::Tensor& divisor) { return divisor; }
 
  protected:
   /// The class name, for error messages.

@@ -105,6 +105,9 @@ class ZeroShards {
   void reduce_gradients();
   at::Tensor global_found_inf(const at::Tensor& found_inf);
   at::Tensor global_grad_norm(const at::Tensor& norm);
+  /// The mean over ranks of a gradient divisor (an all-reduce): after the average over ranks, gradients summed
+  /// over each rank's samples divided by it are the mean over every rank's samples.
+  at::Tensor global_divisor(const at::Tensor& divisor);
   /// Before the fused step: a 16-bit master follows its parameters where something else wrote them since the
   /// last step (a model load, an EMA swap) and the master no longer rounds to them.
   void before_step();
@@ -268,6 +271,8 @@ class ZeroOptimizer : private detail::ZeroShardsHolder, public Base, public Shar
   at::Tensor global_found_inf(const at::Tensor& found_inf) override { return zero_shards.global_found_inf(found_inf); }
   /// The global L2 norm from this rank's shard norm: sqrt(sum over ranks of norm^2), summed in float64.
   at::Tensor global_grad_norm(const at::Tensor& norm) override { return zero_shards.global_grad_norm(norm); }
+  /// The mean of the ranks' divisors (collective; GradScaler::set_grad_divisor calls it).
+  at::Tensor global_divisor(const at::Tensor& divisor) override { return zero_shards.global_divisor(divisor); }
 
   at::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override;
 

@@ -235,7 +235,8 @@ class GradScaler:
                                "and step() of this step")
         _C.check_positive_count(divisor, "GradScaler.set_grad_divisor", "divisor", str(self._scale.device))
         divisor = torch.as_tensor(divisor, dtype=torch.float32, device=self._scale.device).reshape(1)
-        state["divisor"] = divisor
+        global_divisor = getattr(optimizer, "_gpuops_global_divisor", None)  # a sharded optimizer: mean of ranks'
+        state["divisor"] = global_divisor(divisor) if global_divisor is not None else divisor
 
     def _lazy_init(self, device: torch.device) -> None:
         if self._scale is None:

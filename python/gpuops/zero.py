@@ -181,5 +181,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def _gpuops_global_grad_norm(self, norm: torch.Tensor) -> torch.Tensor:
         return self._impl.global_grad_norm(norm)
 
+    def _gpuops_global_divisor(self, divisor: torch.Tensor) -> torch.Tensor:
+        return self._impl.global_divisor(divisor)
+
 
 __all__ = ["ZeroOptimizer"]

@@ -193,6 +193,8 @@ void bind_zero_optimizer(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("global_grad_norm", [](ShardedOptimizer& z, const at::Tensor& n) { return z.optimizer().global_grad_norm(n); },
            py::call_guard<py::gil_scoped_release>())
+      .def("global_divisor", [](ShardedOptimizer& z, const at::Tensor& d) { return z.optimizer().global_divisor(d); },
+           py::call_guard<py::gil_scoped_release>())
       .def("shard_params", [](ShardedOptimizer& z) { return z.shards().shard_params(); })
       .def_property(
           "lr", [](ShardedOptimizer& z) { return z.optimizer().param_groups()[0].options().get_lr(); },

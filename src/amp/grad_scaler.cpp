@@ -166,6 +166,8 @@ void GradScaler::set_grad_divisor(torch::optim::Optimizer& optimizer, const at::
   TORCH_CHECK(state.stage == Stage::Ready, "GradScaler.set_grad_divisor() must come before unscale_(), "
               "clip_grad_norm_() and step() of this step");
   state.divisor = divisor.detach().to(scale_.device(), at::kFloat, /*non_blocking=*/true).reshape({1});
+  // A sharded optimizer: the mean of every rank's divisor (its gradients are averaged over ranks).
+  if (auto* fused = dynamic_cast<optim::FusedOptimizer*>(&optimizer)) state.divisor = fused->global_divisor(state.divisor);
 }
 
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {

@@ -310,6 +310,12 @@ at::Tensor ZeroShards::global_grad_norm(const at::Tensor& norm) {
   return squares.sqrt().to(norm.scalar_type()).reshape(norm.sizes());
 }
 
+at::Tensor ZeroShards::global_divisor(const at::Tensor& divisor) {
+  at::Tensor mean = divisor.detach().to(at::kFloat).contiguous().clone();
+  comm_.all_reduce(mean, dist::ReduceOp::Average).wait();
+  return mean.reshape(divisor.sizes());
+}
+
 void ZeroShards::before_step() {
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < shards_.size(); ++k) {

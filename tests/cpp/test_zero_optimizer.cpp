@@ -128,9 +128,11 @@ std::vector<at::Tensor> train_zero(Communicator& comm, const Setup& s, int64_t* 
     // hooks, one reduce-scatter per micro-batch.
     const auto t = comm.traffic();
     const int64_t reductions = s.hooks ? s.accumulation : 1;
+    // The accumulation's divisor adds one 4-byte all-reduce (the mean of the ranks' divisors).
+    const int64_t divisor = s.accumulation > 1 ? 1 : 0;
     WORKER_CHECK(t.reduce_scatter.ring_sent_bytes == reductions * 4 * total * (n - 1) / n &&
-                     t.all_gather.ring_sent_bytes == 4 * total * (n - 1) / n && t.all_reduce.calls == 2 &&
-                     t.all_reduce.payload_bytes == 12,
+                     t.all_gather.ring_sent_bytes == 4 * total * (n - 1) / n && t.all_reduce.calls == 2 + divisor &&
+                     t.all_reduce.payload_bytes == 12 + 4 * divisor,
                  "step traffic: reduce-scatter {} B, all-gather {} B, {} all-reduces of {} B ({} elements)",
                  t.reduce_scatter.ring_sent_bytes, t.all_gather.ring_sent_bytes, t.all_reduce.calls,
                  t.all_reduce.payload_bytes, total);
@@ -229,9 +231,12 @@ void scenario_train(Communicator& comm) {
                "state bytes {} x {} ranks against {} unsharded ({} elements padded to {})", moments, n, ref_moments,
                numel, total);
   // Measured with MemoryBudget: what the first step allocated and kept is the state plus the same few scaler bytes
-  // in both (zero: the shard state; reference: the whole state).
-  const int64_t scaler_bytes = retained - zero_state;
-  WORKER_CHECK(scaler_bytes >= 0 && scaler_bytes < 256 && ref_retained - ref_state == scaler_bytes,
+  // in both (zero: the shard state; reference: the whole state). Up to 16 bytes more on the sharded side: Gloo's
+  // worker thread drops its reference to the last collective's tensors (the 8-byte norm, the 4-byte divisor) a
+  // moment after wait() returns, so they are sometimes still alive when the budget is read.
+  const int64_t scaler_bytes = retained - zero_state, ref_scaler_bytes = ref_retained - ref_state;
+  WORKER_CHECK(scaler_bytes >= 0 && scaler_bytes < 256 && scaler_bytes - ref_scaler_bytes >= 0 &&
+                   scaler_bytes - ref_scaler_bytes <= 16,
                "MemoryBudget: the first step kept {} bytes (state {}); the reference {} (state {})", retained,
                zero_state, ref_retained, ref_state);
   write_file(fmt::format("{}/result.{}", env_or("GPUOPS_COMM_DIR", "/tmp"), comm.rank()),
