@@ -17,6 +17,7 @@
 #include <torch/serialize.h>
 
 #include "gpuops/communicator.h"
+#include "gpuops/grad_scaler.h"
 #include "gpuops/memory_budget.h"
 #include "gpuops/optimizers.h"
 #include "gpuops/training_state.h"
@@ -103,28 +104,42 @@ void scenario_kinds(Communicator& comm) {
 }
 
 // ------------------------------------------------------------------------------------------------------
-// bfloat16 parameters: ZeRO's fp32 masters against a single process that computes every rank's bf16
-// gradient (accumulated in bf16 as autograd does), averages them in fp32 and steps fp32 masters.
+// 16-bit parameters (bf16, fp16; GPUOPS_ZERO_DTYPE): ZeRO's fp32 masters against a single process that
+// computes every rank's 16-bit gradient (accumulated in 16 bits as autograd does), averages them in fp32 and
+// steps fp32 masters; 50 steps with a GradScaler (the scale grows) and clipping on both sides.
 
 void scenario_bf16(Communicator& comm) {
   const int n = comm.size(), stage = std::stoi(env_or("GPUOPS_ZERO_STAGE", "1"));
-  auto params = make_params(at::kBFloat16, at::kBFloat16);
+  const at::ScalarType dtype = env_or("GPUOPS_ZERO_DTYPE", "bf16") == "fp16" ? at::kHalf : at::kBFloat16;
+  auto params = make_params(dtype, dtype);
   ZeroOptimizer zero(params, comm, stage, AdamWOptions(1e-2));
-  auto ref = make_params(at::kBFloat16, at::kBFloat16);
+  auto ref = make_params(dtype, dtype);
+  gpuops::amp::GradScalerOptions so;
+  so.init_scale = 256.0;
+  so.growth_interval = 9;
+  gpuops::amp::GradScaler zscaler(so), rscaler(so);
+  constexpr double kMaxNorm = 1.0;  // clips on about half the steps
+  int clipped = 0;
   std::vector<at::Tensor> masters;
   for (const auto& p : ref) masters.push_back(p.detach().to(at::kFloat).requires_grad_(true));
   AdamW single(masters, AdamWOptions(1e-2));
   const int64_t total = zero.bucket(0).data.numel();
-  for (int step = 0; step < 30; ++step) {
+  for (int step = 0; step < 50; ++step) {
     zero.zero_grad();
     comm.reset_traffic();
-    train_step(zero, params, step, comm.rank(), n);
-    // One step's traffic (ring algorithm): the gradients reduce-scattered in fp32, the bf16 parameters
-    // all-gathered, and nothing else (no scaler, no clipping).
+    for (int m = 0; m < kAccumulation; ++m) {
+      auto [x, y] = batch_of(step, m, comm.rank());
+      zscaler.scale(loss_of(params, x, y) / kAccumulation).backward();
+    }
+    clipped += zscaler.clip_grad_norm_(zero, kMaxNorm).item<double>() > kMaxNorm ? 1 : 0;
+    zscaler.step(zero);
+    zscaler.update();
+    // One step's traffic (ring algorithm): the gradients reduce-scattered in fp32, the 16-bit parameters
+    // all-gathered, the overflow flag and the squared norm.
     const auto t = comm.traffic();
     WORKER_CHECK(t.reduce_scatter.ring_sent_bytes == 4 * total * (n - 1) / n &&
-                     t.all_gather.ring_sent_bytes == 2 * total * (n - 1) / n && t.all_reduce.calls == 0,
-                 "step traffic: reduce-scatter {} B, all-gather {} B, {} all-reduces, for {} bf16 elements",
+                     t.all_gather.ring_sent_bytes == 2 * total * (n - 1) / n && t.all_reduce.calls == 2,
+                 "step traffic: reduce-scatter {} B, all-gather {} B, {} all-reduces, for {} 16-bit elements",
                  t.reduce_scatter.ring_sent_bytes, t.all_gather.ring_sent_bytes, t.all_reduce.calls, total);
     single.zero_grad();
     std::vector<at::Tensor> sum(ref.size());
@@ -132,12 +147,14 @@ void scenario_bf16(Communicator& comm) {
       for (auto& p : ref) p.mutable_grad() = at::zeros_like(p);  // accumulate in bf16 from zero, as the flat buffer
       for (int m = 0; m < kAccumulation; ++m) {
         auto [x, y] = batch_of(step, m, r);
-        (loss_of(ref, x, y) / kAccumulation).backward();
+        rscaler.scale(loss_of(ref, x, y) / kAccumulation).backward();
       }
       for (size_t i = 0; i < ref.size(); ++i) sum[i] = r == 0 ? ref[i].grad().to(at::kFloat) : sum[i] + ref[i].grad().to(at::kFloat);
     }
     for (size_t i = 0; i < ref.size(); ++i) masters[i].mutable_grad() = sum[i] / n;
-    single.step();
+    rscaler.clip_grad_norm_(single, kMaxNorm);
+    rscaler.step(single);
+    rscaler.update();
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < ref.size(); ++i) ref[i].copy_(masters[i]);
   }
@@ -151,15 +168,21 @@ void scenario_bf16(Communicator& comm) {
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor master = full[i].at("master_param");
     worst = std::max(worst, max_rel_error(master, masters[i]));
-    WORKER_CHECK(at::equal(master.to(at::kBFloat16), params[i].detach()), "params[{}] is not its master rounded", i);
+    WORKER_CHECK(at::equal(master.to(dtype), params[i].detach()), "params[{}] is not its master rounded", i);
   }
-  WORKER_CHECK(worst <= 1e-5, "bf16 masters: max relative error {} against single-process > 1e-5", worst);
+  WORKER_CHECK(worst <= 1e-5, "{} masters: max relative error {} against single-process > 1e-5", c10::toString(dtype),
+               worst);
+  WORKER_CHECK(zscaler.get_scale() == rscaler.get_scale() && zscaler.get_scale() > 256.0 && clipped > 0 &&
+                   clipped < 50,
+               "scale {} (reference {}), clipped on {} steps", zscaler.get_scale(), rscaler.get_scale(), clipped);
   // The masters carry what bf16 cannot hold (else the test could not tell fp32 masters from none).
   const at::Tensor m0 = full[0].at("master_param");
-  WORKER_CHECK(!at::equal(m0, m0.to(at::kBFloat16).to(at::kFloat)), "the fp32 masters hold only bf16 values");
+  WORKER_CHECK(!at::equal(m0, m0.to(dtype).to(at::kFloat)), "the fp32 masters hold only 16-bit values");
   write_file(fmt::format("{}/result.0", env_or("GPUOPS_COMM_DIR", "/tmp")),
-             fmt::format("bf16 stage {}: fp32 masters max_rel_err={:.3g} against single-process fp32 reduction", stage,
-                         worst));
+             fmt::format("{} stage {}: fp32 masters max_rel_err={:.3g} against single-process fp32 reduction; "
+                         "50 steps, final scale {}, clipped on {} steps", c10::toString(dtype), stage, worst,
+                         zscaler.get_scale(),
+                         clipped));
 }
 
 // ------------------------------------------------------------------------------------------------------
@@ -397,17 +420,32 @@ Ranks run(int n, const std::string& scenario) {
 TEST(ZeroKinds, AdamAndSgdTwoRanks) { run(2, "kinds"); }
 
 TEST(ZeroBf16, Stage1TwoRanks) {
+  ::setenv("GPUOPS_ZERO_DTYPE", "bf16", 1);
   ::setenv("GPUOPS_ZERO_STAGE", "1", 1);
   run(2, "bf16");
 }
 
 TEST(ZeroBf16, Stage2TwoRanks) {
+  ::setenv("GPUOPS_ZERO_DTYPE", "bf16", 1);
   ::setenv("GPUOPS_ZERO_STAGE", "2", 1);
   run(2, "bf16");
 }
 
 TEST(ZeroBf16, Stage2FourRanks) {  // four ranks: Gloo's sum runs in another order than the reference's
+  ::setenv("GPUOPS_ZERO_DTYPE", "bf16", 1);
   ::setenv("GPUOPS_ZERO_STAGE", "2", 1);
+  run(4, "bf16");
+}
+
+TEST(ZeroFp16, Stage2TwoRanks) {
+  ::setenv("GPUOPS_ZERO_DTYPE", "fp16", 1);
+  ::setenv("GPUOPS_ZERO_STAGE", "2", 1);
+  run(2, "bf16");
+}
+
+TEST(ZeroFp16, Stage1FourRanks) {
+  ::setenv("GPUOPS_ZERO_DTYPE", "fp16", 1);
+  ::setenv("GPUOPS_ZERO_STAGE", "1", 1);
   run(4, "bf16");
 }
 
