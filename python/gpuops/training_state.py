@@ -216,7 +216,7 @@ class TrainingState:
             # One file per rank in the same state (gpuops::save_sharded_state, shared with C++); state.pt
             # (rank 0's) holds the rest.
             payload["sharded_optimizer"] = optimizer.kind
-            optimizer._impl.lr = optimizer.param_groups[0]["lr"]
+            optimizer._sync_options()
             return Path(_C.save_sharded_state(self._store, step, "python", optimizer._impl,
                                               lambda file: torch.save(payload, file)))
         path = None
@@ -329,7 +329,7 @@ class TrainingState:
             if not error:
                 backup.restore()
             raise
-        optimizer.param_groups[0]["lr"] = optimizer._impl.lr
+        optimizer.param_groups[0].update(optimizer._impl.options)
 
 
 def _is_sharded(optimizer) -> bool:

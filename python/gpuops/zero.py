@@ -14,8 +14,8 @@
 The work is done by the C++ class ``gpuops::optim::ZeroOptimizer<Base>`` (``gpuops._C.ZeroOptimizer``); this
 class only adds what torch.optim code and our GradScaler look for. It is a ``torch.optim.Optimizer`` with one
 group whose ``params`` are this rank's shard parameters (fp32; their ``.grad`` is the reduced gradient shard),
-so torch's LR schedulers drive it (the group's ``lr`` is read at every step; other options are fixed at
-construction). The model's parameters become views of flat buffers padded to a multiple of the world size;
+so torch's LR schedulers drive it (the group's options are read at every step: ``lr``, and ``betas`` or
+``momentum`` that OneCycleLR and CyclicLR cycle, checked as at construction). The model's parameters become views of flat buffers padded to a multiple of the world size;
 every rank must pass the same parameters. float16/bfloat16 parameters are stepped on fp32 master shards, their
 gradients reduced in fp32.
 
@@ -101,9 +101,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._impl.lr = self.param_groups[0]["lr"]  # an LR scheduler writes the group's lr
+        self._sync_options()
         self._impl.step(getattr(self, "grad_scale", None), getattr(self, "found_inf", None))
         return loss
+
+    def _sync_options(self) -> None:
+        """The group's options as schedulers left them (lr; OneCycleLR/CyclicLR also betas or momentum) go to
+        the C++ optimizer, checked there; keys it does not have (initial_lr, max_lr, ...) are the schedulers'."""
+        current = self._impl.options
+        group = self.param_groups[0]
+        changed = {k: group[k] for k in current if k in group and group[k] != current[k]}
+        if changed:
+            self._impl.set_options(changed)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the flat gradients (stage 2: allocates them again) for the next backward."""
@@ -124,19 +133,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ state
     def save_shard(self, path) -> None:
         """Writes this rank's shard and layout to ``path`` (complete or absent)."""
-        self._impl.lr = self.param_groups[0]["lr"]
+        self._sync_options()
         self._impl.save_shard(str(path))
 
     def load_shards(self, files, allow_reshard: bool = False) -> None:
         """Loads the shard files of every rank of the saving job (``files[r]``: rank r's); when the world size
         differs, each rank cuts its new shard out of them (exact), if ``allow_reshard``. All or nothing."""
         self._impl.load_shards([str(f) for f in files], allow_reshard)
-        self.param_groups[0]["lr"] = self._impl.lr
+        self.param_groups[0].update(self._impl.options)
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Gathers the full state on rank ``to``'s host memory, chunk by chunk (no device holds it whole).
         Collective: every rank calls it."""
-        self._impl.lr = self.param_groups[0]["lr"]
+        self._sync_options()
         per_param = self._impl.consolidate_state(to)
         self._consolidated = per_param if self._impl.rank == to else None
 

@@ -2,6 +2,7 @@
 // through their common interface, ShardedOptimizer; gpuops.ZeroOptimizer (python/gpuops/zero.py) only adds
 // torch.optim's attributes around it. Also the sharded training-state protocol (sharded_state.h) for
 // gpuops.TrainingState. Collective calls release the GIL.
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -141,6 +142,34 @@ py::dict options_of(const torch::optim::OptimizerOptions& options) {
   return d;
 }
 
+// The group's options as given by Python (torch's LR schedulers write lr, OneCycleLR/CyclicLR also betas or
+// momentum): the current options with these keywords applied, checked by Base over a probe tensor, swapped in.
+template <class Options, class Base>
+void replace_options(ShardedOptimizer& z, Keywords& k, const std::function<void(Options&)>& parse) {
+  Options o = static_cast<const Options&>(z.optimizer().param_groups()[0].options());
+  parse(o);
+  k.finish(z.kind());
+  Base probe({at::zeros({1}).requires_grad_(true)}, o);  // c10::ValueError naming the option
+  z.optimizer().param_groups()[0].set_options(std::make_unique<Options>(o));
+}
+
+void set_options(ShardedOptimizer& z, const py::dict& given) {
+  Keywords k{std::string("gpuops.ZeroOptimizer.param_groups[0]"), given, {}};
+  const std::string kind = z.kind();
+  if (kind == "AdamW") replace_options<optim::AdamWOptions, optim::AdamW>(z, k, [&](auto& o) { k.adam(o); });
+  if (kind == "Adam") replace_options<optim::AdamOptions, optim::Adam>(z, k, [&](auto& o) { k.adam(o); });
+  if (kind == "SGD") {
+    replace_options<optim::SGDOptions, optim::SGD>(z, k, [&](optim::SGDOptions& o) {
+      k.real("lr", [&](double v) { o.lr(v); });
+      k.real("momentum", [&](double v) { o.momentum(v); });
+      k.real("dampening", [&](double v) { o.dampening(v); });
+      k.real("weight_decay", [&](double v) { o.weight_decay(v); });
+      k.flag("nesterov", [&](bool v) { o.nesterov(v); });
+      k.flag("maximize", [&](bool v) { o.maximize(v); });
+    });
+  }
+}
+
 py::list to_python(const std::vector<optim::NamedTensors>& states) {
   py::list out;
   for (const auto& state : states) {
@@ -201,6 +230,7 @@ void bind_zero_optimizer(py::module_& m) {
           [](ShardedOptimizer& z, const py::object& lr) {
             z.optimizer().param_groups()[0].options().set_lr(real_arg("ZeroOptimizer.lr", "lr", lr));
           })
+      .def("set_options", &set_options, py::arg("options"))
       .def_property_readonly("kind", &ShardedOptimizer::kind)
       .def_property_readonly("options",
                              [](ShardedOptimizer& z) { return options_of(z.optimizer().param_groups()[0].options()); })

@@ -100,6 +100,17 @@ def _run(scenario, dist):
             err = _rel_err(_params(a), _params(b))
             assert err <= 1e-6, f"{zero.kind}: max relative error {err} against single-process"
             print(f"rank {rank}: {zero.kind} stage 2 max_rel_err={err:.3g}", flush=True)
+        # OneCycleLR cycles lr and momentum through the group: both reach the C++ optimizer at every step.
+        a, b = _model(), _model()
+        zero = gpuops.ZeroOptimizer(a.parameters(), "sgd", communicator=comm, lr=0.05, momentum=0.9)
+        ref = gpuops.optim.SGD(b.parameters(), lr=0.05, momentum=0.9)
+        _train(a, zero, mine, range(15), torch.optim.lr_scheduler.OneCycleLR(zero, max_lr=0.1, total_steps=15))
+        _train(b, ref, everyone, range(15), torch.optim.lr_scheduler.OneCycleLR(ref, max_lr=0.1, total_steps=15))
+        err = _rel_err(_params(a), _params(b))
+        assert err <= 1e-6, f"SGD under OneCycleLR: max relative error {err}"
+        assert zero.param_groups[0]["momentum"] == ref.param_groups[0]["momentum"] != 0.9
+        assert zero._impl.options["momentum"] != 0.9  # synced to the C++ optimizer at the steps
+        print(f"rank {rank}: SGD under OneCycleLR (lr and momentum cycled): max_rel_err={err:.3g}", flush=True)
         # Reduced from autograd hooks during backward (buckets of 256 bytes: three), stage 2, with a
         # scaler and accumulation over 2 micro-batches: no full gradient survives a backward.
         a, b = _model(), _model()
