@@ -42,7 +42,14 @@ int main(int argc, char** argv) {
   const int rank = comm.rank(), world = comm.size();
   torch::manual_seed(0);
   torch::nn::Sequential model(torch::nn::Linear(8, 64), torch::nn::Tanh(), torch::nn::Linear(64, 1));
-  gpuops::optim::ZeroOptimizer opt(model->parameters(), comm, /*stage=*/2, gpuops::optim::AdamWOptions(3e-2));
+  gpuops::optim::ZeroOptions zero;
+  zero.stage = 2;
+  std::vector<torch::Tensor> params;
+  for (const auto& item : model->named_parameters()) {  // names go into the checkpoints
+    zero.param_names.push_back(item.key());
+    params.push_back(item.value());
+  }
+  gpuops::optim::ZeroOptimizer opt(params, comm, zero, gpuops::optim::AdamWOptions(3e-2));
 
   gpuops::TrainingStateOptions state_options;
   state_options.process_group = comm.process_group()->getBackend(c10::DeviceType::CPU);  // agreed stop flag

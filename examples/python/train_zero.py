@@ -44,7 +44,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
-    opt = gpuops.ZeroOptimizer(model.parameters(), gpuops.optim.AdamW, stage=args.stage, lr=3e-2)
+    opt = gpuops.ZeroOptimizer(model.named_parameters(), gpuops.optim.AdamW, stage=args.stage, lr=3e-2)
     with gpuops.TrainingState(args.state_dir, process_group=dist.group.WORLD) as state:
         loaded = state.load(model=model, optimizer=opt, allow_reshard=True)
         start = loaded["step"] if loaded else 0

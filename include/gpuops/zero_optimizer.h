@@ -64,6 +64,10 @@ struct ZeroOptions {
   /// bucket is a flat buffer padded to a multiple of the world size, each rank owning one contiguous shard of
   /// it. Checkpoints record the buckets: load them with the same bucket_bytes. >= 1.
   int64_t bucket_bytes = int64_t{25} << 20;
+  /// The parameters' names (e.g. from named_parameters()), in the order of the parameters; empty: unnamed.
+  /// Checkpoints record them with the shapes, so that loading into another model names the parameter that
+  /// differs.
+  std::vector<std::string> param_names;
 };
 
 /// An optimizer's state tensors by name ("step", "exp_avg", "momentum_buffer", "master_param", ...), the names
@@ -164,6 +168,8 @@ class ZeroShards {
   using ShardLoader = std::function<void(int64_t rank, torch::serialize::InputArchive& into)>;
   ReadShards read_from(int64_t n_old, const ShardLoader& load, const std::function<std::string(int64_t)>& name_of,
                        const std::string& kind, const std::string& where) const;
+  /// "'name' (params[i], shape [a, b])" for messages.
+  std::string describe(size_t k, size_t slot) const;
   bool is_master(size_t k) const;  ///< buffer k is 16-bit: its shard parameter is a separate fp32 master
   at::Tensor data_shard(size_t k) const;
   void install_shard_grads();
@@ -181,6 +187,7 @@ class ZeroShards {
   std::vector<at::Tensor> shards_;       ///< per buffer: the shard parameter handed to the optimizer
   std::vector<at::Tensor> shard_grads_;  ///< per buffer: a separate fp32 gradient shard (stage 2, or 16-bit)
   std::vector<std::pair<size_t, size_t>> slot_of_param_;  ///< params[i] -> (buffer, slot)
+  std::vector<std::vector<size_t>> param_of_slot_;         ///< (buffer, slot) -> i
   std::vector<std::vector<uint32_t>> versions_;           ///< 16-bit buffers: each slot's parameter version
   bool reduced_grads_ = false;  ///< the gradients of this step are reduced
   bool stepped_ = false;  ///< stepped since the last zero_grad: the gradients are spent

@@ -56,6 +56,18 @@ def _kind_of(optimizer_class) -> str:
                     f"or torch.optim, or its name), got {optimizer_class!r}")
 
 
+def _split_names(params) -> tuple:
+    """Tensors and their names from ``params``: tensors, or (name, tensor) pairs as ``named_parameters()`` gives
+    (torch.optim takes those too); names are recorded in checkpoints."""
+    items = list(params)
+    if items and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in items):
+        return [p for _, p in items], [n for n, _ in items]
+    if any(isinstance(p, (tuple, dict)) for p in items):
+        raise TypeError("gpuops.ZeroOptimizer: params must be tensors or (name, tensor) pairs, all of one kind "
+                        "(one group over the flat buckets: param group dicts are not supported)")
+    return items, []
+
+
 class ZeroOptimizer(torch.optim.Optimizer):
     """``optimizer_class`` (AdamW by default; Adam, SGD) with its state (and the gradients, stage 2) sharded
     over the ranks of ``communicator`` (a ``gpuops.dist.Communicator``, a ``torch.distributed`` group, or None:
@@ -75,8 +87,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not isinstance(communicator, _C.Communicator):
             raise TypeError("gpuops.ZeroOptimizer: communicator must be a gpuops.dist.Communicator, a "
                             f"torch.distributed group or None, got {type(communicator).__name__}")
+        params, names = _split_names(params)
         self._impl = _C.ZeroOptimizer(params, communicator, stage, kind, dict(defaults), reduce_in_backward,
-                                      bucket_bytes)
+                                      bucket_bytes, names)
+        self.param_names = names
         self.communicator = communicator
         self._consolidated: Optional[list] = None
         super().__init__(self._impl.shard_params(), self._impl.options)
@@ -160,6 +174,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         group = dict(self._impl.options)
         group.update({k: v for k, v in self.param_groups[0].items() if k not in ("params",)})
         group["params"] = list(range(self._impl.param_count))
+        if self.param_names:
+            group["param_names"] = list(self.param_names)  # torch's state_dict of named parameters
         state = {i: s for i, s in enumerate(self._consolidated) if s}
         return {"state": state, "param_groups": [group]}
 

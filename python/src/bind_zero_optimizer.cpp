@@ -186,7 +186,7 @@ void bind_zero_optimizer(py::module_& m) {
   py::class_<ShardedOptimizer>(m, "ZeroOptimizer")
       .def(py::init([](const py::object& params, const dist::Communicator& communicator, const py::object& stage,
                        const std::string& optimizer, const py::dict& options, const py::object& reduce_in_backward,
-                       const py::object& bucket_bytes) {
+                       const py::object& bucket_bytes, const std::vector<std::string>& param_names) {
              const std::string where = "gpuops.ZeroOptimizer";
              auto tensors = tensor_list_arg(where, "params", params);
              const int64_t s = int_arg(where, "stage", stage);
@@ -197,13 +197,15 @@ void bind_zero_optimizer(py::module_& m) {
              zero.stage = static_cast<int>(s);
              zero.reduce_in_backward = bool_arg(where, "reduce_in_backward", reduce_in_backward);
              zero.bucket_bytes = int_arg(where, "bucket_bytes", bucket_bytes);
+             zero.param_names = param_names;
              if (zero.bucket_bytes < 1)
                throw py::value_error(where + ": bucket_bytes must be >= 1, got " + text_of(bucket_bytes));
              Keywords k{where, options, {}};
              return make(optimizer, std::move(tensors), communicator, zero, k);
            }),
            py::arg("params"), py::arg("communicator"), py::arg("stage"), py::arg("optimizer"), py::arg("options"),
-           py::arg("reduce_in_backward") = false, py::arg("bucket_bytes") = optim::ZeroOptions().bucket_bytes)
+           py::arg("reduce_in_backward") = false, py::arg("bucket_bytes") = optim::ZeroOptions().bucket_bytes,
+           py::arg("param_names") = std::vector<std::string>{})
       .def(
           "step",
           [](ShardedOptimizer& z, const py::object& grad_scale, const py::object& found_inf) {

@@ -37,6 +37,27 @@ at::Tensor layout_of(const FlatParams::Bucket& b) {
 // Where the last parameter of a buffer ends: the padding after it depends on the world size.
 int64_t used_end(const FlatParams::Bucket& b) { return b.slots.back().offset + b.slots.back().numel; }
 
+// Each parameter's dimension count then sizes, one flat list.
+at::Tensor shapes_of(const FlatParams::Bucket& b) {
+  std::vector<int64_t> v;
+  for (const auto& s : b.slots) {
+    v.push_back(s.param.dim());
+    for (int64_t d : s.param.sizes()) v.push_back(d);
+  }
+  return at::tensor(v, at::kLong);
+}
+
+std::vector<std::vector<int64_t>> decode_shapes(const at::Tensor& t) {
+  std::vector<std::vector<int64_t>> shapes;
+  const auto* v = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t.numel();) {
+    const int64_t dims = v[i++];
+    shapes.emplace_back(v + i, v + std::min<int64_t>(t.numel(), i + dims));
+    i += dims;
+  }
+  return shapes;
+}
+
 std::string join(const NamedTensors& state) {
   std::string names;
   for (const auto& [name, t] : state)
@@ -87,6 +108,11 @@ void ZeroShards::write_shard(torch::serialize::OutputArchive& archive, const std
     out.write("dtype", c10::IValue(static_cast<int64_t>(b.dtype)));
     out.write("numel", c10::IValue(b.data.numel()));
     out.write("layout", c10::IValue(layout_of(b)));
+    out.write("shapes", c10::IValue(shapes_of(b)));
+    std::string names;
+    for (size_t i = 0; i < b.slots.size(); ++i)
+      if (!options_.param_names.empty()) names += (i ? "\n" : "") + options_.param_names[param_of_slot_[k][i]];
+    out.write("names", c10::IValue(names));
     for (const auto& [name, t] : states[k])
       if (t.defined()) state.write(name, c10::IValue(t.detach().to(at::kCPU)));
     out.write("fields", c10::IValue(join(states[k])));
@@ -166,6 +192,24 @@ ZeroShards::ReadShards ZeroShards::read_from(int64_t n_old, const ShardLoader& l
       torch::serialize::InputArchive saved, state;
       a.read("bucket." + std::to_string(k), saved);
       const auto& mine = this->bucket(k);
+      // Names and shapes first: an error that names the parameter that differs.
+      const auto shapes = decode_shapes(read_value(saved, "shapes", file).toTensor());
+      std::vector<std::string> names;
+      {
+        std::stringstream in(read_value(saved, "names", file).toStringRef());
+        for (std::string name; std::getline(in, name, '\n');) names.push_back(name);
+      }
+      TORCH_CHECK_VALUE(shapes.size() == mine.slots.size(), where, ": ", file, " was saved for other parameters: its "
+                        "bucket ", k, " holds ", shapes.size(), " parameters, here ", mine.slots.size(), " (from ",
+                        describe(k, 0), "; another model, or another bucket_bytes)");
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const bool named = !names.empty() && !options_.param_names.empty();
+        TORCH_CHECK_VALUE(!named || names[i] == options_.param_names[param_of_slot_[k][i]], where, ": ", file,
+                          " was saved for other parameters: it has '", names[i], "' where this optimizer has ",
+                          describe(k, i));
+        TORCH_CHECK_VALUE(mine.slots[i].param.sizes().vec() == shapes[i], where, ": ", file, " was saved for other "
+                          "parameters: ", describe(k, i), " has shape ", c10::IntArrayRef(shapes[i]), " in the file");
+      }
       const at::Tensor layout = read_value(saved, "layout", file).toTensor();
       TORCH_CHECK_VALUE(read_value(saved, "dtype", file).toInt() == static_cast<int64_t>(mine.dtype) &&
                             layout.sizes() == layout_of(mine).sizes() && at::equal(layout, layout_of(mine)),

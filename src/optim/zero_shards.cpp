@@ -54,6 +54,9 @@ const std::vector<at::Tensor>& checked(const std::vector<at::Tensor>& params, di
   TORCH_CHECK_VALUE(options.stage == 1 || options.stage == 2, "ZeroOptimizer: stage must be 1 (optimizer state "
                     "sharded) or 2 (optimizer state and gradients sharded), got ", options.stage);
   TORCH_CHECK_VALUE(options.bucket_bytes >= 1, "ZeroOptimizer: bucket_bytes must be >= 1, got ", options.bucket_bytes);
+  TORCH_CHECK_VALUE(options.param_names.empty() || options.param_names.size() == params.size(), "ZeroOptimizer: ",
+                    options.param_names.size(), " param_names for ", params.size(), " parameters; give one name per "
+                    "parameter, or none");
   for (size_t i = 0; i < params.size(); ++i) {
     const auto dtype = params[i].defined() ? params[i].scalar_type() : at::kFloat;
     TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, "ZeroOptimizer: params[",
@@ -121,6 +124,9 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
     }
   }
   TORCH_INTERNAL_ASSERT(slot_of_param_.size() == params.size());
+  param_of_slot_.resize(flats_.size());
+  for (size_t k = 0; k < flats_.size(); ++k) param_of_slot_[k].resize(bucket(k).slots.size());
+  for (size_t i = 0; i < slot_of_param_.size(); ++i) param_of_slot_[slot_of_param_[i].first][slot_of_param_[i].second] = i;
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < flats_.size(); ++k) {
     const at::Tensor shard = data_shard(k);
@@ -156,6 +162,13 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
 
 ZeroShards::~ZeroShards() {
   for (auto& h : hooks_) h.accumulator->del_post_hook(h.key);
+}
+
+std::string ZeroShards::describe(size_t k, size_t slot) const {
+  const size_t i = param_of_slot_[k][slot];
+  const std::string shape = c10::str(bucket(k).slots[slot].param.sizes());
+  if (options_.param_names.empty()) return "params[" + std::to_string(i) + "] (shape " + shape + ")";
+  return "'" + options_.param_names[i] + "' (params[" + std::to_string(i) + "], shape " + shape + ")";
 }
 
 bool ZeroShards::is_master(size_t k) const { return bucket(k).dtype != at::kFloat; }

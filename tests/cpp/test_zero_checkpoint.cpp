@@ -224,7 +224,10 @@ void scenario_phase(Communicator& comm) {
     const auto saved = load_tensors(dir + "/params5.pt");
     for (size_t i = 0; i < params.size(); ++i) params[i].copy_(saved[i]);
   }
-  ZeroOptimizer opt(params, comm, 2, AdamWOptions(1e-2).weight_decay(0.05));
+  ZeroOptions zero;
+  zero.stage = 2;
+  zero.param_names = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"};
+  ZeroOptimizer opt(params, comm, zero, AdamWOptions(1e-2).weight_decay(0.05));
   const auto train = [&](int from, int to) {
     for (int step = from; step < to; ++step) {
       opt.zero_grad();
@@ -267,6 +270,19 @@ void scenario_phase(Communicator& comm) {
     WORKER_CHECK(error.find("allow_reshard") != std::string::npos && error.find("saved by 2 ranks") != std::string::npos,
                  "load at another world size without allow_reshard: got '{}'", error);
     WORKER_CHECK(opt.state_bytes() == opt.shards().master_bytes(), "a refused load left optimizer state behind");
+    // Another model (a parameter renamed, same shapes): refused, naming both.
+    auto others = make_params(at::kFloat, at::kBFloat16);
+    ZeroOptions renamed = zero;
+    renamed.param_names[1] = "fc1.b";
+    ZeroOptimizer other(others, comm, renamed, AdamWOptions(1e-2));
+    error.clear();
+    try {
+      state.load(objects_of(other), true, /*allow_reshard=*/true);
+    } catch (const c10::ValueError& e) {
+      error = e.what_without_backtrace();
+    }
+    WORKER_CHECK(error.find("it has 'fc1.bias' where this optimizer has 'fc1.b' (params[1], shape [23])") !=
+                     std::string::npos, "a renamed parameter: got '{}'", error);
   }
   const auto loaded = state.load(objects_of(opt), true, /*allow_reshard=*/true);
   WORKER_CHECK(loaded && loaded->step == 5, "loaded step {}", loaded ? loaded->step : -1);

@@ -184,7 +184,7 @@ def _run(scenario, dist):
     elif scenario in ("save", "resume"):
         directory = os.environ["GPUOPS_TEST_DIR"]
         model = _model()
-        zero = gpuops.ZeroOptimizer(model.parameters(), communicator=comm, stage=2, lr=2e-2)
+        zero = gpuops.ZeroOptimizer(model.named_parameters(), communicator=comm, stage=2, lr=2e-2)
         scaler = gpuops.GradScaler("cpu", init_scale=256.0)
         with gpuops.TrainingState(directory + "/state", process_group=dist.group.WORLD) as state:
             if scenario == "save":
@@ -198,6 +198,12 @@ def _run(scenario, dist):
                 print("save ok", flush=True)
                 return
             before = _params(model)
+            # Another model (a layer renamed): refused, naming the parameter; nothing changed.
+            other = torch.nn.Sequential(torch.nn.Linear(9, 17), torch.nn.Tanh(), torch.nn.Linear(17, 3))
+            renamed = [("first." + n if n.startswith("0.") else n, p) for n, p in other.named_parameters()]
+            with pytest.raises(ValueError, match=r"it has '0.weight' where this optimizer has 'first.0.weight'"):
+                state.load(model=model, optimizer=gpuops.ZeroOptimizer(renamed, communicator=comm, stage=2),
+                           allow_reshard=True)
             with pytest.raises(ValueError, match="allow_reshard"):
                 state.load(model=model, optimizer=zero, scaler=scaler)
             assert all(torch.equal(a, b) for a, b in zip(_params(model), before)), "a refused load changed the model"
@@ -207,6 +213,7 @@ def _run(scenario, dist):
             zero.consolidate_state_dict(0)
             saved = torch.load(directory + "/state6.pt")
             got = zero.state_dict()["state"]
+            assert zero.state_dict()["param_groups"][0]["param_names"] == [n for n, _ in model.named_parameters()]
             assert all(torch.equal(got[i][k], saved[i][k]) for i in saved for k in saved[i])
             print("resume ok", flush=True)
 
