@@ -116,6 +116,7 @@ def estimate(
     reshard_after_forward: bool = True,
     offload_optimizer: bool = False,
     quantize_lm_head: bool = False,
+    bnb_version: str = "0.45.0",
     loss: str = "standard",
     lora_dropout: float = 0.0,
     compile: bool = False,
@@ -147,7 +148,9 @@ def estimate(
     ``sharding="fsdp2"`` is torch's ``fully_shard`` (per-tensor dim-0 shards; ``zero_stage`` 0 means 3) with
     ``reshard_after_forward`` as given to the blocks. ``base_dtype`` also takes ``"nf4-nodq"`` (NF4 without
     double quantisation) and ``"fp32"`` (an fp32 base, e.g. LoRA at ``precision="fp32"``);
-    ``quantize_lm_head=True`` stores an untied LM head like an int8/nf4 base; and
+    ``quantize_lm_head=True`` stores an untied LM head like an int8/nf4 base; ``bnb_version`` is the
+    bitsandbytes release of an int8/nf4 base (``"0.42.0"``: before 0.43.2 the 4-bit matmul keeps its input for
+    the backward, before 0.45.0 the int8 matmul also keeps an int8 copy; later releases behave as 0.45.0); and
     ``lora_targets`` also takes ``"lm_head"`` and ``"embed"``. The bools must be bools (``TypeError``).
 
     Checkpointing policies, chunked loss, LoRA dropout, torch.compile (docs/estimator.md):
@@ -180,7 +183,7 @@ def estimate(
         zero_stage=zero_stage, num_gpus=num_gpus, checkpointing=checkpointing, attention=attention,
         lora_rank=lora_rank, lora_targets=lora_targets, base_dtype=base_dtype, micro_batch=micro_batch,
         seq_len=seq_len, grad_accum=grad_accum, zero_grad=zero_grad, zero_reduce=zero_reduce, sharding=sharding, reshard_after_forward=reshard_after_forward,
-        offload_optimizer=offload_optimizer, quantize_lm_head=quantize_lm_head, loss=loss, lora_dropout=lora_dropout,
+        offload_optimizer=offload_optimizer, quantize_lm_head=quantize_lm_head, bnb_version=bnb_version, loss=loss, lora_dropout=lora_dropout,
         compile=compile, gpu=gpu, cuda=cuda, module_loading=module_loading, allocator=allocator,
         context_bytes=context_bytes)
     return Breakdown(**dict(items), peak_phase=phase, **off_device)

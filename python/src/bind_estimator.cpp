@@ -111,6 +111,7 @@ void read_state_options(const py::dict& a, TrainingSetup& s) {
     s.reshard_after_forward = bool_arg(a["reshard_after_forward"], "reshard_after_forward");
   if (a.contains("offload_optimizer")) s.offload_optimizer = bool_arg(a["offload_optimizer"], "offload_optimizer");
   if (a.contains("quantize_lm_head")) s.lora.quantize_lm_head = bool_arg(a["quantize_lm_head"], "quantize_lm_head");
+  if (a.contains("bnb_version")) s.lora.bnb_version = parse_bnb_version(str_arg(a["bnb_version"], "bnb_version", "0.42.0"));
 }
 
 // A Python float or int (not a bool); nan and inf are left to validate(), which names the argument.
@@ -312,7 +313,7 @@ void bind_estimator(py::module_& m) {
       py::arg("model"), py::arg("device"),
       "Peak of one step; the setup as keywords precision, amp, optimizer, optimizer_impl, zero_stage, num_gpus, "
       "checkpointing, attention, lora_rank, lora_targets, base_dtype, micro_batch, seq_len, grad_accum, zero_reduce, sharding, "
-      "reshard_after_forward, offload_optimizer, quantize_lm_head.");
+      "reshard_after_forward, offload_optimizer, quantize_lm_head, bnb_version.");
 
   m.attr("CUDA_CONTEXT_BYTES") = cuda_device().cuda_context_bytes;  // what the estimator assumes
 

@@ -40,7 +40,7 @@ struct EstimateOptions {
   std::string model, config, params;
   std::string precision = "bf16-mixed", amp = "autocast", optimizer = "adamw", optimizer_impl = "default";
   std::string checkpointing = "none", attention = "sdpa";
-  std::string base_dtype = "bf16", device = "cuda", gpu;
+  std::string base_dtype = "bf16", bnb_version = "0.45.0", device = "cuda", gpu;
   std::string zero = "0", gpus = "1", lora_rank = "0", batch = "1", seq = std::to_string(kDefaultSeq),
               grad_accum = "1", zero_grad = "none", zero_reduce = "backward";
   std::vector<std::string> lora_targets = {"q", "v"};
@@ -93,6 +93,7 @@ est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& m
   s.lora.rank = parse_integer("--lora-rank", o.lora_rank);
   s.lora.targets = o.lora_targets;
   s.lora.base = est::parse_base_dtype(o.base_dtype);
+  s.lora.bnb_version = est::parse_bnb_version(o.bnb_version);
   s.micro_batch = parse_integer("--batch", o.batch);
   s.seq_len = parse_integer("--seq", o.seq);
   if (!seq_given && model.learned_positions) s.seq_len = std::min(s.seq_len, model.max_positions);
@@ -291,6 +292,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
           ->capture_default_str(),
       estimate->add_option("--base-dtype", o.base_dtype, "Frozen LoRA base: fp16, bf16, int8, nf4 (double "
                            "quantisation), nf4-nodq or fp32 (an fp32 model)")
+          ->capture_default_str(),
+      estimate->add_option("--bnb-version", o.bnb_version, "bitsandbytes release of an int8/nf4 base (what its "
+                           "matmuls keep changed in 0.43.2 and 0.45.0; later releases behave as 0.45.0)")
+          ->type_name("X.Y.Z")
           ->capture_default_str(),
       estimate->add_option("--batch", o.batch, "Micro-batch per GPU")->type_name("INT")->capture_default_str(),
       seq_option,

@@ -31,6 +31,8 @@ std::string describe_state_options(const est::TrainingSetup& s) {
   if (s.zero_reduce_at_step) out += ", gradients reduced at the step (gpuops ZeroOptimizer)";
   if (s.offload_optimizer) out += ", optimizer offloaded to the host";
   if (s.lora.quantize_lm_head) out += fmt::format(", LM head in {}", est::to_string(s.lora.base));
+  if (s.lora.rank > 0 && est::is_quantised_base(s.lora.base) && s.lora.bnb_version < est::BnbVersion{})
+    out += fmt::format(", bitsandbytes {}", est::to_string(s.lora.bnb_version));
   if (s.loss != est::LossKind::Standard) out += fmt::format(", loss {}", est::loss_to_string(s));
   if (s.lora_dropout > 0) out += fmt::format(", LoRA dropout {}", s.lora_dropout);
   if (s.compile) out += ", torch.compile";
@@ -91,7 +93,8 @@ json setup_json(const est::TrainingSetup& s) {
           {"lora", {{"rank", s.lora.rank},
                     {"targets", s.lora.rank > 0 ? s.lora.targets : std::vector<std::string>{}},
                     {"base_dtype", std::string(est::to_string(s.lora.base))},
-                    {"quantize_lm_head", s.lora.quantize_lm_head}}},
+                    {"quantize_lm_head", s.lora.quantize_lm_head},
+                    {"bnb_version", est::to_string(s.lora.bnb_version)}}},
           {"offload_optimizer", s.offload_optimizer},
           {"sharding", std::string(est::to_string(s.sharding))},
           {"reshard_after_forward", s.reshard_after_forward},

@@ -259,13 +259,56 @@ C lora_adapter_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x)
   return bytes;
 }
 
+// What bitsandbytes keeps of a quantised base for its backward (BnbVersion, training_setup.h): the int8
+// matmul keeps its input (every release) and before 0.45.0 an int8 transposed copy per linear; the 4-bit
+// matmul keeps its input before 0.43.2; either only for an input that requires grad. Linears reading one
+// tensor keep it once: the attention norm's output (q, k, v, MLA's q_a, kv_a), the MLP norm's output (gate,
+// up). o reads the SDPA kernel's output, which the kernel saves already (eager: a copy of its own). An
+// adapter without dropout or autocast saves the very tensor its base keeps (counted with the adapters). In
+// the first block the block input does not require grad; the later inputs are counted as requiring it
+// (they do once an attention adapter ran: the safe side).
+struct BnbKeeps {
+  bool input = false, int8_copy = false;
+};
+BnbKeeps bnb_keeps(const LoraSetup& lora) {
+  const bool nf4 = lora.base == BaseWeightDtype::Nf4 || lora.base == BaseWeightDtype::Nf4NoDq;
+  const bool int8 = lora.base == BaseWeightDtype::Int8;
+  return {int8 || (nf4 && lora.bnb_version < BnbVersion{0, 43, 2}), int8 && lora.bnb_version < BnbVersion{0, 45, 0}};
+}
+
+C quantised_base_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x, bool first_block) {
+  const BnbKeeps keeps = bnb_keeps(t.lora);
+  if (!keeps.input) return 0;
+  C bytes = 0;
+  bool attention_input = false, mlp_input = false;    // a shared input is kept
+  bool attention_saved = false, mlp_saved = false;    // ... and an adapter saves it already
+  for (const auto& p : projection_names(m)) {
+    const bool reads_attention_input = p == "q" || p == "k" || p == "v" || p == "q_a" || p == "kv_a";
+    const bool reads_mlp_input = p == "gate" || p == "up";
+    if (first_block && reads_attention_input) continue;
+    const C in = projection_shape(m, p).in_features;
+    if (keeps.int8_copy) bytes += x.N * in;
+    const bool adapter_saves_it = lora_targets(t, p) && t.lora_dropout == 0 && !x.amp;
+    if (reads_attention_input) {
+      attention_input = true, attention_saved = attention_saved || adapter_saves_it;
+    } else if (reads_mlp_input) {
+      mlp_input = true, mlp_saved = mlp_saved || adapter_saves_it;
+    } else if (!adapter_saves_it && (p != "o" || t.attention == AttentionKind::Eager)) {
+      bytes += x.N * in * x.e;
+    }
+  }
+  if (attention_input && !attention_saved) bytes += x.N * x.h * x.e;
+  if (mlp_input && !mlp_saved) bytes += x.N * x.h * x.e;
+  return bytes;
+}
+
 // The first block's input does not require grad (frozen embedding): nothing before its first adapter is
 // saved. With checkpointing PEFT's enable_input_require_grads makes it require grad. Eager's q·kᵀ saves q
 // only when k requires grad (a k adapter) and kᵀ only when q does (SDPA's kernel saves all three anyway).
 // lora_dropout on the block's input (q, k, v adapters) saves no mask there, and under autocast A's 16-bit
 // weight is not saved either (only x's gradient would need it).
 C lora_first_block_unsaved(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
-  C unsaved = frozen_norm_bytes(m, x);
+  C unsaved = frozen_norm_bytes(m, x) + quantised_base_bytes(m, t, x, false) - quantised_base_bytes(m, t, x, true);
   for (const char* p : {"q", "k", "v"}) {
     if (!lora_targets(t, p)) continue;
     const C in = projection_shape(m, p).in_features;
@@ -295,7 +338,8 @@ C lora_autocast_weights(const ModelSpec& m, const TrainingSetup& t) {
 C block_other_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
   const int64_t qkv_consumers = m.fused_qkv ? 1 : 3, mlp_consumers = mlp_input_consumers(m);
   if (x.peft) {  // frozen norms and the adapters (Gemma-2's post-norms: as frozen norms too)
-    C bytes = C(std::max<int64_t>(m.norms_per_layer, 2)) * frozen_norm_bytes(m, x) + lora_adapter_bytes(m, t, x);
+    C bytes = C(std::max<int64_t>(m.norms_per_layer, 2)) * frozen_norm_bytes(m, x) + lora_adapter_bytes(m, t, x) +
+              quantised_base_bytes(m, t, x, false);
     if (m.dropout) bytes += 2 * x.N * x.h * x.mask;
     return bytes;
   }
@@ -388,6 +432,11 @@ ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const Dev
   // lora_embedding_A saves the ids, which are the inputs already counted).
   if (t.lora.rank > 0)
     extras += (static_cast<int64_t>(t.lora.targets.size()) - block_lora_target_count(t.lora)) * x.N * t.lora.rank * x.e;
+  // A quantised LM head keeps its input like the block linears (quantised_base_bytes).
+  if (x.peft && t.lora.quantize_lm_head) {
+    const BnbKeeps keeps = bnb_keeps(t.lora);
+    extras += (keeps.input ? Nh * x.e : C(0)) + (keeps.int8_copy ? Nh : C(0));
+  }
   // Autocast caches a 16-bit copy of every weight it casts during a forward with grad enabled; mm saves
   // it, so it lives until the backward. Checkpointed blocks run their forward without grad.
   if (x.mode == Numerics::Autocast && t.lora.rank == 0) {

@@ -202,6 +202,28 @@ double parse_lora_dropout(std::string_view text) {
   return std::stod(std::string(text));
 }
 
+BnbVersion parse_bnb_version(std::string_view text) {
+  // Two or three dot-separated numbers of 1-4 digits: nothing else (no suffix such as "rc1" or "dev").
+  int parts[3] = {0, 0, 0}, count = 0, digits = 0;
+  bool ok = !text.empty();
+  for (const char c : text) {
+    if (c == '.' && digits > 0 && count < 2) {
+      ++count, digits = 0;
+    } else if (std::isdigit(static_cast<unsigned char>(c)) && digits < 4) {
+      parts[count] = parts[count] * 10 + (c - '0'), ++digits;
+    } else {
+      ok = false;
+      break;
+    }
+  }
+  GPUOPS_CHECK_ARG(ok && digits > 0 && count >= 1,
+                   "bnb-version '{}' is not a release number; accepted: MAJOR.MINOR[.PATCH] such as 0.42.0 "
+                   "(the bitsandbytes release of an int8/nf4 base)", printable(text));
+  return {parts[0], parts[1], parts[2]};
+}
+
+std::string to_string(const BnbVersion& v) { return fmt::format("{}.{}.{}", v.major, v.minor, v.patch); }
+
 bool parse_zero_grad(std::string_view text) {
   if (text == "none") return true;
   if (text == "zeros") return false;

@@ -157,6 +157,84 @@ TEST(SetupsAct, LoraDropoutAddsExactlyItsBytes) {
             2 * N * 128 * 4);
 }
 
+TEST(SetupsAct, BitsandbytesReleaseDecidesWhatAQuantisedBaseKeeps) {
+  // bitsandbytes/autograd/_functions.py as shipped in each wheel: MatMul4Bit keeps ctx.tensors = (A, B) up to
+  // 0.43.1 and (None, B) from 0.43.2; MatMul8bitLt keeps (CAt, subA, A) in every release, CAt (int8 A^T)
+  // being computed for a frozen weight only before 0.45.0. Pure bf16 (2 bytes), CUDA, SDPA, dropout 0.05 so
+  // that no adapter saves the base's input itself.
+  const auto m = small_llama();
+  const auto cuda = est::cuda_device();
+  auto t = setup(est::Precision::Bf16Pure);
+  t.lora.rank = 8;
+  t.lora.targets = {"q", "v"};
+  t.lora.base = est::BaseWeightDtype::Nf4;
+  t.lora_dropout = 0.05;
+  auto at = [&](const char* version, est::BaseWeightDtype base = est::BaseWeightDtype::Nf4) {
+    auto u = t;
+    u.lora.base = base;
+    u.lora.bnb_version = est::parse_bnb_version(version);
+    return est::forward_saved(m, u, cuda);
+  };
+  const auto current = est::forward_saved(m, t, cuda);
+  EXPECT_EQ(at("0.43.2").layers, current.layers);
+  EXPECT_EQ(at("0.50.2").layers, current.layers);
+  // Before 0.43.2, per block: the attention norm's output (q, k, v share it) N x 128, the MLP norm's output
+  // (gate, up) N x 128, down's input N x 352, all bf16; o reads SDPA's output, saved by the kernel already.
+  // The first block's input needs no gradient: no attention input there.
+  const int64_t block = N * 2 * (128 + 128 + 352), first = block - N * 2 * 128;
+  EXPECT_EQ(at("0.43.1").layers - current.layers, block + first);  // 208,896
+  EXPECT_EQ(at("0.42").layers - current.layers, block + first);
+  // Eager attention: o's input is a copy of its own (N x 128) in both blocks.
+  auto eager = t;
+  eager.attention = est::AttentionKind::Eager;
+  auto eager_old = eager;
+  eager_old.lora.bnb_version = est::parse_bnb_version("0.42.0");
+  EXPECT_EQ(est::forward_saved(m, eager_old, cuda).layers - est::forward_saved(m, eager, cuda).layers,
+            block + first + 2 * N * 2 * 128);
+  // int8 keeps the input in every release; before 0.45.0 also an int8 A^T per linear whose input needs a
+  // gradient: q, k, v, o, gate, up read 128 features, down 352 (the first block without q, k, v).
+  auto bf16 = t;
+  bf16.lora.base = est::BaseWeightDtype::Bf16;
+  const int64_t bf16_layers = est::forward_saved(m, bf16, cuda).layers;
+  EXPECT_EQ(current.layers, bf16_layers);  // nf4 from 0.43.2 keeps nothing
+  EXPECT_EQ(at("0.45.0", est::BaseWeightDtype::Int8).layers - bf16_layers, block + first);
+  const int64_t copies = N * (6 * 128 + 352) + N * (3 * 128 + 352);
+  EXPECT_EQ(at("0.44.1", est::BaseWeightDtype::Int8).layers - bf16_layers, block + first + copies);  // 387,072
+  // Without dropout the q, v and down adapters save the very tensors the base keeps: only the MLP norm's
+  // output is new (in both blocks: counted as needing a gradient, the safe side).
+  auto shared = t;
+  shared.lora_dropout = 0;
+  shared.lora.targets = {"q", "v", "down"};
+  auto shared_old = shared;
+  shared_old.lora.bnb_version = est::parse_bnb_version("0.42.0");
+  EXPECT_EQ(est::forward_saved(m, shared_old, cuda).layers - est::forward_saved(m, shared, cuda).layers,
+            2 * N * 2 * 128);
+  // A quantised LM head keeps its input (the final norm's output) too.
+  auto head = t, head_old = t;
+  head.lora.quantize_lm_head = head_old.lora.quantize_lm_head = true;
+  head_old.lora.bnb_version = est::parse_bnb_version("0.42.0");
+  EXPECT_EQ(est::forward_saved(m, head_old, cuda).extras - est::forward_saved(m, head, cuda).extras, N * 128 * 2);
+  // Parsing: MAJOR.MINOR[.PATCH], nothing else.
+  EXPECT_EQ(est::to_string(est::parse_bnb_version("0.43")), "0.43.0");
+  EXPECT_EQ(est::to_string(est::BnbVersion{}), "0.45.0");
+  for (const char* bad : {"", "0", "0.", ".43", "0.43.", "0..1", "0.43.1.2", "0.43.1rc1", "v0.43", "-1.0", "12345.0"}) {
+    try {
+      est::parse_bnb_version(bad);
+      ADD_FAILURE() << bad;
+    } catch (const gpuops::ArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("bnb-version"), std::string::npos) << e.what();
+    }
+  }
+  const auto ok = run_cli({"estimate", "--model", "llama-2-7b", "--lora-rank", "8", "--base-dtype", "nf4",
+                           "--bnb-version", "0.42.0", "--json"});
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("\"bnb_version\": \"0.42.0\""), std::string::npos);
+  const auto bad = run_cli({"estimate", "--model", "llama-2-7b", "--bnb-version", "latest"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("bnb-version"), std::string::npos) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+}
+
 TEST(SetupsAct, CompileMatchesTheMeasuredSavedTensors) {
   // Measured with saved_tensors_hooks on torch 2.11 (CPU, sdpa): Llama h 128, L 2, a 4, kv 4, I 352, V 2000,
   // b 2, s 64: eager saves 4,063,748 bytes, torch.compile 3,331,604; the difference is exactly the terms below.

@@ -100,3 +100,21 @@ def test_keywords_are_checked():
     standard = gpuops.estimate("llama-2-7b", seq_len=2048, lora_rank=16)
     # the tensors (the allocator's rounding and reserve need not follow them)
     assert chunked.allocated_peak - chunked.block_rounding < standard.allocated_peak - standard.block_rounding
+
+
+def test_bnb_version_is_the_engines():
+    """gpuops.estimate(bnb_version=...) reaches the C++ engine: before 0.43.2 an nf4 base keeps each quantised
+    linear's input, so the activations grow by the amount the C++ test derives by hand; bad values are refused."""
+    kw = dict(lora_rank=16, base_dtype="nf4", precision="bf16", micro_batch=2, seq_len=512, lora_dropout=0.05)
+    old = gpuops.estimate("llama-2-7b", bnb_version="0.42.0", **kw)
+    new = gpuops.estimate("llama-2-7b", **kw)
+    assert gpuops.estimate("llama-2-7b", bnb_version="0.43.2", **kw).activations == new.activations
+    # Per block: attention-norm output and MLP-norm output (N x 4096 each) and down's input (N x 11008), bf16;
+    # the first block keeps no attention input. N = 1024 tokens, 32 blocks.
+    n = 2 * 512
+    block = n * 2 * (4096 + 4096 + 11008)
+    assert old.activations - new.activations == 32 * block - n * 2 * 4096
+    with pytest.raises(ValueError, match="bnb-version"):
+        gpuops.estimate("llama-2-7b", bnb_version="0.43.x", **kw)
+    with pytest.raises(TypeError, match="bnb_version"):
+        gpuops.estimate("llama-2-7b", bnb_version=0.42, **kw)

@@ -72,9 +72,13 @@ SOURCE_DEFAULTS = {
         "context_bytes = 1341 MiB: the doc's own 1343 MiB after torch.ones((1,1)).to('cuda') minus that "
         "tensor's 2 MiB small-pool segment (calibration row hf-perfone-context)."),
     "litgpt": (
-        dict(gpu="A10G", cuda=12),
+        dict(gpu="A10G", cuda=12, bnb_version="0.42.0"),
         "A10G is in the catalog; torch/CUDA not stated: a 2024 torch 2.x with CUDA 12, lazy loading (the "
-        "allocated figure does not depend on the context). seq_len 512 = max_seq_length: batches are padded "
+        "allocated figure does not depend on the context). bitsandbytes 0.42.0 for the QLoRA rows: LitGPT pinned "
+        "0.41-0.42 (requirements-all.txt: bitsandbytes==0.41.0; its later pyproject keeps >=0.42,<0.43 on macOS) "
+        "and the table predates 0.43.2 (2024-07-23, the first release whose 4-bit matmul does not keep its "
+        "input): its llama-3.1 rows, added after Llama 3.1's release that same day, repeat the llama-3 figures. "
+        "seq_len 512 = max_seq_length: batches are padded "
         "to their longest sample and the peak is reached on the longest batch (an upper bound if no batch "
         "reached 512). loss chunked:4 = lm_head_chunk_size 128 on 512 tokens (4 chunks of b x 128 tokens)."),
     "tt-readme24": (
@@ -90,7 +94,8 @@ SOURCE_DEFAULTS = {
         "seq_len not stated: torchtune v0.1's alpaca_cleaned_dataset defaults to max_seq_len=512, padded to "
         "the longest sample of the batch; 512 taken (an upper bound)."),
     "peft-fsdp": (
-        dict(gpu="A100-80GB", cuda=12, sharding="flat", zero_stage=3),
+        dict(gpu="A100-80GB", cuda=12, sharding="flat", zero_stage=3, bnb_version="0.43.0"),
+        "bitsandbytes 0.43.0: FSDP-QLoRA needs its quant_storage (0.43.0, 2024-03-08); the guide predates 0.43.2. "
         "GPU not stated ('2X24GB' yet 35.6 GB does not fit 24 GB): A100-80GB assumed (NVLink, 2 GPUs). "
         "Accelerate's FSDP (FSDP1 FULL_SHARD, flat parameters per wrapped block) -> the flat ZeRO-3 layout. "
         "Metric assumed nvidia-smi (the page's other figure is a W&B NVML chart)."),

@@ -45,6 +45,17 @@ enum class ShardingLayout { Flat, Fsdp2 };
 /// cross-entropy (no logits; gradients computed in the forward).
 enum class LossKind { Standard, Chunked, FusedLinearCe };
 
+/// A bitsandbytes release, major.minor.patch. Which one runs an int8/nf4 base changes what the base's matmuls
+/// keep for the backward (bitsandbytes/autograd/_functions.py, read in each wheel): MatMul4Bit keeps its
+/// input until 0.43.1 and nothing from 0.43.2 on; MatMul8bitLt keeps its input in every release, and before
+/// 0.45.0 an int8 transposed copy of it too. The default is the behaviour of 0.45.0 and every later release.
+struct BnbVersion {
+  int major = 0, minor = 45, patch = 0;
+  friend bool operator<(const BnbVersion& a, const BnbVersion& b) {
+    return a.major != b.major ? a.major < b.major : a.minor != b.minor ? a.minor < b.minor : a.patch < b.patch;
+  }
+};
+
 /// LoRA adapters; rank 0 means a full fine-tune.
 struct LoraSetup {
   int64_t rank = 0;                                 ///< 0 = LoRA off
@@ -52,6 +63,7 @@ struct LoraSetup {
                                                     ///< and outside the blocks: lm_head, embed
   BaseWeightDtype base = BaseWeightDtype::Bf16;     ///< frozen base weights
   bool quantize_lm_head = false;  ///< int8/nf4 base: the (untied) LM head is stored like the base linears
+  BnbVersion bnb_version;         ///< int8/nf4 base: the bitsandbytes release it runs on
 };
 
 /// One training configuration, per GPU where it matters (micro_batch is per GPU).
@@ -134,6 +146,10 @@ inline bool gradients_alive_in_forward(const TrainingSetup& s) {
 
 /// "backward" or "step" (TrainingSetup::zero_reduce_at_step); ArgumentError naming --zero-reduce otherwise.
 bool parse_zero_reduce(std::string_view text);
+
+/// "MAJOR.MINOR" or "MAJOR.MINOR.PATCH" (e.g. 0.42.0); ArgumentError naming --bnb-version otherwise.
+BnbVersion parse_bnb_version(std::string_view text);
+std::string to_string(const BnbVersion& v);
 
 /// "none" (set_to_none=True) or "zeros" (set_to_none=False); ArgumentError naming --zero-grad otherwise.
 bool parse_zero_grad(std::string_view text);
