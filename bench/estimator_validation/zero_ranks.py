@@ -36,11 +36,15 @@ def _rank_main():
     rows = []
     for name, batch, seq in CASES:
         kind, cfg = MODELS[name]
-        for stage, bwd in ((1, False), (2, False), (2, True)):
+        # (stage, reduce_in_backward, bucket_bytes): the default 25 MiB buckets hold each of these models whole;
+        # 256 KiB buckets cut them into several.
+        for stage, bwd, bucket in ((1, False, 0), (2, False, 0), (2, True, 25 * 2**20), (2, True, 2**18),
+                                   (1, True, 2**18)):
             held = {}
 
             def factory(params):
-                opt = gpuops.ZeroOptimizer(params, "adamw", stage=stage, reduce_in_backward=bwd, lr=1e-3)
+                opt = gpuops.ZeroOptimizer(params, "adamw", stage=stage, reduce_in_backward=bwd,
+                                           bucket_bytes=bucket or 25 * 2**20, lr=1e-3)
                 held["opt"] = opt
                 return opt
 
@@ -50,9 +54,9 @@ def _rank_main():
             est = gpuops.estimate(config=make_config(kind, cfg, "sdpa").to_dict(), precision="fp32",
                                   optimizer="adamw", optimizer_impl="fused", zero_stage=stage, num_gpus=world,
                                   micro_batch=batch, seq_len=seq, device="cpu",
-                                  zero_reduce="backward" if bwd else "step")
+                                  zero_reduce="backward" if bwd else "step", zero_bucket_bytes=bucket)
             rows.append({"model": name, "batch": batch, "seq": seq, "stage": stage, "world": world,
-                         "reduce_in_backward": bwd,
+                         "reduce_in_backward": bwd, "bucket_bytes": bucket,
                          "measured": [int(p.item()) for p in peaks], "peak_phase": result["peak_phase"],
                          "state_bytes": held["opt"].state_bytes(), "estimated": est.total_bytes,
                          "est_optimizer_states": est.optimizer_states, "est_gradients": est.gradients})

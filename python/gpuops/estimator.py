@@ -112,6 +112,7 @@ def estimate(
     grad_accum: int = 1,
     zero_grad: str = "none",
     zero_reduce: str = "backward",
+    zero_bucket_bytes: int = 0,
     sharding: str = "flat",
     reshard_after_forward: bool = True,
     offload_optimizer: bool = False,
@@ -169,6 +170,9 @@ def estimate(
     ``zero_reduce`` (ZeRO stages 1-2): ``"backward"`` (gradients reduced in buckets while backward runs, as
     DeepSpeed and Megatron do: stage 2 holds 1/N of them) or ``"step"`` (gpuops.ZeroOptimizer: the full flat
     gradient is kept from ``zero_grad()`` and reduce-scattered at the step; stage 2 adds its fp32 shard).
+    ``zero_bucket_bytes`` (with ``"backward"``): ``0`` models DeepSpeed and Megatron (their bucket buffers not
+    counted); ``B > 0`` models ``gpuops.ZeroOptimizer(reduce_in_backward=True, bucket_bytes=B)``: its fp32
+    gradient shard and up to three buckets in flight at the end of the backward.
 
     The CUDA software (``device="cuda"``): ``gpu`` a catalog GPU whose profile to use (its compute capability:
     context and workspaces; ``None``: an H100), ``cuda`` the CUDA major version of the torch build (11-13),
@@ -182,7 +186,8 @@ def estimate(
         spec, device, precision=precision, amp=amp, optimizer=optimizer, optimizer_impl=optimizer_impl,
         zero_stage=zero_stage, num_gpus=num_gpus, checkpointing=checkpointing, attention=attention,
         lora_rank=lora_rank, lora_targets=lora_targets, base_dtype=base_dtype, micro_batch=micro_batch,
-        seq_len=seq_len, grad_accum=grad_accum, zero_grad=zero_grad, zero_reduce=zero_reduce, sharding=sharding, reshard_after_forward=reshard_after_forward,
+        seq_len=seq_len, grad_accum=grad_accum, zero_grad=zero_grad, zero_reduce=zero_reduce,
+        zero_bucket_bytes=zero_bucket_bytes, sharding=sharding, reshard_after_forward=reshard_after_forward,
         offload_optimizer=offload_optimizer, quantize_lm_head=quantize_lm_head, bnb_version=bnb_version, loss=loss, lora_dropout=lora_dropout,
         compile=compile, gpu=gpu, cuda=cuda, module_loading=module_loading, allocator=allocator,
         context_bytes=context_bytes)

@@ -188,6 +188,7 @@ TrainingSetup make_setup(const py::dict& a) {
   if (a.contains("zero_grad")) s.grads_set_to_none = parse_zero_grad(str_arg(a["zero_grad"], "zero_grad", "none"));
   if (a.contains("zero_reduce"))
     s.zero_reduce_at_step = parse_zero_reduce(str_arg(a["zero_reduce"], "zero_reduce", "step"));
+  if (a.contains("zero_bucket_bytes")) s.zero_bucket_bytes = int_arg(a["zero_bucket_bytes"], "zero_bucket_bytes");
   if (a.contains("loss")) parse_loss(str_arg(a["loss"], "loss", "chunked:8"), s);
   if (a.contains("lora_dropout")) s.lora_dropout = float_arg(a["lora_dropout"], "lora_dropout");
   if (a.contains("compile")) s.compile = bool_arg(a["compile"], "compile");
@@ -236,6 +237,7 @@ py::dict advised_keywords(const TrainingSetup& s) {
   d["grad_accum"] = s.grad_accum;
   d["zero_grad"] = s.grads_set_to_none ? "none" : "zeros";
   d["zero_reduce"] = s.zero_reduce_at_step ? "step" : "backward";
+  d["zero_bucket_bytes"] = s.zero_bucket_bytes;
   return d;
 }
 
@@ -312,7 +314,7 @@ void bind_estimator(py::module_& m) {
       },
       py::arg("model"), py::arg("device"),
       "Peak of one step; the setup as keywords precision, amp, optimizer, optimizer_impl, zero_stage, num_gpus, "
-      "checkpointing, attention, lora_rank, lora_targets, base_dtype, micro_batch, seq_len, grad_accum, zero_reduce, sharding, "
+      "checkpointing, attention, lora_rank, lora_targets, base_dtype, micro_batch, seq_len, grad_accum, zero_reduce, zero_bucket_bytes, sharding, "
       "reshard_after_forward, offload_optimizer, quantize_lm_head, bnb_version.");
 
   m.attr("CUDA_CONTEXT_BYTES") = cuda_device().cuda_context_bytes;  // what the estimator assumes

@@ -42,7 +42,7 @@ struct EstimateOptions {
   std::string checkpointing = "none", attention = "sdpa";
   std::string base_dtype = "bf16", bnb_version = "0.45.0", device = "cuda", gpu;
   std::string zero = "0", gpus = "1", lora_rank = "0", batch = "1", seq = std::to_string(kDefaultSeq),
-              grad_accum = "1", zero_grad = "none", zero_reduce = "backward";
+              grad_accum = "1", zero_grad = "none", zero_reduce = "backward", zero_bucket_bytes = "0";
   std::vector<std::string> lora_targets = {"q", "v"};
   bool recommend = false, json = false;
   // Optimizer placement and sharding (docs/estimator.md, "Optimizers, offload and sharding"):
@@ -100,6 +100,7 @@ est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& m
   s.grad_accum = parse_integer("--grad-accum", o.grad_accum);
   s.grads_set_to_none = est::parse_zero_grad(o.zero_grad);
   s.zero_reduce_at_step = est::parse_zero_reduce(o.zero_reduce);
+  s.zero_bucket_bytes = parse_integer("--zero-bucket-bytes", o.zero_bucket_bytes);
   est::parse_loss(o.loss, s);
   s.lora_dropout = est::parse_lora_dropout(o.lora_dropout);
   s.compile = o.compile;
@@ -305,6 +306,11 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       estimate->add_option("--zero-reduce", o.zero_reduce, "ZeRO 1-2: gradients reduced in buckets during the "
                            "backward (DeepSpeed, Megatron) or at the step (gpuops' ZeroOptimizer)")
           ->type_name("backward|step")
+          ->capture_default_str(),
+      estimate->add_option("--zero-bucket-bytes", o.zero_bucket_bytes, "ZeRO 1-2 reduced in the backward by gpuops' "
+                           "ZeroOptimizer(reduce_in_backward, bucket_bytes=B): its buckets in flight (0: DeepSpeed's "
+                           "and Megatron's buffers, not counted)")
+          ->type_name("B")
           ->capture_default_str(),
       estimate->add_option("--zero-grad", o.zero_grad, "Between steps the gradients are: none "
                            "(zero_grad(set_to_none=True), torch >= 2.0) or zeros (kept, torch < 2.0)")

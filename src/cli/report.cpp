@@ -29,6 +29,8 @@ std::string describe_state_options(const est::TrainingSetup& s) {
   if (s.sharding == est::ShardingLayout::Fsdp2)
     out += fmt::format(", FSDP2 (reshard after forward {})", s.reshard_after_forward ? "true" : "false");
   if (s.zero_reduce_at_step) out += ", gradients reduced at the step (gpuops ZeroOptimizer)";
+  if (s.zero_bucket_bytes > 0)
+    out += fmt::format(", gradients reduced in the backward in {}-byte buckets (gpuops ZeroOptimizer)", s.zero_bucket_bytes);
   if (s.offload_optimizer) out += ", optimizer offloaded to the host";
   if (s.lora.quantize_lm_head) out += fmt::format(", LM head in {}", est::to_string(s.lora.base));
   if (s.lora.rank > 0 && est::is_quantised_base(s.lora.base) && s.lora.bnb_version < est::BnbVersion{})
@@ -103,6 +105,7 @@ json setup_json(const est::TrainingSetup& s) {
           {"grad_accum", s.grad_accum},
           {"zero_grad", s.grads_set_to_none ? "none" : "zeros"},
           {"zero_reduce", s.zero_reduce_at_step ? "step" : "backward"},
+          {"zero_bucket_bytes", s.zero_bucket_bytes},
           {"global_batch", (est::CheckedInt(s.micro_batch) * s.grad_accum * s.num_gpus).get()},
           {"loss", est::loss_to_string(s)},
           {"lora_dropout", s.lora_dropout},

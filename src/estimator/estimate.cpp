@@ -120,6 +120,10 @@ MemoryBreakdown persistent_memory(const ModelSpec& m, const TrainingSetup& s, co
     const bool fp32_shard = s.zero_stage == 2 || wbytes != 4;
     b.gradients = (C(trainable_parameter_count(m, s)) * wbytes + (fp32_shard ? 4 * C(local_states) : C(0))).get();
   }
+  if (s.zero_bucket_bytes > 0) {  // ZeroOptimizer(reduce_in_backward): the fp32 shard; stage 1 keeps the flat gradient
+    const C flat = s.zero_stage == 1 ? C(trainable_parameter_count(m, s)) * wbytes : C(0);
+    b.gradients = (flat + 4 * C(local_states)).get();
+  }
   b.master_weights = is_mixed(s.precision) && s.amp == AmpLayout::MasterCopy ? (C(local_states) * 4).get() : 0;
   b.optimizer_states = s.optimizer == OptimizerKind::Adafactor
                            ? adafactor_state_bytes(m, s)

@@ -196,6 +196,14 @@ void validate_state_options(const TrainingSetup& s, const ModelSpec& m) {
                    "zero-reduce step (gpuops' ZeroOptimizer) applies to ZeRO stages 1 and 2 with sharding flat; "
                    "accepted: zero 1 or 2, or zero-reduce backward; got zero {}{}", s.zero_stage,
                    is_fsdp2(s) ? " with sharding fsdp2" : "");
+  GPUOPS_CHECK_ARG(s.zero_bucket_bytes >= 0, "zero-bucket-bytes must be >= 0 (0: buckets not counted), got {}",
+                   s.zero_bucket_bytes);
+  GPUOPS_CHECK_ARG(s.zero_bucket_bytes == 0 || ((s.zero_stage == 1 || s.zero_stage == 2) && !is_fsdp2(s) &&
+                                                !s.zero_reduce_at_step && !params_only),
+                   "zero-bucket-bytes (gpuops' ZeroOptimizer reducing in the backward) applies to ZeRO stages 1 and "
+                   "2 with sharding flat, zero-reduce backward and an architecture; accepted: 0 otherwise, got zero "
+                   "{}, zero-reduce {}{}", s.zero_stage, s.zero_reduce_at_step ? "step" : "backward",
+                   params_only ? ", a bare parameter count" : "");
   GPUOPS_CHECK_ARG(s.reshard_after_forward || is_fsdp2(s),
                    "reshard-after-forward false applies to sharding fsdp2 only; accepted: sharding fsdp2, or "
                    "reshard-after-forward true");

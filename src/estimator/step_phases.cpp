@@ -6,6 +6,7 @@
 
 #include "gpuops/estimator/activations.h"
 #include "gpuops/estimator/estimate.h"
+#include "gpuops/estimator/param_tensors.h"
 #include "gpuops/estimator/state_layout.h"
 
 namespace gpuops::estimator {
@@ -41,6 +42,35 @@ int64_t backward_extras(const ModelSpec& m, const TrainingSetup& s) {
       largest = std::max(largest, C(g.shape.in_features) * g.shape.out_features);
     bytes += 2 * largest;
   }
+  return bytes.get();
+}
+
+// gpuops' ZeroOptimizer reducing in the backward (TrainingSetup::zero_bucket_bytes): buckets are cut in
+// backward order, each up to zero_bucket_bytes unless one parameter is larger. Stage 2 allocates a bucket's
+// whole buffer at its first gradient and frees it once reduced; stage 1 keeps its flat gradient anyway
+// (persistent). At most three consecutive buckets are alive (two reducing, one filling): at the last block's
+// backward the untied LM head's bucket and two of the last blocks', at the end the embeddings' and two of
+// the first blocks' (bounded by the bucket of the largest such tensor outside the blocks and twice that of
+// the largest inside). Every launched bucket has its fp32 reduced shard and, on the CPU, Gloo's clone of its input
+// (ProcessGroupGloo reduce-scatters by all-reducing a clone). At the end all are launched and the first
+// parameter's own gradient (autograd's, copied into its bucket) is still held.
+int64_t buckets_in_flight(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device, StepPhase phase) {
+  const bool end = phase == StepPhase::BackwardEnd;
+  if (s.zero_bucket_bytes == 0 || !(end || phase == StepPhase::AttentionBackward)) return 0;
+  const int64_t g = trainable_element_bytes(s), total = trainable_parameter_count(m, s);
+  int64_t largest_outer = 0, largest_head = 0, largest_block = 0;
+  for (const ParamTensor& t : trainable_tensor_shapes(m, s)) {
+    (t.root ? largest_outer : largest_block) = std::max(t.root ? largest_outer : largest_block, t.elements());
+    if (t.lm_head) largest_head = std::max(largest_head, t.elements());  // an untied head: the first bucket
+  }
+  const int64_t cap = ceil_div(s.zero_bucket_bytes, g);
+  const int64_t outer = std::max(cap, end ? largest_outer : largest_head), block = std::max(cap, largest_block);
+  const int64_t alive = std::min(total, (C(outer) + 2 * C(block)).get());
+  const int64_t launched = end ? alive : std::min(std::max<int64_t>(total - block, 0), (C(outer) + block).get());
+  C bytes = C(ceil_div(launched, s.num_gpus)) * 4;                                // reduced shards
+  if (s.zero_stage == 2) bytes += C(alive) * g;                                   // bucket buffers
+  if (s.zero_stage == 2 && end) bytes += C(std::max(largest_outer, largest_block)) * g;  // the last gradient
+  if (device.is_cpu()) bytes += C(launched) * g;                                  // Gloo's clones
   return bytes.get();
 }
 
@@ -121,19 +151,30 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   loss.logits = has_lm_head(m) ? loss_moment_bytes(m, s, f.loss) : 0;
   loss.temporaries = extras;
   loss.temporaries = (C(loss.temporaries) + unsharded_bytes(m, s, StepPhase::LossBackward)).get();  // ZeRO-3/FSDP2
+  const int64_t head_grad = full_ft && has_lm_head(m) ? (C(m.vocab_size) * m.hidden_size * pb).get() : 0;
+  // gpuops' ZeroOptimizer reducing in the backward: the first gradient (the LM head's; the final norm's under
+  // a tied head) allocates the first bucket whole right after the loss. That moment holds the loss moment's
+  // activations, the head's weight and input gradients and the bucket, and can pass the logit gradients'.
+  if (s.zero_bucket_bytes > 0 && has_lm_head(m)) {
+    MemoryBreakdown head = loss;
+    head.logits = 0;
+    head.gradients = (C(grads_so_far) + head_grad).get();
+    head.temporaries = (Nh * pb + extras + buckets_in_flight(m, s, device, StepPhase::AttentionBackward)).get();
+    if (head.total() > loss.total()) loss = head;
+  }
 
   // Backward through the last block's attention: the head's tensors are freed, the LM-head gradient and
   // the hidden-state gradient exist; the block's MLP half is freed (or, checkpointed, the block has just
   // been recomputed, attention half included).
   MemoryBreakdown& attn = phases[static_cast<int>(StepPhase::AttentionBackward)];
   attn.peak_phase = StepPhase::AttentionBackward;
-  const int64_t head_grad = full_ft && has_lm_head(m) ? (C(m.vocab_size) * m.hidden_size * pb).get() : 0;
   attn.gradients = std::max(grads_so_far, head_grad);
   attn.activations = (C(f.total()) - f.loss - f.final_norm +
                       (f.last_block_checkpointed ? f.block_attention - f.last_block_cache : -f.block_mlp)).get();
   if (m.family == ModelFamily::ParamsOnly) attn.activations = 0;
   attn.temporaries = (Nh * (runs_in_16_bits(s) ? 2 : 4) + attention_backward_bytes(m, s, device) + extras).get();
-  attn.temporaries = (C(attn.temporaries) + unsharded_bytes(m, s, StepPhase::AttentionBackward)).get();
+  attn.temporaries = (C(attn.temporaries) + unsharded_bytes(m, s, StepPhase::AttentionBackward) +
+                      buckets_in_flight(m, s, device, StepPhase::AttentionBackward)).get();
 
   // End of the backward: every gradient. A tied embedding gets its second gradient (the embedding
   // backward's dense V x h) accumulated out of place: old, new and sum alive together; under autocast the
@@ -145,6 +186,8 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   const bool autocast = is_mixed(s.precision) && s.amp == AmpLayout::Autocast;
   if (full_ft && m.tied_embeddings && m.family == ModelFamily::Decoder)
     end.temporaries = ((autocast ? 1 : 2) * C(m.vocab_size) * m.hidden_size * pb).get();
+  // The tied gradient's sum comes before the last reductions (buckets_in_flight hold that sum as the last gradient).
+  end.temporaries = std::max(end.temporaries, buckets_in_flight(m, s, device, StepPhase::BackwardEnd));
   end.temporaries = (C(end.temporaries) + unsharded_bytes(m, s, StepPhase::BackwardEnd)).get();  // FSDP2's root
 
   // The optimizer step: activations are gone; the optimizer's own temporaries.
@@ -153,6 +196,14 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   step.gradients = s.offload_optimizer ? 0 : all_grads;  // offloaded: copied to the host during the backward
   step.activations = f.inputs;
   step.temporaries = optimizer_step_temporaries(m, s, device);
+  // gpuops' ZeroOptimizer over Gloo (the CPU): after the step every bucket's all-gather gathers into a flat
+  // copy of it; reducing at the step, every bucket's reduce-scatter first all-reduced a clone of it, which
+  // Gloo's worker thread may still hold when the all-gathers start (measured: now and then both, 2 x the
+  // gradient's bytes, on llama-gqa-untied's stage 1; stage 2 has freed its flat gradient by then).
+  if (device.is_cpu() && s.num_gpus > 1 && (s.zero_reduce_at_step || s.zero_bucket_bytes > 0)) {
+    const C copies = C(trainable_parameter_count(m, s)) * pb * (s.zero_reduce_at_step && s.zero_stage == 1 ? 2 : 1);
+    step.temporaries = std::max(step.temporaries, copies.get());
+  }
   return phases;
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "gpuops/errors.h"
@@ -654,4 +655,59 @@ TEST(StepPeak, ZeroReducedAtTheStepKeepsTheWholeFlatGradient) {
   EXPECT_EQ(est::parse_zero_reduce("step"), true);
   EXPECT_EQ(est::parse_zero_reduce("backward"), false);
   EXPECT_THROW(est::parse_zero_reduce("hooks"), gpuops::ArgumentError);
+}
+
+TEST(StepPeak, ZeroReducedInTheBackwardCountsTheBucketsInFlight) {
+  // gpuops' ZeroOptimizer(reduce_in_backward, bucket_bytes 4 MiB) on gpt2, fp32, stage 2, 4 GPUs. Tensors:
+  // wte 50257 x 768 = 38,597,376 (tied: no separate head), wpe 786,432, the largest block tensor c_fc
+  // 2,359,296; a bucket holds 1,048,576 values unless one tensor is larger.
+  const est::ModelSpec m = est::preset("gpt2");
+  est::TrainingSetup s = full_bf16_mixed();
+  s.precision = est::Precision::Fp32;
+  s.optimizer_impl = est::OptimizerImpl::Fused;
+  s.num_gpus = 4;
+  s.zero_stage = 2;
+  const int64_t n = est::parameter_count(m);
+  const auto cuda = est::cuda_device();
+  const auto deepspeed = est::phase_breakdowns(m, s, cuda, persistent(m, s));
+  s.zero_bucket_bytes = 4 << 20;
+  EXPECT_EQ(persistent(m, s).gradients, 4 * ((n + 3) / 4));  // the fp32 shard, from construction on
+  const auto ours = est::phase_breakdowns(m, s, cuda, persistent(m, s));
+  const auto at = [](const std::vector<est::MemoryBreakdown>& p, est::StepPhase phase) {
+    return p[static_cast<int>(phase)];
+  };
+  // Last block's backward: the first bucket (no untied head: 1,048,576 values) and two of c_fc's size alive,
+  // 5,767,168 values in fp32; launched, the two after the first: 3,407,872 values, their fp32 shards a quarter.
+  EXPECT_EQ(at(ours, est::StepPhase::AttentionBackward).temporaries -
+                at(deepspeed, est::StepPhase::AttentionBackward).temporaries,
+            5767168 * 4 + 3407872);
+  // End of the backward: wte's bucket and two of c_fc's (43,315,968 values) alive and launched (their shards),
+  // and wte's own gradient before its copy is freed; more than the tied sum's 2 x wte.
+  const int64_t end = 43315968 * 4 + 43315968 + 38597376 * 4;
+  EXPECT_EQ(at(ours, est::StepPhase::BackwardEnd).temporaries, end);
+  // On the CPU (Gloo), each launched bucket also has Gloo's clone, and the all-gathers after the step a flat
+  // copy of every bucket.
+  const auto cpu = est::phase_breakdowns(m, s, est::cpu_device(), persistent(m, s));
+  EXPECT_EQ(at(cpu, est::StepPhase::BackwardEnd).temporaries, end + 43315968 * 4);
+  EXPECT_EQ(at(cpu, est::StepPhase::OptimizerStep).temporaries, 4 * n);
+  EXPECT_EQ(at(ours, est::StepPhase::OptimizerStep).temporaries, 0);  // NCCL gathers in place
+  // Stage 1 keeps the flat gradient (persistent) and its fp32 shard; in flight only the reduced shards.
+  s.zero_stage = 1;
+  EXPECT_EQ(persistent(m, s).gradients, 4 * n + 4 * ((n + 3) / 4));
+  // Bad input: negative, or with a layout gpuops' ZeroOptimizer does not have.
+  for (auto bad : std::vector<std::function<void(est::TrainingSetup&)>>{
+           [](est::TrainingSetup& t) { t.zero_bucket_bytes = -1; },
+           [](est::TrainingSetup& t) { t.zero_stage = 3; },
+           [](est::TrainingSetup& t) { t.zero_stage = 0; },
+           [](est::TrainingSetup& t) { t.zero_reduce_at_step = true; }}) {
+    est::TrainingSetup t = s;
+    bad(t);
+    try {
+      est::validate(t, m);
+      ADD_FAILURE() << "accepted";
+    } catch (const gpuops::ArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("zero-bucket-bytes"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(est::validate(s, est::params_only_model(7000000000)), gpuops::ArgumentError);
 }

@@ -338,6 +338,18 @@ TEST(SetupsAct, CommandLineOptionsAndJson) {
     EXPECT_NE(bad.err.find(option.substr(2)), std::string::npos) << bad.err;
     EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
   }
+  // gpuops' ZeroOptimizer reducing in the backward: the bucket size is in the JSON; it needs ZeRO 1-2.
+  auto buckets = with({"--zero", "2", "--gpus", "4", "--zero-bucket-bytes", "4194304"});
+  ASSERT_EQ(buckets.code, 0) << buckets.err;
+  EXPECT_NE(buckets.out.find("\"zero_bucket_bytes\": 4194304"), std::string::npos);
+  for (const auto& extra : std::vector<std::vector<std::string>>{{"--zero-bucket-bytes", "4194304"},
+                                                                  {"--zero", "2", "--zero-bucket-bytes", "-1"},
+                                                                  {"--zero", "2", "--zero-bucket-bytes", "4M"}}) {
+    auto bad = with(extra);
+    EXPECT_EQ(bad.code, 2) << extra.back();
+    EXPECT_NE(bad.err.find("zero-bucket-bytes"), std::string::npos) << bad.err;
+    EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  }
   auto eager = with({"--compile", "--attention", "eager"});
   EXPECT_EQ(eager.code, 2);
   EXPECT_NE(eager.err.find("compile"), std::string::npos) << eager.err;

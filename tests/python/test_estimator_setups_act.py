@@ -118,3 +118,18 @@ def test_bnb_version_is_the_engines():
         gpuops.estimate("llama-2-7b", bnb_version="0.43.x", **kw)
     with pytest.raises(TypeError, match="bnb_version"):
         gpuops.estimate("llama-2-7b", bnb_version=0.42, **kw)
+
+
+def test_zero_bucket_bytes_is_the_engines():
+    """zero_bucket_bytes (gpuops.ZeroOptimizer reducing in the backward) reaches the C++ engine: the buckets in
+    flight are counted on top of DeepSpeed's 1/N gradients; bad values are refused naming the argument."""
+    kw = dict(zero_stage=2, num_gpus=4, micro_batch=1, seq_len=128, precision="fp32", optimizer_impl="fused")
+    deepspeed = gpuops.estimate("gpt2", **kw)
+    ours = gpuops.estimate("gpt2", zero_bucket_bytes=4 << 20, **kw)
+    assert ours.total_bytes > deepspeed.total_bytes
+    with pytest.raises(TypeError, match="zero_bucket_bytes"):
+        gpuops.estimate("gpt2", zero_bucket_bytes=4.0, **kw)
+    with pytest.raises(ValueError, match="zero-bucket-bytes"):
+        gpuops.estimate("gpt2", zero_bucket_bytes=-1, **kw)
+    with pytest.raises(ValueError, match="zero-bucket-bytes"):
+        gpuops.estimate("gpt2", zero_bucket_bytes=4 << 20, zero_stage=3, num_gpus=4)

@@ -1,4 +1,5 @@
-"""`gpuops estimate --zero 1|2 --gpus 2 --zero-reduce step` against the per-rank peaks of gpuops.ZeroOptimizer:
+"""`gpuops estimate --zero 1|2 --gpus 2 --zero-reduce step` (and `--zero-reduce backward --zero-bucket-bytes B` for
+reduce_in_backward) against the per-rank peaks of gpuops.ZeroOptimizer:
 validate.py's held-out Hugging Face models trained by 2 CPU processes over Gloo, each rank's peak measured by
 gpuops.memory_budget (bench/estimator_validation/zero_ranks.py; the rows are in docs/estimator.md)."""
 
@@ -12,16 +13,16 @@ import zero_ranks  # noqa: E402
 def test_per_rank_estimate_matches_measured_zero_peaks():
     rows = zero_ranks.run(2)
     assert {(r["stage"], r["model"]) for r in rows} == {(s, c[0]) for s in (1, 2) for c in zero_ranks.CASES}
-    # reduce_in_backward rows are printed, not checked: the estimator's "backward" (DeepSpeed's) does not count
-    # the buckets in flight (docs/estimator.md).
-    checked = [r for r in rows if not r["reduce_in_backward"]]
-    errors = sorted(abs(r["estimated"] - m) / m for r in checked for m in r["measured"])
-    labels = "\n".join(f"{r['model']} stage {r['stage']}: estimated {r['estimated']}, measured per rank {r['measured']}"
-                       for r in checked)
-    # Every rank's peak to 0.1% (measured: 100 bytes of 30-77 MB, the optimizers' step counters), but for a
-    # transient that now and then adds 1.8 MB (5.9%) to llama-gqa-untied's stage-1 peak on one or both ranks,
-    # not explained yet (docs/estimator.md): the median to 0.1%, every one to 6.5%.
-    assert errors[len(errors) // 2] <= 1e-3, labels
+    assert any(r["reduce_in_backward"] and r["bucket_bytes"] < 2**20 for r in rows)  # several buckets
+    errors = sorted((r["estimated"] - m) / m for r in rows for m in r["measured"])
+    labels = "\n".join(f"{r['model']} stage {r['stage']} reduce_in_backward {r['reduce_in_backward']} bucket "
+                       f"{r['bucket_bytes']}: estimated {r['estimated']}, measured per rank {r['measured']}" for r in rows)
+    # Measured 2026-11-24: 24 of 30 rank peaks within 120 bytes (the optimizers' step counters); over by 3.6%
+    # (llama-gqa-untied's 256 KiB buckets: the bound of three buckets in flight) and 6.2% (its stage-1 step when
+    # Gloo's worker does not hold the reduce clones into the all-gathers, which it does now and then); under
+    # by 0.2% once (gpt2-tied's one bucket, 58 kB in a mid-backward moment).
+    assert abs(errors[len(errors) // 2]) <= 1e-3, labels
+    assert errors[0] >= -0.005, labels  # never under by more than 0.5%
     assert errors[-1] <= 0.065, labels
-    for r in checked:  # the optimizer state is the estimator's to the step counters (per bucket here, per tensor there)
+    for r in rows:  # the optimizer state is the estimator's to the step counters (per bucket here, per tensor there)
         assert abs(r["state_bytes"] - r["est_optimizer_states"]) <= 4 * 64, labels

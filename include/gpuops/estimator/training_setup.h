@@ -89,6 +89,12 @@ struct TrainingSetup {
   /// ZeroOptimizer, which keeps the full flat gradient from zero_grad() and reduce-scatters it at the step;
   /// stage 2 (and 16-bit parameters) add the fp32 gradient shard.
   bool zero_reduce_at_step = false;
+  /// ZeRO stages 1-2 reduced in the backward (zero_reduce_at_step false): 0 models DeepSpeed and Megatron
+  /// (their own bucket buffers are not counted); B > 0 models gpuops' ZeroOptimizer(reduce_in_backward=true,
+  /// bucket_bytes=B): an fp32 gradient shard from construction on (stage 1 also keeps the flat gradient),
+  /// and in the backward each bucket's whole buffer from its first gradient to its reduction, at most three
+  /// buckets (two reducing, one filling) with their reduced shards.
+  int64_t zero_bucket_bytes = 0;
   // Activation-side setups (docs/estimator.md, "Checkpointing policies, chunked loss, LoRA dropout,
   // torch.compile").
   LossKind loss = LossKind::Standard;
@@ -141,7 +147,7 @@ int64_t compute_dtype_bytes(Precision p);
 /// True when the gradients exist during the forward and the early backward: kept zeroed between steps, or
 /// accumulated over several micro-batches.
 inline bool gradients_alive_in_forward(const TrainingSetup& s) {
-  return s.grad_accum > 1 || !s.grads_set_to_none || s.zero_reduce_at_step;
+  return s.grad_accum > 1 || !s.grads_set_to_none || s.zero_reduce_at_step || s.zero_bucket_bytes > 0;
 }
 
 /// "backward" or "step" (TrainingSetup::zero_reduce_at_step); ArgumentError naming --zero-reduce otherwise.
