@@ -28,6 +28,9 @@ import time
 import torch
 
 METHODS = ["gpuops-zero1", "gpuops-zero2", "gpuops-zero2-bwd", "torch-zero+ddp", "ddp", "fsdp2"]
+# overlap_param_gather on and off, timed as whole loops of steps (a barrier per step would wait for the gathers
+# the overlap leaves running, outside the timed region): the mean step of TIMED consecutive steps.
+LOOP_METHODS = ["gpuops-zero2-bwd-loop", "gpuops-zero2-bwd-overlap-loop"]
 WIDTH, LAYERS, BATCH, WARMUP, TIMED = 1024, 4, 32, 3, 10
 
 
@@ -58,7 +61,8 @@ def _run_method(method, rank, world):
             comm = gpuops.dist.Communicator(timeout=120)
             # -bwd: reduced from autograd hooks in buckets while backward runs (reduce_in_backward)
             opt = gpuops.ZeroOptimizer(model.parameters(), "adamw", communicator=comm, stage=int(method[11]),
-                                       reduce_in_backward=method.endswith("-bwd"), bucket_bytes=4 * 2**20, lr=1e-3)
+                                       reduce_in_backward="-bwd" in method, bucket_bytes=4 * 2**20, lr=1e-3,
+                                       overlap_param_gather=model if "-overlap" in method else False)
             net = model
         elif method == "fsdp2":
             from torch.distributed.fsdp import fully_shard
@@ -87,6 +91,8 @@ def _run_method(method, rank, world):
                 from torch.distributed.optim import ZeroRedundancyOptimizer
 
                 opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+        if method in LOOP_METHODS:
+            return _run_loop(method, world, net, opt, comm, rank, param_bytes, budget)
         times = []
         for step in range(WARMUP + TIMED):
             if method.startswith("gpuops"):
@@ -111,6 +117,28 @@ def _run_method(method, rank, world):
             "one_allreduce_bytes": 2 * param_bytes * (world - 1) // world, "peak_bytes": peak}
 
 
+def _run_loop(method, world, net, opt, comm, rank, param_bytes, budget):
+    import torch.distributed as dist
+
+    def steps(first, count):
+        for step in range(first, first + count):
+            opt.zero_grad()
+            x, y = _batch(step, rank)
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+        opt.wait_for_parameters()  # the last gathers count too
+
+    steps(0, WARMUP)
+    dist.barrier()
+    comm.reset_traffic()
+    t0 = time.perf_counter()
+    steps(WARMUP, TIMED)
+    ms = 1e3 * (time.perf_counter() - t0) / TIMED
+    return {"method": method, "world": world, "ms": ms, "sent_bytes_per_step": comm.traffic()["ring_sent_bytes"] // TIMED,
+            "traffic": "counted", "param_bytes": param_bytes, "one_allreduce_bytes": 2 * param_bytes * (world - 1) // world,
+            "peak_bytes": budget.peak_bytes}
+
+
 def _rank_main():
     import gc
 
@@ -128,7 +156,7 @@ def _rank_main():
         return broadcast(tensor, *args, **kwargs)
 
     rows = []
-    for method in METHODS:
+    for method in METHODS + LOOP_METHODS:
         tdist.broadcast = counting_broadcast if method == "torch-zero+ddp" else broadcast
         counter["bytes"] = 0
         try:
@@ -181,7 +209,7 @@ def main():
             if "error" in r:
                 print(f"| {world} | {r['method']} | did not run: {r['error']} | | | | |")
                 continue
-            ratio = f"{r['ms'] / ref:.2f}" if ref else ""
+            ratio = f"{r['ms'] / ref:.2f}" if ref and r["method"] not in LOOP_METHODS else "(loop)"
             print(f"| {world} | {r['method']} | {r['ms']:.1f} | {ratio} | {r['sent_bytes_per_step']:,}"
                   f"{' (analytic)' if r['traffic'] == 'analytic' else ''} | "
                   f"{r['sent_bytes_per_step'] / r['one_allreduce_bytes']:.3f} | {r['peak_bytes'] / 2**20:.1f} |")

@@ -63,6 +63,8 @@ class FlatParams {
   /// into their slots and they become views again. c10::ValueError, with nothing changed, when such a parameter
   /// changed shape, dtype or device. Returns how many were put back.
   int64_t reattach();
+  /// Whether every parameter is still a view of its buffer (reattach() would copy nothing).
+  bool attached() const;
   /// Makes slot `slot` of bucket `bucket`'s parameter's .grad a view of the bucket's gradient buffer again,
   /// keeping its values: when the buffer was released (release_grads) it is allocated, zeroed, and every
   /// parameter of the bucket gets its view. For a reduction from autograd hooks, where autograd made the

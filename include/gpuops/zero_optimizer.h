@@ -33,7 +33,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -68,6 +70,13 @@ struct ZeroOptions {
   /// Checkpoints record them with the shapes, so that loading into another model names the parameter that
   /// differs.
   std::vector<std::string> param_names;
+  /// After the step the all-gathers of the parameters are launched, the buckets the forward reads first
+  /// first, and not waited: the next forward overlaps them (Megatron's overlap_param_gather). Until waited the
+  /// parameters hold their values from before the step: call wait_for_parameters(params) before a layer reads
+  /// its parameters (Python's ZeroOptimizer does it from module forward pre-hooks), or wait_for_parameters()
+  /// for all. Everything else of the optimizer (zero_grad, the reductions, the step, checkpoints,
+  /// TrainingState) waits for all first.
+  bool overlap_param_gather = false;
 };
 
 /// An optimizer's state tensors by name ("step", "exp_avg", "momentum_buffer", "master_param", ...), the names
@@ -115,8 +124,15 @@ class ZeroShards {
   /// Before the fused step: a 16-bit master follows its parameters where something else wrote them since the
   /// last step (a model load, an EMA swap) and the master no longer rounds to them.
   void before_step();
-  /// After the fused step: masters rounded into the 16-bit shards, every buffer all-gathered. Collective.
+  /// After the fused step: masters rounded into the 16-bit shards, every buffer all-gathered (waited, unless
+  /// overlap_param_gather). Collective.
   void after_step();
+  /// overlap_param_gather: waits for the all-gathers of the buckets holding `params` (what a layer is about
+  /// to read); the others go on. Returns at once when nothing is pending. c10::ValueError for a tensor that
+  /// is not one of the optimizer's parameters.
+  void wait_for_parameters(const std::vector<at::Tensor>& params) const;
+  /// ... of every bucket, the first parameters' first.
+  void wait_for_parameters() const;
 
   int64_t gradient_bytes() const;  ///< flat gradients while allocated, plus the separate fp32 gradient shards
   int64_t master_bytes() const;    ///< fp32 master shards of 16-bit buffers
@@ -173,7 +189,8 @@ class ZeroShards {
   bool is_master(size_t k) const;  ///< buffer k is 16-bit: its shard parameter is a separate fp32 master
   at::Tensor data_shard(size_t k) const;
   void install_shard_grads();
-  void record_versions();
+  void record_versions(size_t k) const;
+  void wait_for_bucket(size_t k) const;
   void reduce_in_fp32(size_t k, const at::Tensor& out);
   // reduce_in_backward: a parameter's gradient arrived; a bucket launched, finished; the end of a pass.
   void on_gradient(size_t k, size_t slot);
@@ -188,7 +205,9 @@ class ZeroShards {
   std::vector<at::Tensor> shard_grads_;  ///< per buffer: a separate fp32 gradient shard (stage 2, or 16-bit)
   std::vector<std::pair<size_t, size_t>> slot_of_param_;  ///< params[i] -> (buffer, slot)
   std::vector<std::vector<size_t>> param_of_slot_;         ///< (buffer, slot) -> i
-  std::vector<std::vector<uint32_t>> versions_;           ///< 16-bit buffers: each slot's parameter version
+  mutable std::vector<std::vector<uint32_t>> versions_;   ///< 16-bit buffers: each slot's parameter version
+  mutable std::vector<std::optional<dist::Work>> gathers_;  ///< overlap_param_gather: per bucket, not waited yet
+  std::unordered_map<const c10::TensorImpl*, size_t> bucket_of_;  ///< a parameter's bucket
   bool reduced_grads_ = false;  ///< the gradients of this step are reduced
   bool stepped_ = false;  ///< stepped since the last zero_grad: the gradients are spent
   bool reattached_ = false;  ///< parameters were copied back in (FlatParams::reattach): masters follow them
@@ -198,7 +217,8 @@ class ZeroShards {
   size_t next_launch_ = 0;                 ///< buckets launch in order: every rank runs the same collectives
   bool pass_active_ = false;               ///< a backward pass is running (its end callback is queued)
   std::vector<bool> accumulated_;          ///< per bucket: its gradient shard holds a sum since zero_grad()
-  std::deque<std::pair<size_t, dist::Work>> pending_;  ///< launched, not finished: (bucket, work)
+  /// Launched, not finished: (bucket, work); no work for a 16-bit bucket (reduced in fp32 chunks, waited inside).
+  std::deque<std::pair<size_t, std::optional<dist::Work>>> pending_;
   std::vector<at::Tensor> reduced_;        ///< per bucket: the reduced shard of the pass, until finished
 };
 
@@ -233,6 +253,9 @@ class ShardedOptimizer {
   /// Bytes of this rank's optimizer state tensors (moments, step counters, masters), measured from the tensors.
   virtual int64_t state_bytes() const = 0;
   int64_t gradient_bytes() const { return shards().gradient_bytes(); }
+  /// ZeroOptions::overlap_param_gather: wait for the parameters' all-gathers (ZeroShards::wait_for_parameters).
+  void wait_for_parameters(const std::vector<at::Tensor>& params) const { shards().wait_for_parameters(params); }
+  void wait_for_parameters() const { shards().wait_for_parameters(); }
 };
 
 namespace detail {

@@ -203,6 +203,8 @@ class TrainingState:
         if extras is not None and not isinstance(extras, dict):
             raise TypeError(f"TrainingState.save: extras must be a dict, got {type(extras).__name__}")
         _check_objects(model=model, optimizer=optimizer, scaler=scaler)
+        if _is_sharded(optimizer):
+            optimizer.wait_for_parameters()  # overlap_param_gather: the model is saved as the step left it
         _check_plain(data_position, "data_position")
         _check_plain(extras or {}, "extras")
         payload = {"format": _FORMAT, "step": step, "epoch": epoch, "data_position": data_position,

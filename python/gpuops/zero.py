@@ -28,7 +28,8 @@ what gpuops.TrainingState does with this optimizer.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import weakref
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -56,6 +57,28 @@ def _kind_of(optimizer_class) -> str:
                     f"or torch.optim, or its name), got {optimizer_class!r}")
 
 
+def _wait_hooks(optimizer, module: torch.nn.Module, params: list) -> list:
+    """Forward pre-hooks that wait for each submodule's own parameters (the ones this optimizer owns), and a
+    state_dict pre-hook on ``module`` that waits for all. They hold the optimizer weakly."""
+    ref = weakref.ref(optimizer)
+    ours = {id(p) for p in params}
+
+    def waiter(own: list):
+        def hook(*_args, **_kwargs):
+            opt = ref()
+            if opt is not None:
+                opt._impl.wait_for_parameters(own)
+        return hook
+
+    handles = []
+    for sub in module.modules():
+        own = [p for p in sub.parameters(recurse=False) if id(p) in ours]
+        if own:
+            handles.append(sub.register_forward_pre_hook(waiter(own)))
+    handles.append(module.register_state_dict_pre_hook(waiter(None)))
+    return handles
+
+
 def _split_names(params) -> tuple:
     """Tensors and their names from ``params``: tensors, or (name, tensor) pairs as ``named_parameters()`` gives
     (torch.optim takes those too); names are recorded in checkpoints."""
@@ -75,12 +98,21 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     ``reduce_in_backward``: reduce each bucket of ``bucket_bytes`` from autograd hooks as soon as its gradients
     are complete, in every backward pass (overlap; stage 2 then never holds the whole gradient, at one
-    reduce-scatter per micro-batch); False: once per step, after the accumulation window."""
+    reduce-scatter per micro-batch); False: once per step, after the accumulation window.
+
+    ``overlap_param_gather``: the model (an ``nn.Module``) to overlap the parameters' all-gathers after each
+    step with its next forward (Megatron's overlap_param_gather): the step launches them without waiting, and a
+    forward pre-hook on every submodule waits for the buckets of that submodule's own parameters before it
+    runs; ``state_dict()`` of the model, this optimizer's other calls and TrainingState wait for all. Until
+    then the parameters hold their values from before the step: code that reads a parameter outside its
+    module's forward calls ``wait_for_parameters()`` first. ``True`` overlaps without hooks (the caller waits);
+    False (the default) waits at the end of the step."""
 
     _step_supports_amp_scaling = True  # GradScaler hands over grad_scale and found_inf, no host sync
 
     def __init__(self, params, optimizer_class=None, communicator=None, stage: int = 1, *,
-                 reduce_in_backward: bool = False, bucket_bytes: int = 25 * 2**20, **defaults) -> None:
+                 reduce_in_backward: bool = False, bucket_bytes: int = 25 * 2**20,
+                 overlap_param_gather: Union[bool, torch.nn.Module] = False, **defaults) -> None:
         kind = _kind_of(optimizer_class if optimizer_class is not None else "adamw")
         if communicator is None or isinstance(communicator, torch.distributed.ProcessGroup):
             communicator = _dist.Communicator(communicator)
@@ -88,8 +120,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise TypeError("gpuops.ZeroOptimizer: communicator must be a gpuops.dist.Communicator, a "
                             f"torch.distributed group or None, got {type(communicator).__name__}")
         params, names = _split_names(params)
+        module = overlap_param_gather if isinstance(overlap_param_gather, torch.nn.Module) else None
         self._impl = _C.ZeroOptimizer(params, communicator, stage, kind, dict(defaults), reduce_in_backward,
-                                      bucket_bytes, names)
+                                      bucket_bytes, names, True if module is not None else overlap_param_gather)
+        self._hooks = _wait_hooks(self, module, params) if module is not None else []
         self.param_names = names
         self.communicator = communicator
         self._consolidated: Optional[list] = None
@@ -131,6 +165,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the flat gradients (stage 2: allocates them again) for the next backward."""
         self._impl.zero_grad()
+
+    def wait_for_parameters(self, params=None) -> None:
+        """Waits for the all-gathers after the last step (``overlap_param_gather``) of the buckets holding
+        ``params`` (all of them when None). Returns at once when nothing is pending."""
+        self._impl.wait_for_parameters(None if params is None else list(params))
 
     def state_bytes(self) -> int:
         """Bytes of this rank's optimizer state tensors (moments, step counters, fp32 masters)."""

@@ -186,7 +186,8 @@ void bind_zero_optimizer(py::module_& m) {
   py::class_<ShardedOptimizer>(m, "ZeroOptimizer")
       .def(py::init([](const py::object& params, const dist::Communicator& communicator, const py::object& stage,
                        const std::string& optimizer, const py::dict& options, const py::object& reduce_in_backward,
-                       const py::object& bucket_bytes, const std::vector<std::string>& param_names) {
+                       const py::object& bucket_bytes, const std::vector<std::string>& param_names,
+                       const py::object& overlap_param_gather) {
              const std::string where = "gpuops.ZeroOptimizer";
              auto tensors = tensor_list_arg(where, "params", params);
              const int64_t s = int_arg(where, "stage", stage);
@@ -198,6 +199,7 @@ void bind_zero_optimizer(py::module_& m) {
              zero.reduce_in_backward = bool_arg(where, "reduce_in_backward", reduce_in_backward);
              zero.bucket_bytes = int_arg(where, "bucket_bytes", bucket_bytes);
              zero.param_names = param_names;
+             zero.overlap_param_gather = bool_arg(where, "overlap_param_gather", overlap_param_gather);
              if (zero.bucket_bytes < 1)
                throw py::value_error(where + ": bucket_bytes must be >= 1, got " + text_of(bucket_bytes));
              Keywords k{where, options, {}};
@@ -205,7 +207,7 @@ void bind_zero_optimizer(py::module_& m) {
            }),
            py::arg("params"), py::arg("communicator"), py::arg("stage"), py::arg("optimizer"), py::arg("options"),
            py::arg("reduce_in_backward") = false, py::arg("bucket_bytes") = optim::ZeroOptions().bucket_bytes,
-           py::arg("param_names") = std::vector<std::string>{})
+           py::arg("param_names") = std::vector<std::string>{}, py::arg("overlap_param_gather") = false)
       .def(
           "step",
           [](ShardedOptimizer& z, const py::object& grad_scale, const py::object& found_inf) {
@@ -227,6 +229,19 @@ void bind_zero_optimizer(py::module_& m) {
       .def("global_divisor", [](ShardedOptimizer& z, const at::Tensor& d) { return z.optimizer().global_divisor(d); },
            py::call_guard<py::gil_scoped_release>())
       .def("shard_params", [](ShardedOptimizer& z) { return z.shards().shard_params(); })
+      .def(
+          "wait_for_parameters",
+          [](const ShardedOptimizer& z, const py::object& params) {
+            if (params.is_none()) {
+              py::gil_scoped_release release;
+              z.wait_for_parameters();
+              return;
+            }
+            auto tensors = tensor_list_arg("ZeroOptimizer.wait_for_parameters", "params", params);
+            py::gil_scoped_release release;
+            z.wait_for_parameters(tensors);
+          },
+          py::arg("params") = py::none())
       .def_property(
           "lr", [](ShardedOptimizer& z) { return z.optimizer().param_groups()[0].options().get_lr(); },
           [](ShardedOptimizer& z, const py::object& lr) {

@@ -147,10 +147,21 @@ void FlatParams::adopt_grad(size_t b, size_t slot) {
   if (own.defined()) s.param.mutable_grad().copy_(own);
 }
 
+namespace {
+// The parameter of slot `s` is no longer a view of its place in `b`'s buffer.
+bool detached(const FlatParams::Bucket& b, const FlatParams::Slot& s) {
+  return !s.param.storage().is_alias_of(b.data.storage()) || s.param.storage_offset() != b.data.storage_offset() + s.offset;
+}
+}  // namespace
+
+bool FlatParams::attached() const {
+  for (const auto& bucket : buckets_)
+    for (const auto& s : bucket.slots)
+      if (detached(bucket, s)) return false;
+  return true;
+}
+
 int64_t FlatParams::reattach() {
-  const auto detached = [](const Bucket& b, const Slot& s) {
-    return !s.param.storage().is_alias_of(b.data.storage()) || s.param.storage_offset() != b.data.storage_offset() + s.offset;
-  };
   for (const auto& bucket : buckets_) {  // check all first
     for (size_t i = 0; i < bucket.slots.size(); ++i) {
       const Slot& s = bucket.slots[i];

@@ -350,6 +350,7 @@ std::vector<NamedTensors> ZeroShards::shard_states_of(const std::vector<NamedTen
 }
 
 void ZeroShards::install_masters(std::vector<NamedTensors>& states) {
+  wait_for_parameters();  // masters made again from the parameters read them
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < shards_.size(); ++k) {
     const auto found = states[k].find(kMaster);
@@ -357,8 +358,8 @@ void ZeroShards::install_masters(std::vector<NamedTensors>& states) {
       shards_[k].copy_(found != states[k].end() ? found->second : data_shard(k).to(at::kFloat));
     }
     if (found != states[k].end()) states[k].erase(found);
+    record_versions(k);
   }
-  record_versions();
 }
 
 std::vector<NamedTensors> ZeroShards::with_masters(std::vector<NamedTensors> states) const {

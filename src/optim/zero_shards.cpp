@@ -124,6 +124,8 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
     }
   }
   TORCH_INTERNAL_ASSERT(slot_of_param_.size() == params.size());
+  for (size_t i = 0; i < params.size(); ++i) bucket_of_[params[i].unsafeGetTensorImpl()] = slot_of_param_[i].first;
+  gathers_.resize(flats_.size());
   param_of_slot_.resize(flats_.size());
   for (size_t k = 0; k < flats_.size(); ++k) param_of_slot_[k].resize(bucket(k).slots.size());
   for (size_t i = 0; i < slot_of_param_.size(); ++i) param_of_slot_[slot_of_param_[i].first][slot_of_param_[i].second] = i;
@@ -157,11 +159,15 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
     }
   }
   install_shard_grads();
-  record_versions();
+  for (size_t k = 0; k < flats_.size(); ++k) record_versions(k);
 }
 
 ZeroShards::~ZeroShards() {
   for (auto& h : hooks_) h.accumulator->del_post_hook(h.key);
+  try {  // no all-gather may write into the buffers after they are gone
+    wait_for_parameters();
+  } catch (const std::exception&) {  // a lost peer: the communicator has said so; nothing to finish
+  }
 }
 
 std::string ZeroShards::describe(size_t k, size_t slot) const {
@@ -183,16 +189,37 @@ void ZeroShards::install_shard_grads() {
   }
 }
 
-void ZeroShards::record_versions() {
-  for (size_t k = 0; k < shards_.size(); ++k) {
-    versions_[k].clear();
-    if (!is_master(k)) continue;
-    for (const auto& slot : bucket(k).slots) versions_[k].push_back(slot.param._version());
+void ZeroShards::record_versions(size_t k) const {
+  versions_[k].clear();
+  if (!is_master(k)) return;
+  for (const auto& slot : bucket(k).slots) versions_[k].push_back(slot.param._version());
+}
+
+void ZeroShards::wait_for_bucket(size_t k) const {
+  if (!gathers_[k]) return;
+  gathers_[k]->wait();
+  gathers_[k].reset();
+  record_versions(k);
+}
+
+void ZeroShards::wait_for_parameters(const std::vector<at::Tensor>& params) const {
+  for (const at::Tensor& p : params) {
+    const auto found = bucket_of_.find(p.unsafeGetTensorImpl());
+    TORCH_CHECK_VALUE(found != bucket_of_.end(), "ZeroOptimizer.wait_for_parameters: a tensor of shape ",
+                      p.sizes(), " is not one of this optimizer's parameters");
+    wait_for_bucket(found->second);
   }
 }
 
+void ZeroShards::wait_for_parameters() const {
+  for (size_t k = flats_.size(); k-- > 0;) wait_for_bucket(k);  // the first parameters are in the last bucket
+}
+
 void ZeroShards::zero_grad() {
-  // A model loaded through torch's C++ Module::load points its parameters at the loaded tensors: copy them in.
+  // A model loaded through torch's C++ Module::load points its parameters at the loaded tensors: copy them in,
+  // after the gathers that write the buffers. Otherwise the gathers go on (overlap_param_gather: the next
+  // forward waits for them).
+  if (!std::all_of(flats_.begin(), flats_.end(), [](const auto& f) { return f->attached(); })) wait_for_parameters();
   for (auto& f : flats_)
     if (f->reattach() > 0) reattached_ = true;
   if (options_.reduce_in_backward) {
@@ -232,6 +259,7 @@ void ZeroShards::reduce_gradients() {
   if (reduced_grads_) return;
   TORCH_CHECK(!stepped_, "ZeroOptimizer: the gradients were spent by the last step; call zero_grad() (of this "
               "optimizer) before the next backward");
+  wait_for_parameters();
   if (options_.reduce_in_backward) {  // every backward pass reduced its own gradients
     reduced_grads_ = true;
     return;
@@ -265,6 +293,7 @@ void ZeroShards::on_gradient(size_t k, size_t slot) {
   TORCH_CHECK(!stepped_, "ZeroOptimizer: backward after the step without zero_grad(); call zero_grad() (of this "
               "optimizer) before the next backward");
   if (!pass_active_) {  // the first gradient of this backward pass: finish the pass when the backward ends
+    wait_for_parameters();  // buckets no forward read (unused parameters) are written before any reduction
     pass_active_ = true;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_pass(); });
   }
@@ -280,7 +309,7 @@ void ZeroShards::launch(size_t k) {
   reduced_[k] = at::empty_like(shard_grads_[k]);
   if (is_master(k)) {
     reduce_in_fp32(k, reduced_[k]);  // chunked, waited inside
-    pending_.emplace_back(k, dist::Work());
+    pending_.emplace_back(k, std::nullopt);
   } else {
     pending_.emplace_back(k, comm_.reduce_scatter(bucket(k).grad, reduced_[k], dist::ReduceOp::Average));
   }
@@ -290,7 +319,7 @@ void ZeroShards::launch(size_t k) {
 void ZeroShards::finish_oldest() {
   auto [k, work] = std::move(pending_.front());
   pending_.pop_front();
-  work.wait();
+  if (work) work->wait();
   c10::NoGradGuard no_grad;
   accumulated_[k] ? shard_grads_[k].add_(reduced_[k]) : shard_grads_[k].copy_(reduced_[k]);
   accumulated_[k] = true;
@@ -330,6 +359,7 @@ at::Tensor ZeroShards::global_divisor(const at::Tensor& divisor) {
 }
 
 void ZeroShards::before_step() {
+  wait_for_parameters();
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < shards_.size(); ++k) {
     if (!is_master(k)) continue;
@@ -349,10 +379,10 @@ void ZeroShards::after_step() {
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < shards_.size(); ++k)
     if (is_master(k)) data_shard(k).copy_(shards_[k]);  // round to nearest even
-  std::vector<dist::Work> works;
-  for (size_t k = 0; k < flats_.size(); ++k) works.push_back(comm_.all_gather(bucket(k).data));
-  for (auto& w : works) w.wait();
-  record_versions();
+  // Launched in forward order (the last bucket holds the first parameters); waited here, or with
+  // overlap_param_gather as the next forward reaches each bucket (wait_for_parameters).
+  for (size_t k = flats_.size(); k-- > 0;) gathers_[k] = comm_.all_gather(bucket(k).data);
+  if (!options_.overlap_param_gather) wait_for_parameters();
   reduced_grads_ = false;
   stepped_ = true;
 }

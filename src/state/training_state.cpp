@@ -243,6 +243,7 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 std::string TrainingState::save(const TrainingProgress& progress, const TrainingObjects& objects) {
   TORCH_CHECK_VALUE(progress.step >= 0, "TrainingState::save: step must be >= 0, got ", progress.step);
   if (auto* sharded = dynamic_cast<optim::ShardedOptimizer*>(objects.optimizer)) {
+    sharded->wait_for_parameters();  // overlap_param_gather: the model is saved as the step left it
     // One file per rank (sharded_state.h); state.pt holds the rest, written by rank 0.
     TrainingObjects rest = objects;
     rest.optimizer = nullptr;

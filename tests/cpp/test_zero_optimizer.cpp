@@ -75,6 +75,7 @@ GradScalerOptions scaler_options() {
 struct Setup {
   int stage = 1;
   bool hooks = false;  // reduce_in_backward, with small buckets (one per parameter here)
+  bool overlap = false;  // overlap_param_gather: the loss waits for each layer's parameters before it reads them
   int accumulation = 2;
   double max_norm = 1.0;  // clipping active on some steps
 };
@@ -102,6 +103,7 @@ std::vector<at::Tensor> train_zero(Communicator& comm, const Setup& s, int64_t* 
   gpuops::optim::ZeroOptions zero;
   zero.stage = s.stage;
   zero.reduce_in_backward = s.hooks;
+  zero.overlap_param_gather = s.overlap;
   if (s.hooks) zero.bucket_bytes = 512;
   ZeroOptimizer opt(params, comm, zero, adamw_options());
   WORKER_CHECK(opt.bucket_count() == (s.hooks ? 4u : 1u), "{} buckets", opt.bucket_count());
@@ -122,7 +124,13 @@ std::vector<at::Tensor> train_zero(Communicator& comm, const Setup& s, int64_t* 
     std::optional<gpuops::MemoryBudget> budget;
     if (step == 0) budget.emplace();
     comm.reset_traffic();
-    clipped += train_step(opt, scaler, params, s, [&](int m) { return batch_of(step, m, comm.rank()); }) ? 1 : 0;
+    clipped += train_step(opt, scaler, params, s, [&](int m) {
+                 if (s.overlap) {  // a forward of two layers: the first's parameters, then the second's
+                   opt.wait_for_parameters({params[0], params[1]});
+                   opt.wait_for_parameters({params[2], params[3]});
+                 }
+                 return batch_of(step, m, comm.rank());
+               }) ? 1 : 0;
     // Traffic per step (ring algorithm): one reduce-scatter and one all-gather of the flat buffer, i.e. one
     // all-reduce of the parameters, plus the overflow flag (4 bytes) and the squared norm (8 bytes). With
     // hooks, one reduce-scatter per micro-batch.
@@ -136,13 +144,17 @@ std::vector<at::Tensor> train_zero(Communicator& comm, const Setup& s, int64_t* 
                  "step traffic: reduce-scatter {} B, all-gather {} B, {} all-reduces of {} B ({} elements)",
                  t.reduce_scatter.ring_sent_bytes, t.all_gather.ring_sent_bytes, t.all_reduce.calls,
                  t.all_reduce.payload_bytes, total);
-    if (step == 0) *retained = budget->current_bytes();
+    if (step == 0) {
+      if (s.overlap) opt.wait_for_parameters();  // Gloo's gather holds a flat copy of the buffer until then
+      *retained = budget->current_bytes();
+    }
     if (s.stage == 2) {  // after the reduction only the shard is kept
       WORKER_CHECK(opt.gradient_bytes() == shard * 4, "stage 2 keeps {} gradient bytes after the step, want {}",
                    opt.gradient_bytes(), shard * 4);
       for (const auto& p : params) WORKER_CHECK(!p.grad().defined(), "stage 2: a full gradient survived the step");
     }
   }
+  opt.wait_for_parameters();  // overlap_param_gather: the last step's gathers
   *state_bytes = opt.state_bytes();
   *flat_numel = total;
   WORKER_CHECK(scaler.skipped_steps() == 1, "{} steps skipped, want the one with an inf on rank 1", scaler.skipped_steps());
@@ -192,6 +204,7 @@ void scenario_train(Communicator& comm) {
   s.stage = std::stoi(env_or("GPUOPS_ZERO_STAGE", "1"));
   s.accumulation = std::stoi(env_or("GPUOPS_ZERO_ACCUM", "2"));
   s.hooks = env_or("GPUOPS_ZERO_HOOKS", "0") == "1";
+  s.overlap = env_or("GPUOPS_ZERO_OVERLAP", "0") == "1";
   const int n = comm.size();
   int64_t zero_state = 0, zero_state_again = 0, ref_state = 0, total = 0, total_again = 0;
   int64_t retained = 0, retained_again = 0, ref_retained = 0;
@@ -325,8 +338,9 @@ int run_worker(const std::string& scenario) {
 // ------------------------------------------------------------------------------------------------------
 // Parent side
 
-void run_train(int n, int stage, int accumulation, bool hooks = false) {
+void run_train(int n, int stage, int accumulation, bool hooks = false, bool overlap = false) {
   ::setenv("GPUOPS_ZERO_HOOKS", hooks ? "1" : "0", 1);
+  ::setenv("GPUOPS_ZERO_OVERLAP", overlap ? "1" : "0", 1);
   ::setenv("GPUOPS_ZERO_STAGE", std::to_string(stage).c_str(), 1);
   ::setenv("GPUOPS_ZERO_ACCUM", std::to_string(accumulation).c_str(), 1);
   const auto t0 = Clock::now();
@@ -334,8 +348,8 @@ void run_train(int n, int stage, int accumulation, bool hooks = false) {
   const bool in_time = wait_ranks(ranks, t0 + std::chrono::seconds(55));
   EXPECT_TRUE(in_time) << "ranks still running after 55 s\n" << ranks.logs();
   for (int r = 0; r < n; ++r) EXPECT_EQ(ranks.status[r], 0) << "rank " << r << "\n" << ranks.logs();
-  std::printf("[ stage %d%s, %d ranks, accumulation %d: %.2f s; rank 0: %s ]\n", stage,
-              hooks ? " reduced in backward" : "", n, accumulation,
+  std::printf("[ stage %d%s%s, %d ranks, accumulation %d: %.2f s; rank 0: %s ]\n", stage,
+              hooks ? " reduced in backward" : "", overlap ? ", gathers overlapped" : "", n, accumulation,
               std::chrono::duration<double>(Clock::now() - t0).count(),
               read_file(ranks.dir + "/result.0").c_str());
 }
@@ -347,6 +361,8 @@ TEST(ZeroOptimizer, Stage2FourRanksNoAccumulation) { run_train(4, 2, 1); }
 TEST(ZeroOptimizer, Stage1ReducedInBackwardTwoRanks) { run_train(2, 1, 2, true); }
 TEST(ZeroOptimizer, Stage2ReducedInBackwardTwoRanks) { run_train(2, 2, 2, true); }
 TEST(ZeroOptimizer, Stage2ReducedInBackwardFourRanksNoAccumulation) { run_train(4, 2, 1, true); }
+TEST(ZeroOptimizer, Stage2ReducedInBackwardGathersOverlappedTwoRanks) { run_train(2, 2, 2, true, true); }
+TEST(ZeroOptimizer, Stage1GathersOverlappedTwoRanks) { run_train(2, 1, 2, false, true); }
 TEST(ZeroOptimizer, BadInputTwoRanks) { run_all_ok(2, "bad_input"); }
 
 }  // namespace
