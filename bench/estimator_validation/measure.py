@@ -222,8 +222,9 @@ def measure_peak(model_factory, optimizer_factory, batch, seq, precision="fp32",
 
     Returns {"peak": bytes, "peak_phase": "forward/1"|..., "phases": {...}, "build": bytes,
              "param_bytes": ..., "buffer_bytes": ..., "total_allocs": n}
-    hold_outputs=True keeps the whole ModelOutput (logits!) alive through backward, like
-    `out = model(...); out.loss.backward()`; the default drops everything but .loss.
+    hold_outputs=True keeps the whole ModelOutput (logits!) alive as a loop's `out = model(...);
+    out.loss.backward(); opt.step()` does: through backward and step, until the next forward's output replaces
+    it; the default drops everything but .loss.
     """
     assert precision in PRECISIONS, precision
     m = METERS[meter]() if isinstance(meter, str) else meter
@@ -243,20 +244,19 @@ def measure_peak(model_factory, optimizer_factory, batch, seq, precision="fp32",
         input_ids = torch.randint(0, V, (batch, seq), generator=g)
     amp = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
     losses = []
+    held = None
     for step in range(1, steps + 1):
         with m.phase(f"forward/{step}"):
             ctx = torch.autocast("cpu", dtype=amp) if amp is not None else contextlib.nullcontext()
             with ctx:
                 out = model(input_ids=input_ids, labels=input_ids)
             loss = out.loss
-            if not hold_outputs:
-                del out
+            held = out if hold_outputs else None  # replaces the previous step's output only now
+            del out
         with m.phase(f"backward/{step}"):
             loss.backward()
         losses.append(float(loss.detach()))
         del loss
-        if hold_outputs:
-            del out
         with m.phase(f"optimizer/{step}"):
             opt.step()
         with m.phase(f"zero_grad/{step}"):

@@ -121,6 +121,7 @@ def estimate(
     loss: str = "standard",
     lora_dropout: float = 0.0,
     compile: bool = False,
+    held_logits: str = "none",
     device: str = "cuda",
     gpu: Optional[str] = None,
     cuda: int = 13,
@@ -161,7 +162,10 @@ def estimate(
     (torchtune's ``CEWithChunkedOutputLoss`` / litgpt's ``chunked_cross_entropy`` with ``C`` token chunks) or
     ``"fused-linear-ce"`` (Liger's fused linear cross-entropy). ``lora_dropout`` is PEFT's ``lora_dropout``, a
     float ``0 <= p < 1`` (LoRA only). ``compile=True`` models ``torch.compile`` of the model (inductor's saved
-    tensors; not with ``attention="eager"``).
+    tensors; not with ``attention="eager"``). ``held_logits`` is what the training loop keeps of the model's
+    output through the backward: ``"none"`` (only the loss, as the Hugging Face Trainer), ``"model"`` (the
+    logits in the LM head's dtype: ``out = model(**batch); out.loss.backward()``) or ``"fp32"`` (torchtune
+    before 0.3, which upcasts the logits in the model and keeps them).
 
     ``zero_grad`` says what ``optimizer.zero_grad()`` leaves between steps: ``"none"`` (``set_to_none=True``,
     torch >= 2.0's default: the forward runs without gradients) or ``"zeros"`` (torch < 2.0's default: they
@@ -189,7 +193,7 @@ def estimate(
         seq_len=seq_len, grad_accum=grad_accum, zero_grad=zero_grad, zero_reduce=zero_reduce,
         zero_bucket_bytes=zero_bucket_bytes, sharding=sharding, reshard_after_forward=reshard_after_forward,
         offload_optimizer=offload_optimizer, quantize_lm_head=quantize_lm_head, bnb_version=bnb_version, loss=loss, lora_dropout=lora_dropout,
-        compile=compile, gpu=gpu, cuda=cuda, module_loading=module_loading, allocator=allocator,
+        compile=compile, held_logits=held_logits, gpu=gpu, cuda=cuda, module_loading=module_loading, allocator=allocator,
         context_bytes=context_bytes)
     return Breakdown(**dict(items), peak_phase=phase, **off_device)
 

@@ -192,6 +192,7 @@ TrainingSetup make_setup(const py::dict& a) {
   if (a.contains("loss")) parse_loss(str_arg(a["loss"], "loss", "chunked:8"), s);
   if (a.contains("lora_dropout")) s.lora_dropout = float_arg(a["lora_dropout"], "lora_dropout");
   if (a.contains("compile")) s.compile = bool_arg(a["compile"], "compile");
+  if (a.contains("held_logits")) s.held_logits = parse_held_logits(str_arg(a["held_logits"], "held_logits", "model"));
   read_state_options(a, s);
   return s;
 }
@@ -315,7 +316,7 @@ void bind_estimator(py::module_& m) {
       py::arg("model"), py::arg("device"),
       "Peak of one step; the setup as keywords precision, amp, optimizer, optimizer_impl, zero_stage, num_gpus, "
       "checkpointing, attention, lora_rank, lora_targets, base_dtype, micro_batch, seq_len, grad_accum, zero_reduce, zero_bucket_bytes, sharding, "
-      "reshard_after_forward, offload_optimizer, quantize_lm_head, bnb_version.");
+      "reshard_after_forward, offload_optimizer, quantize_lm_head, bnb_version, held_logits.");
 
   m.attr("CUDA_CONTEXT_BYTES") = cuda_device().cuda_context_bytes;  // what the estimator assumes
 

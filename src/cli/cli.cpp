@@ -54,7 +54,7 @@ struct EstimateOptions {
   std::string plot;    ///< --plot FILE.svg
   std::string advise;  ///< --advise GPU
   // Activation-side setups (docs/estimator.md, "Checkpointing policies, chunked loss, LoRA dropout, torch.compile"):
-  std::string loss = "standard", lora_dropout = "0";
+  std::string loss = "standard", lora_dropout = "0", held_logits = "none";
   bool compile = false;
 };
 
@@ -104,6 +104,7 @@ est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& m
   est::parse_loss(o.loss, s);
   s.lora_dropout = est::parse_lora_dropout(o.lora_dropout);
   s.compile = o.compile;
+  s.held_logits = est::parse_held_logits(o.held_logits);
   s.sharding = est::parse_sharding(o.sharding);
   if (s.sharding == est::ShardingLayout::Fsdp2 && s.zero_stage == 0) s.zero_stage = 3;  // fsdp2 shards everything
   s.reshard_after_forward = est::parse_bool(o.reshard_after_forward, "--reshard-after-forward");
@@ -321,6 +322,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
           ->type_name("P")
           ->capture_default_str(),
       estimate->add_flag("--compile", o.compile, "torch.compile the model (inductor's saved tensors)"),
+      estimate->add_option("--held-logits", o.held_logits, "Logits the training loop keeps through the backward: none "
+                           "(only the loss), model (out = model(...); out.loss.backward()) or fp32 (torchtune < 0.3)")
+          ->capture_default_str(),
       estimate->add_option("--sharding", o.sharding, "ZeRO-3 layout: flat (DeepSpeed's flat partitions) or fsdp2 "
                            "(torch fully_shard, per-tensor dim-0 shards; implies --zero 3)")->capture_default_str(),
       estimate->add_option("--reshard-after-forward", o.reshard_after_forward, "fsdp2: true (re-gather in backward) "

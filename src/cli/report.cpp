@@ -38,6 +38,7 @@ std::string describe_state_options(const est::TrainingSetup& s) {
   if (s.loss != est::LossKind::Standard) out += fmt::format(", loss {}", est::loss_to_string(s));
   if (s.lora_dropout > 0) out += fmt::format(", LoRA dropout {}", s.lora_dropout);
   if (s.compile) out += ", torch.compile";
+  if (s.held_logits != est::HeldLogits::None) out += fmt::format(", logits held ({})", est::to_string(s.held_logits));
   return out;
 }
 
@@ -109,6 +110,7 @@ json setup_json(const est::TrainingSetup& s) {
           {"global_batch", (est::CheckedInt(s.micro_batch) * s.grad_accum * s.num_gpus).get()},
           {"loss", est::loss_to_string(s)},
           {"lora_dropout", s.lora_dropout},
+          {"held_logits", std::string(est::to_string(s.held_logits))},
           {"compile", s.compile}};
 }
 

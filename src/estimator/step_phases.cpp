@@ -107,6 +107,13 @@ int64_t loss_moment_bytes(const ModelSpec& m, const TrainingSetup& s, int64_t sa
 
 }  // namespace
 
+// Alive at every moment of the step: the loop's variable is replaced only by the next forward's output.
+int64_t held_logits_bytes(const ModelSpec& m, const TrainingSetup& s) {
+  if (s.held_logits == HeldLogits::None || !has_lm_head(m)) return 0;
+  const int64_t e = s.held_logits == HeldLogits::Fp32 ? 4 : compute_dtype_bytes(s.precision);
+  return (C(s.micro_batch) * s.seq_len * m.vocab_size * e).get();
+}
+
 int64_t optimizer_step_temporaries(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
   if (const auto own = state_step_temporaries(m, s, device)) return *own;  // Adafactor, paged, offloaded
   if (s.optimizer != OptimizerKind::Adam && s.optimizer != OptimizerKind::AdamW) return 0;  // in place
@@ -204,6 +211,7 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
     const C copies = C(trainable_parameter_count(m, s)) * pb * (s.zero_reduce_at_step && s.zero_stage == 1 ? 2 : 1);
     step.temporaries = std::max(step.temporaries, copies.get());
   }
+  for (MemoryBreakdown& p : phases) p.logits = (C(p.logits) + held_logits_bytes(m, s)).get();
   return phases;
 }
 

@@ -129,6 +129,7 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
   if (s.lora.rank > 0) r.alloc(spread(persistent.weights, model_tensors));  // frozen base and adapters
   else r.alloc(spread(persistent.weights, trainable));
   r.alloc(spread(persistent.master_weights, trainable));
+  r.alloc(held_logits_bytes(m, s));  // the loop's logits: from the first forward on, always one set alive
 
   // One layer's saved tensors: attention and MLP tensors of their real widths, the rest hidden-sized.
   const int64_t per_layer = f.layers / L;

@@ -49,6 +49,8 @@ constexpr Names<BaseWeightDtype, 6> kBaseDtypes{{{BaseWeightDtype::Fp16, "fp16"}
                                                  {BaseWeightDtype::Nf4NoDq, "nf4-nodq"},
                                                  {BaseWeightDtype::Fp32, "fp32"}}};
 constexpr Names<ShardingLayout, 2> kShardings{{{ShardingLayout::Flat, "flat"}, {ShardingLayout::Fsdp2, "fsdp2"}}};
+constexpr Names<HeldLogits, 3> kHeldLogits{
+    {{HeldLogits::None, "none"}, {HeldLogits::Model, "model"}, {HeldLogits::Fp32, "fp32"}}};
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -97,6 +99,10 @@ void validate_activation_setups(const TrainingSetup& s, const ModelSpec& m) {
                    s.loss == LossKind::Chunked ? fmt::format("chunked:{}", s.loss_chunks) : "fused-linear-ce", m.name);
   GPUOPS_CHECK_ARG(std::isfinite(s.lora_dropout) && s.lora_dropout >= 0.0 && s.lora_dropout < 1.0,
                    "lora-dropout {} is not accepted; accepted: a probability 0 <= p < 1", s.lora_dropout);
+  check_enum(kHeldLogits, s.held_logits, "held-logits");
+  GPUOPS_CHECK_ARG(s.held_logits == HeldLogits::None || lm_head,
+                   "held-logits {} needs a model with a language-model head; model '{}' has none; accepted: none",
+                   to_string(s.held_logits), m.name);
   GPUOPS_CHECK_ARG(s.lora_dropout == 0.0 || s.lora.rank > 0,
                    "lora-dropout {} needs LoRA; accepted: lora-dropout 0 without lora-rank, or lora-rank >= 1",
                    s.lora_dropout);
@@ -114,6 +120,7 @@ OptimizerImpl parse_optimizer_impl(std::string_view t) { return parse_name(kOpti
 AttentionKind parse_attention(std::string_view t) { return parse_name(kAttention, t, "attention"); }
 BaseWeightDtype parse_base_dtype(std::string_view t) { return parse_name(kBaseDtypes, t, "base-dtype"); }
 ShardingLayout parse_sharding(std::string_view t) { return parse_name(kShardings, t, "sharding"); }
+HeldLogits parse_held_logits(std::string_view t) { return parse_name(kHeldLogits, t, "held-logits"); }
 
 bool parse_bool(std::string_view text, const char* argument) {
   const std::string key = lower(text);
@@ -154,6 +161,7 @@ std::string_view to_string(OptimizerImpl o) { return name_of(kOptimizerImpls, o)
 std::string_view to_string(AttentionKind a) { return name_of(kAttention, a); }
 std::string_view to_string(BaseWeightDtype b) { return name_of(kBaseDtypes, b); }
 std::string_view to_string(ShardingLayout l) { return name_of(kShardings, l); }
+std::string_view to_string(HeldLogits h) { return name_of(kHeldLogits, h); }
 
 std::string checkpointing_to_string(const TrainingSetup& s) {
   switch (s.checkpoint) {

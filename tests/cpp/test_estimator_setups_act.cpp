@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
+#include <vector>
 
 #include "cli_runner.h"
 #include "gpuops/errors.h"
@@ -233,6 +235,49 @@ TEST(SetupsAct, BitsandbytesReleaseDecidesWhatAQuantisedBaseKeeps) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("bnb-version"), std::string::npos) << bad.err;
   EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+}
+
+TEST(SetupsAct, HeldLogitsAreAliveAtEveryMoment) {
+  // `out = model(...); out.loss.backward(); opt.step()` keeps out.logits (N x V in the LM head's dtype) until the
+  // next forward replaces it; torchtune < 0.3 keeps fp32 logits. Measured on the CPU (measure.py's
+  // hold_outputs, docs/estimator.md): the same bytes to within the step counters at backward and step peaks.
+  const auto m = small_llama();
+  const auto cpu = est::cpu_device();
+  for (auto [precision, held, bytes] : std::vector<std::tuple<est::Precision, est::HeldLogits, int64_t>>{
+           {est::Precision::Fp32, est::HeldLogits::Model, N * 2000 * 4},
+           {est::Precision::Bf16Mixed, est::HeldLogits::Model, N * 2000 * 2},
+           {est::Precision::Bf16Mixed, est::HeldLogits::Fp32, N * 2000 * 4},
+           {est::Precision::Bf16Pure, est::HeldLogits::Model, N * 2000 * 2}}) {
+    auto t = setup(precision);
+    const auto none = est::phase_breakdowns(m, t, cpu, est::MemoryBreakdown{});
+    t.held_logits = held;
+    const auto kept = est::phase_breakdowns(m, t, cpu, est::MemoryBreakdown{});
+    for (size_t p = 0; p < kept.size(); ++p) EXPECT_EQ(kept[p].total() - none[p].total(), bytes) << p;
+    EXPECT_EQ(est::held_logits_bytes(m, t), bytes);
+  }
+  EXPECT_EQ(est::parse_held_logits("FP32"), est::HeldLogits::Fp32);
+  EXPECT_EQ(est::to_string(est::HeldLogits::Model), "model");
+  try {
+    est::parse_held_logits("yes");
+    ADD_FAILURE();
+  } catch (const gpuops::ArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("held-logits"), std::string::npos) << e.what();
+  }
+  auto bert = setup(est::Precision::Fp32);
+  bert.held_logits = est::HeldLogits::Model;
+  try {
+    est::validate(bert, est::preset("bert-base"));
+    ADD_FAILURE();
+  } catch (const gpuops::ArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("held-logits model needs a model with a language-model head"),
+              std::string::npos) << e.what();
+  }
+  const auto cli = run_cli({"estimate", "--model", "llama-2-7b", "--held-logits", "fp32", "--json"});
+  ASSERT_EQ(cli.code, 0) << cli.err;
+  EXPECT_NE(cli.out.find("\"held_logits\": \"fp32\""), std::string::npos);
+  const auto bad = run_cli({"estimate", "--model", "llama-2-7b", "--held-logits", "all"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("held-logits"), std::string::npos) << bad.err;
 }
 
 TEST(SetupsAct, CompileMatchesTheMeasuredSavedTensors) {

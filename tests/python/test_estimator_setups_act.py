@@ -133,3 +133,22 @@ def test_zero_bucket_bytes_is_the_engines():
         gpuops.estimate("gpt2", zero_bucket_bytes=-1, **kw)
     with pytest.raises(ValueError, match="zero-bucket-bytes"):
         gpuops.estimate("gpt2", zero_bucket_bytes=4 << 20, zero_stage=3, num_gpus=4)
+
+
+def test_held_logits_match_the_measured_peak():
+    """held_logits="model" against a loop that keeps `out` (measure.py's hold_outputs: out.logits alive through
+    backward and step until the next forward replaces it): the same peak to 0.01%, whether the peak is in the
+    backward (llama-gqa-untied) or at the optimizer step (gpt2-untied-inner), and one N x V x 4 above the loop
+    that keeps only the loss."""
+    from measure import measure_peak, optimizer_factory_for
+
+    for name, attention, phase in (("llama-gqa-untied", "sdpa", "backward"), ("gpt2-untied-inner", "eager", "optimizer")):
+        kind, cfg = validate.MODELS[name]
+        config = make_config(kind, cfg, attention).to_dict()
+        measured = {hold: measure_peak(model_factory_for(kind, cfg, attention), optimizer_factory_for("adamw"), 2, 64,
+                                       "fp32", meter="gpuops", hold_outputs=hold) for hold in (False, True)}
+        est = {held: gpuops.estimate(config=config, precision="fp32", attention=attention, micro_batch=2, seq_len=64,
+                                     device="cpu", held_logits=held) for held in ("none", "model")}
+        assert measured[True]["peak_phase"].startswith(phase), measured[True]["peak_phase"]
+        assert abs(est["model"].total_bytes - measured[True]["peak"]) <= 1e-4 * measured[True]["peak"], name
+        assert est["model"].total_bytes - est["none"].total_bytes == 2 * 64 * cfg["V"] * 4

@@ -82,17 +82,20 @@ SOURCE_DEFAULTS = {
         "to their longest sample and the peak is reached on the longest batch (an upper bound if no batch "
         "reached 512). loss chunked:4 = lm_head_chunk_size 128 on 512 tokens (4 chunks of b x 128 tokens)."),
     "tt-readme24": (
-        dict(gpu="RTX-4090", cuda=12),
+        dict(gpu="RTX-4090", cuda=12, held_logits="fp32"),
         "RTX 4090 is in the catalog; torch 2.3-era, CUDA 12, lazy loading. Settings of the default configs of "
-        "that time (SOURCES.md section 3)."),
+        "that time (SOURCES.md section 3). held_logits fp32: torchtune 0.1-0.2 (read in the 0.1.1 and 0.2.1 "
+        "wheels) upcasts the logits in TransformerDecoder (`self.output(h).float()`) and its recipes keep "
+        "`logits` (the shifted fp32 copy) through `loss.backward()`."),
     "tt-readme-llama31": (
         dict(cuda=12, loss="chunked:8", compile=True),
         "torchtune late 2024: CEWithChunkedOutputLoss with 8 chunks, torch.compile on (README), CUDA 12 lazy."),
     "tt-lora-tut": (
-        dict(gpu="A100-80GB", cuda=12, seq_len=512),
+        dict(gpu="A100-80GB", cuda=12, seq_len=512, held_logits="fp32"),
         "GPU not stated: A100-80GB assumed (only the workspaces depend on it for an allocated figure). "
         "seq_len not stated: torchtune v0.1's alpaca_cleaned_dataset defaults to max_seq_len=512, padded to "
-        "the longest sample of the batch; 512 taken (an upper bound)."),
+        "the longest sample of the batch; 512 taken (an upper bound). held_logits fp32: torchtune v0.1's model "
+        "and recipe keep fp32 logits (see tt-readme24)."),
     "peft-fsdp": (
         dict(gpu="A100-80GB", cuda=12, sharding="flat", zero_stage=3, bnb_version="0.43.0"),
         "bitsandbytes 0.43.0: FSDP-QLoRA needs its quant_storage (0.43.0, 2024-03-08); the guide predates 0.43.2. "

@@ -14,6 +14,9 @@ namespace gpuops::estimator {
 /// largest parameter; foreach: one list the size of all local parameters; fused kernels: none).
 int64_t optimizer_step_temporaries(const ModelSpec& model, const TrainingSetup& setup, const DeviceProfile& device);
 
+/// The logits the training loop keeps alive (TrainingSetup::held_logits), counted at every moment.
+int64_t held_logits_bytes(const ModelSpec& model, const TrainingSetup& setup);
+
 /// One breakdown per StepPhase, in enum order, built on `persistent` (see persistent_memory); without the
 /// CUDA context and allocator slack, which estimate_memory adds.
 std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& model, const TrainingSetup& setup,

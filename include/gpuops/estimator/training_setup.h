@@ -56,6 +56,13 @@ struct BnbVersion {
   }
 };
 
+/// What the training loop keeps of the model's output through the backward (and, until the next forward
+/// replaces it, the step). None: only the loss (Hugging Face's Trainer). Model: the logits in the LM head's
+/// output dtype (`out = model(**batch); out.loss.backward()`, as transformers' no_trainer examples and most
+/// hand-written loops do: out.logits stays alive). Fp32: fp32 logits (torchtune before 0.3 upcasts them in
+/// the model, `self.output(h).float()`, and its recipe keeps `logits` through `loss.backward()`).
+enum class HeldLogits { None, Model, Fp32 };
+
 /// LoRA adapters; rank 0 means a full fine-tune.
 struct LoraSetup {
   int64_t rank = 0;                                 ///< 0 = LoRA off
@@ -101,6 +108,7 @@ struct TrainingSetup {
   int64_t loss_chunks = 8;     ///< Chunked only: token chunks (torchtune's num_output_chunks)
   double lora_dropout = 0.0;   ///< PEFT lora_dropout, 0 <= p < 1 (LoRA only)
   bool compile = false;        ///< torch.compile (inductor's min-cut partition of the joint graph)
+  HeldLogits held_logits = HeldLogits::None;  ///< logits the loop keeps alive (an LM head only)
   // Optimizer placement and sharding layout (docs/estimator.md, "Optimizers, offload and sharding").
   bool offload_optimizer = false;           ///< ZeRO-Offload: states, fp32 master and step on the host
   ShardingLayout sharding = ShardingLayout::Flat;  ///< Fsdp2 requires zero_stage 3
@@ -119,6 +127,7 @@ OptimizerImpl parse_optimizer_impl(std::string_view text);     ///< default, for
 AttentionKind parse_attention(std::string_view text);          ///< eager, sdpa, flash
 BaseWeightDtype parse_base_dtype(std::string_view text);       ///< fp16, bf16, int8, nf4, nf4-nodq
 ShardingLayout parse_sharding(std::string_view text);          ///< flat, fsdp2
+HeldLogits parse_held_logits(std::string_view text);           ///< none, model, fp32
 /// true or false (case-insensitive); ArgumentError naming `argument` otherwise.
 bool parse_bool(std::string_view text, const char* argument);
 /// none, full, every:K (K >= 1), selective; sets setup.checkpoint and setup.checkpoint_every_k.
@@ -131,6 +140,7 @@ std::string_view to_string(OptimizerImpl o);
 std::string_view to_string(AttentionKind a);
 std::string_view to_string(BaseWeightDtype b);
 std::string_view to_string(ShardingLayout l);
+std::string_view to_string(HeldLogits h);
 /// none, full, every:K or selective.
 std::string checkpointing_to_string(const TrainingSetup& setup);
 /// standard, chunked:C (C >= 1) or fused-linear-ce; sets setup.loss and setup.loss_chunks.
