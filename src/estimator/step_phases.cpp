@@ -63,7 +63,7 @@ int64_t buckets_in_flight(const ModelSpec& m, const TrainingSetup& s, const Devi
     (t.root ? largest_outer : largest_block) = std::max(t.root ? largest_outer : largest_block, t.elements());
     if (t.lm_head) largest_head = std::max(largest_head, t.elements());  // an untied head: the first bucket
   }
-  const int64_t cap = ceil_div(s.zero_bucket_bytes, g);
+  const int64_t cap = std::min(total, ceil_div(s.zero_bucket_bytes, g));  // a bucket past the model is the model
   const int64_t outer = std::max(cap, end ? largest_outer : largest_head), block = std::max(cap, largest_block);
   const int64_t alive = std::min(total, (C(outer) + 2 * C(block)).get());
   const int64_t launched = end ? alive : std::min(std::max<int64_t>(total - block, 0), (C(outer) + block).get());

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "gpuops/errors.h"
@@ -710,4 +711,12 @@ TEST(StepPeak, ZeroReducedInTheBackwardCountsTheBucketsInFlight) {
     }
   }
   EXPECT_THROW(est::validate(s, est::params_only_model(7000000000)), gpuops::ArgumentError);
+  // A bucket larger than the model is the model: no overflow, the same as one bucket of exactly its size.
+  s.zero_stage = 2;
+  s.precision = est::Precision::Bf16Pure;
+  s.zero_bucket_bytes = std::numeric_limits<int64_t>::max();
+  const auto huge = est::phase_breakdowns(m, s, cuda, persistent(m, s));
+  s.zero_bucket_bytes = 2 * n;
+  const auto whole = est::phase_breakdowns(m, s, cuda, persistent(m, s));
+  for (size_t p = 0; p < huge.size(); ++p) EXPECT_EQ(huge[p].total(), whole[p].total()) << p;
 }
