@@ -59,7 +59,7 @@ def _kind_of(optimizer_class) -> str:
 
 def _wait_hooks(optimizer, module: torch.nn.Module, params: list) -> list:
     """Forward pre-hooks that wait for each submodule's own parameters (the ones this optimizer owns), and a
-    state_dict pre-hook on ``module`` that waits for all. They hold the optimizer weakly."""
+    state_dict pre-hook on ``module`` that waits for all. They hold the optimizer weakly and go with it."""
     ref = weakref.ref(optimizer)
     ours = {id(p) for p in params}
 
@@ -76,6 +76,7 @@ def _wait_hooks(optimizer, module: torch.nn.Module, params: list) -> list:
         if own:
             handles.append(sub.register_forward_pre_hook(waiter(own)))
     handles.append(module.register_state_dict_pre_hook(waiter(None)))
+    weakref.finalize(optimizer, lambda: [h.remove() for h in handles])  # the model outlives its optimizers
     return handles
 
 
@@ -121,6 +122,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
                             f"torch.distributed group or None, got {type(communicator).__name__}")
         params, names = _split_names(params)
         module = overlap_param_gather if isinstance(overlap_param_gather, torch.nn.Module) else None
+        if module is not None:  # its forward pre-hooks are what waits: every parameter must be the module's
+            owned = {id(p) for p in module.parameters()}
+            outside = sum(1 for p in params if id(p) not in owned)
+            if outside:
+                raise ValueError(f"gpuops.ZeroOptimizer: overlap_param_gather must be the module whose forward reads "
+                                 f"the parameters; {outside} of the {len(params)} parameters are not its parameters")
         self._impl = _C.ZeroOptimizer(params, communicator, stage, kind, dict(defaults), reduce_in_backward,
                                       bucket_bytes, names, True if module is not None else overlap_param_gather)
         self._hooks = _wait_hooks(self, module, params) if module is not None else []

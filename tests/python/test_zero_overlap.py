@@ -179,6 +179,21 @@ def _run(scenario, rank):
         with pytest.raises(ValueError, match="not one of this optimizer's parameters"):
             opt.wait_for_parameters([torch.zeros(3)])
         opt.wait_for_parameters()  # nothing pending: returns at once
+        with pytest.raises(ValueError, match="2 of the 8 parameters are not its parameters"):
+            gpuops.ZeroOptimizer(model.parameters(), overlap_param_gather=model.body)
+        # Dropped with its gathers pending: the destructor waits, every rank ends with the same parameters.
+        x, y = _batch(0, 0, rank)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        del opt
+        import gc
+
+        gc.collect()
+        assert not any(m._forward_pre_hooks for m in model.modules()), "the hooks outlived their optimizer"
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+        gathered = [torch.empty_like(flat) for _ in range(WORLD)]
+        torch.distributed.all_gather(gathered, flat)
+        assert all(torch.equal(g, flat) for g in gathered), "the ranks hold different parameters"
         print("bad_input ok", flush=True)
 
 
