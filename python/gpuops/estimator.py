@@ -115,6 +115,7 @@ def estimate(
     zero_bucket_bytes: int = 0,
     sharding: str = "flat",
     reshard_after_forward: bool = True,
+    reduce_dtype: str = "grad",
     offload_optimizer: bool = False,
     quantize_lm_head: bool = False,
     bnb_version: str = "0.45.0",
@@ -148,7 +149,8 @@ def estimate(
     ``"paged-adamw-32bit"`` (bitsandbytes; states of tensors of >= 100,000 values in host memory).
     ``offload_optimizer=True`` is ZeRO-Offload (states, fp32 master and the step on the host).
     ``sharding="fsdp2"`` is torch's ``fully_shard`` (per-tensor dim-0 shards; ``zero_stage`` 0 means 3) with
-    ``reshard_after_forward`` as given to the blocks. ``base_dtype`` also takes ``"nf4-nodq"`` (NF4 without
+    ``reshard_after_forward`` as given to the blocks and ``reduce_dtype`` its MixedPrecisionPolicy's (``"grad"``:
+    the gradients' dtype, ``"fp32"``: float32 reduce-scatters, as torchtitan). ``base_dtype`` also takes ``"nf4-nodq"`` (NF4 without
     double quantisation) and ``"fp32"`` (an fp32 base, e.g. LoRA at ``precision="fp32"``);
     ``quantize_lm_head=True`` stores an untied LM head like an int8/nf4 base; ``bnb_version`` is the
     bitsandbytes release of an int8/nf4 base (``"0.42.0"``: before 0.43.2 the 4-bit matmul keeps its input for
@@ -192,6 +194,7 @@ def estimate(
         lora_rank=lora_rank, lora_targets=lora_targets, base_dtype=base_dtype, micro_batch=micro_batch,
         seq_len=seq_len, grad_accum=grad_accum, zero_grad=zero_grad, zero_reduce=zero_reduce,
         zero_bucket_bytes=zero_bucket_bytes, sharding=sharding, reshard_after_forward=reshard_after_forward,
+        reduce_dtype=reduce_dtype,
         offload_optimizer=offload_optimizer, quantize_lm_head=quantize_lm_head, bnb_version=bnb_version, loss=loss, lora_dropout=lora_dropout,
         compile=compile, held_logits=held_logits, gpu=gpu, cuda=cuda, module_loading=module_loading, allocator=allocator,
         context_bytes=context_bytes)

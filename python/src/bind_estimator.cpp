@@ -109,6 +109,7 @@ void read_state_options(const py::dict& a, TrainingSetup& s) {
   if (s.sharding == ShardingLayout::Fsdp2 && s.zero_stage == 0) s.zero_stage = 3;
   if (a.contains("reshard_after_forward"))
     s.reshard_after_forward = bool_arg(a["reshard_after_forward"], "reshard_after_forward");
+  if (a.contains("reduce_dtype")) s.reduce_dtype = parse_reduce_dtype(str_arg(a["reduce_dtype"], "reduce_dtype", "fp32"));
   if (a.contains("offload_optimizer")) s.offload_optimizer = bool_arg(a["offload_optimizer"], "offload_optimizer");
   if (a.contains("quantize_lm_head")) s.lora.quantize_lm_head = bool_arg(a["quantize_lm_head"], "quantize_lm_head");
   if (a.contains("bnb_version")) s.lora.bnb_version = parse_bnb_version(str_arg(a["bnb_version"], "bnb_version", "0.42.0"));
@@ -316,7 +317,7 @@ void bind_estimator(py::module_& m) {
       py::arg("model"), py::arg("device"),
       "Peak of one step; the setup as keywords precision, amp, optimizer, optimizer_impl, zero_stage, num_gpus, "
       "checkpointing, attention, lora_rank, lora_targets, base_dtype, micro_batch, seq_len, grad_accum, zero_reduce, zero_bucket_bytes, sharding, "
-      "reshard_after_forward, offload_optimizer, quantize_lm_head, bnb_version, held_logits.");
+      "reshard_after_forward, reduce_dtype, offload_optimizer, quantize_lm_head, bnb_version, held_logits.");
 
   m.attr("CUDA_CONTEXT_BYTES") = cuda_device().cuda_context_bytes;  // what the estimator assumes
 

@@ -46,7 +46,7 @@ struct EstimateOptions {
   std::vector<std::string> lora_targets = {"q", "v"};
   bool recommend = false, json = false;
   // Optimizer placement and sharding (docs/estimator.md, "Optimizers, offload and sharding"):
-  std::string sharding = "flat", reshard_after_forward = "true";
+  std::string sharding = "flat", reshard_after_forward = "true", reduce_dtype = "grad";
   bool offload_optimizer = false, quantize_lm_head = false;
   // The CUDA software (docs/estimator.md, "Three figures"):
   std::string cuda = "13", module_loading = "lazy", allocator = "default", context_bytes = "-1";
@@ -108,6 +108,7 @@ est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& m
   s.sharding = est::parse_sharding(o.sharding);
   if (s.sharding == est::ShardingLayout::Fsdp2 && s.zero_stage == 0) s.zero_stage = 3;  // fsdp2 shards everything
   s.reshard_after_forward = est::parse_bool(o.reshard_after_forward, "--reshard-after-forward");
+  s.reduce_dtype = est::parse_reduce_dtype(o.reduce_dtype);
   s.offload_optimizer = o.offload_optimizer;
   s.lora.quantize_lm_head = o.quantize_lm_head;
   est::validate(s, model);
@@ -329,6 +330,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                            "(torch fully_shard, per-tensor dim-0 shards; implies --zero 3)")->capture_default_str(),
       estimate->add_option("--reshard-after-forward", o.reshard_after_forward, "fsdp2: true (re-gather in backward) "
                            "or false (blocks stay unsharded from forward to backward)")->capture_default_str(),
+      estimate->add_option("--reduce-dtype", o.reduce_dtype, "fsdp2: MixedPrecisionPolicy reduce_dtype, grad (None: the "
+                           "gradients' dtype) or fp32 (torchtitan's)")->capture_default_str(),
       estimate->add_flag("--offload-optimizer", o.offload_optimizer, "ZeRO-Offload: optimizer states, fp32 master and "
                          "the step on the host (host memory reported apart)"),
       estimate->add_flag("--quantize-lm-head", o.quantize_lm_head, "int8/nf4 LoRA base: store the LM head like the "

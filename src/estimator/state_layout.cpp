@@ -168,14 +168,19 @@ int64_t unsharded_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase ph
   // to the end of the backward; the blocks reshard after forward unless reshard_after_forward is false.
   const C root = (C(g.embeddings) + g.final_norm + g.head) * wb;
   const int64_t gb = trainable_bytes(s);
-  const C block_grads = (lora ? block_adapter_params(m, s.lora) : C(g.per_layer())) * gb;
-  const C root_grads = (lora ? outer_adapter_params(m, s.lora) : C(g.embeddings) + g.final_norm + g.head) * gb;
+  const C block_trainable = lora ? block_adapter_params(m, s.lora) : C(g.per_layer());
+  const C root_trainable = lora ? outer_adapter_params(m, s.lora) : C(g.embeddings) + g.final_norm + g.head;
+  const C block_grads = block_trainable * gb, root_grads = root_trainable * gb;
   const C all_blocks = C(m.num_layers) * block;
+  // Each group's post-backward copies its unsharded gradients into one reduce-scatter input in reduce_dtype
+  // (torch's foreach_reduce), both alive during the copy; the input stays until the next group's reduction.
+  const int64_t rb = s.reduce_dtype == ReduceDtype::Fp32 ? 4 : gb;
+  const C block_reduce = block_trainable * rb, root_reduce = root_trainable * rb;
   switch (phase) {
     case StepPhase::LossBackward: return (root + (s.reshard_after_forward ? C(0) : all_blocks)).get();
     case StepPhase::AttentionBackward:  // the last block's backward: it and the prefetched one, its gradients
-      return (root + (s.reshard_after_forward ? 2 * block : all_blocks) + block_grads).get();
-    case StepPhase::BackwardEnd: return root_grads.get();  // the root's gradients before their reduce-scatter
+      return (root + (s.reshard_after_forward ? 2 * block : all_blocks) + block_grads + block_reduce).get();
+    case StepPhase::BackwardEnd: return (root_grads + root_reduce).get();  // the root's, before its reduce-scatter
     case StepPhase::OptimizerStep: return 0;
   }
   return 0;
@@ -204,6 +209,9 @@ void validate_state_options(const TrainingSetup& s, const ModelSpec& m) {
                    "2 with sharding flat, zero-reduce backward and an architecture; accepted: 0 otherwise, got zero "
                    "{}, zero-reduce {}{}", s.zero_stage, s.zero_reduce_at_step ? "step" : "backward",
                    params_only ? ", a bare parameter count" : "");
+  GPUOPS_CHECK_ARG(s.reduce_dtype == ReduceDtype::Grad || is_fsdp2(s),
+                   "reduce-dtype {} applies to sharding fsdp2 only (MixedPrecisionPolicy); accepted: sharding fsdp2, "
+                   "or reduce-dtype grad", to_string(s.reduce_dtype));
   GPUOPS_CHECK_ARG(s.reshard_after_forward || is_fsdp2(s),
                    "reshard-after-forward false applies to sharding fsdp2 only; accepted: sharding fsdp2, or "
                    "reshard-after-forward true");

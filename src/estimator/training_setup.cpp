@@ -49,6 +49,7 @@ constexpr Names<BaseWeightDtype, 6> kBaseDtypes{{{BaseWeightDtype::Fp16, "fp16"}
                                                  {BaseWeightDtype::Nf4NoDq, "nf4-nodq"},
                                                  {BaseWeightDtype::Fp32, "fp32"}}};
 constexpr Names<ShardingLayout, 2> kShardings{{{ShardingLayout::Flat, "flat"}, {ShardingLayout::Fsdp2, "fsdp2"}}};
+constexpr Names<ReduceDtype, 2> kReduceDtypes{{{ReduceDtype::Grad, "grad"}, {ReduceDtype::Fp32, "fp32"}}};
 constexpr Names<HeldLogits, 3> kHeldLogits{
     {{HeldLogits::None, "none"}, {HeldLogits::Model, "model"}, {HeldLogits::Fp32, "fp32"}}};
 
@@ -121,6 +122,7 @@ AttentionKind parse_attention(std::string_view t) { return parse_name(kAttention
 BaseWeightDtype parse_base_dtype(std::string_view t) { return parse_name(kBaseDtypes, t, "base-dtype"); }
 ShardingLayout parse_sharding(std::string_view t) { return parse_name(kShardings, t, "sharding"); }
 HeldLogits parse_held_logits(std::string_view t) { return parse_name(kHeldLogits, t, "held-logits"); }
+ReduceDtype parse_reduce_dtype(std::string_view t) { return parse_name(kReduceDtypes, t, "reduce-dtype"); }
 
 bool parse_bool(std::string_view text, const char* argument) {
   const std::string key = lower(text);
@@ -162,6 +164,7 @@ std::string_view to_string(AttentionKind a) { return name_of(kAttention, a); }
 std::string_view to_string(BaseWeightDtype b) { return name_of(kBaseDtypes, b); }
 std::string_view to_string(ShardingLayout l) { return name_of(kShardings, l); }
 std::string_view to_string(HeldLogits h) { return name_of(kHeldLogits, h); }
+std::string_view to_string(ReduceDtype r) { return name_of(kReduceDtypes, r); }
 
 std::string checkpointing_to_string(const TrainingSetup& s) {
   switch (s.checkpoint) {
@@ -263,6 +266,7 @@ void validate(const TrainingSetup& s, const ModelSpec& m) {
   check_enum(kOptimizerImpls, s.optimizer_impl, "optimizer-impl");
   check_enum(kAttention, s.attention, "attention");
   check_enum(kBaseDtypes, s.lora.base, "base-dtype");
+  check_enum(kReduceDtypes, s.reduce_dtype, "reduce-dtype");
   GPUOPS_CHECK_ARG(s.checkpoint == CheckpointKind::None || s.checkpoint == CheckpointKind::Full ||
                        s.checkpoint == CheckpointKind::EveryK || s.checkpoint == CheckpointKind::Selective,
                    "checkpointing {} is out of range; accepted: none, full, every:K, selective",

@@ -383,6 +383,12 @@ TEST(SetupsAct, CommandLineOptionsAndJson) {
     EXPECT_NE(bad.err.find(option.substr(2)), std::string::npos) << bad.err;
     EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
   }
+  auto fsdp = with({"--sharding", "fsdp2", "--gpus", "8", "--reduce-dtype", "fp32"});
+  ASSERT_EQ(fsdp.code, 0) << fsdp.err;
+  EXPECT_NE(fsdp.out.find("\"reduce_dtype\": \"fp32\""), std::string::npos);
+  auto flat_fp32 = with({"--zero", "3", "--gpus", "8", "--reduce-dtype", "fp32"});
+  EXPECT_EQ(flat_fp32.code, 2);
+  EXPECT_NE(flat_fp32.err.find("reduce-dtype"), std::string::npos) << flat_fp32.err;
   // gpuops' ZeroOptimizer reducing in the backward: the bucket size is in the JSON; it needs ZeRO 1-2.
   auto buckets = with({"--zero", "2", "--gpus", "4", "--zero-bucket-bytes", "4194304"});
   ASSERT_EQ(buckets.code, 0) << buckets.err;

@@ -210,16 +210,28 @@ TEST(SetupsState, Fsdp2UnshardedBuffersAndReshardAfterForward) {
   s.sharding = est::ShardingLayout::Fsdp2;
   const int64_t block = 43136 * 4, root = (64000 + 64 + 64000) * 4;  // root: embed, final norm, lm_head
   // reshard_after_forward true: the root stays unsharded (FSDP2's default for the root); in the last
-  // block's backward it and the prefetched block are gathered and its unsharded gradients exist.
+  // block's backward it and the prefetched block are gathered, its unsharded gradients exist and are copied
+  // into the reduce-scatter input (torch's foreach_reduce: both alive during the copy).
   EXPECT_EQ(unsharded(m, s, est::StepPhase::LossBackward), root);
-  EXPECT_EQ(unsharded(m, s, est::StepPhase::AttentionBackward), root + 2 * block + block);
-  EXPECT_EQ(unsharded(m, s, est::StepPhase::BackwardEnd), root);  // the root's gradients before reduce-scatter
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::AttentionBackward), root + 2 * block + block + block);
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::BackwardEnd), root + root);  // the root's gradients and their input
   EXPECT_EQ(unsharded(m, s, est::StepPhase::OptimizerStep), 0);
   // false: every block stays unsharded from its forward to its backward.
   est::TrainingSetup keep = s;
   keep.reshard_after_forward = false;
   EXPECT_EQ(unsharded(m, keep, est::StepPhase::LossBackward), root + 4 * block);
-  EXPECT_EQ(unsharded(m, keep, est::StepPhase::AttentionBackward), root + 4 * block + block);
+  EXPECT_EQ(unsharded(m, keep, est::StepPhase::AttentionBackward), root + 4 * block + block + block);
+  // Pure bf16 with MixedPrecisionPolicy(reduce_dtype=float32): 2-byte weights and gradients, 4-byte reduce input.
+  est::TrainingSetup bf16 = s;
+  bf16.precision = est::Precision::Bf16Pure;
+  EXPECT_EQ(unsharded(m, bf16, est::StepPhase::AttentionBackward), (root + 3 * block) / 2 + block / 2);
+  bf16.reduce_dtype = est::ReduceDtype::Fp32;
+  EXPECT_EQ(unsharded(m, bf16, est::StepPhase::AttentionBackward), (root + 3 * block) / 2 + block);
+  EXPECT_EQ(unsharded(m, bf16, est::StepPhase::BackwardEnd), root / 2 + root);
+  EXPECT_EQ(est::parse_reduce_dtype("FP32"), est::ReduceDtype::Fp32);
+  est::TrainingSetup flat = fp32_setup(est::OptimizerKind::AdamW);
+  flat.reduce_dtype = est::ReduceDtype::Fp32;
+  EXPECT_NE(error_of(m, flat).find("reduce-dtype fp32 applies to sharding fsdp2 only"), std::string::npos);
   EXPECT_GT(est::estimate_memory(m, keep, est::cuda_device()).allocated_peak(),
             est::estimate_memory(m, s, est::cuda_device()).allocated_peak());
   // One GPU gathers nothing.

@@ -16,9 +16,10 @@ import validate_published as validate  # noqa: E402
 # the current figures rounded up by at most one percentage point (a regression bound, not the target); see
 # docs/estimator.md, "Validation against published GPU measurements", for the gap and its causes.
 # Measured (42 stated/assumed rows, 6 families, 10 nvidia-smi rows; 2026-11-24, after --bnb-version and
-# --held-logits): median 10.1%, max 23.9% (tt-readme24-llama2-7b-qlora-4090), worst device-used -14.6%
+# --held-logits and FSDP2's reduce-scatter input): median 9.8%, max 23.9% (tt-readme24-llama2-7b-qlora-4090),
+# worst device-used -14.6%
 # (hf-perfone-bertlarge-fp16-b4), 38% inside the band. None of the three targets is met yet.
-MEDIAN_ABS_ERROR_BOUND = 0.11
+MEDIAN_ABS_ERROR_BOUND = 0.105
 MAX_ABS_ERROR_BOUND = 0.25
 DEVICE_USED_UNDER_BOUND = -0.15
 INSIDE_BAND_SHARE_FLOOR = 0.37

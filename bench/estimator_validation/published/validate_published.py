@@ -116,7 +116,7 @@ SOURCE_DEFAULTS = {
         "12, lazy loading."),
     "titan": (
         dict(gpu="H100-80GB", cuda=12, sharding="fsdp2", zero_stage=0, amp="master-copy",
-             optimizer_impl="fused", reshard_after_forward=True),
+             optimizer_impl="fused", reshard_after_forward=True, reduce_dtype="fp32"),
         "The 95 GiB H100 is not in the catalog: H100-80GB (sm_90) gives the profile. FSDP2 with "
         "MixedPrecisionPolicy(param bf16, reduce fp32): fp32 sharded parameters, gradients and Adam states "
         "(16 bytes per local parameter, as the master-copy layout's 2+2+4+8) and a model that runs in bf16 "

@@ -63,6 +63,10 @@ struct BnbVersion {
 /// the model, `self.output(h).float()`, and its recipe keeps `logits` through `loss.backward()`).
 enum class HeldLogits { None, Model, Fp32 };
 
+/// FSDP2's MixedPrecisionPolicy(reduce_dtype=...): Grad (None, the default) reduce-scatters the gradients in
+/// their own dtype; Fp32 in float32 (torchtitan's default with bf16 parameters).
+enum class ReduceDtype { Grad, Fp32 };
+
 /// LoRA adapters; rank 0 means a full fine-tune.
 struct LoraSetup {
   int64_t rank = 0;                                 ///< 0 = LoRA off
@@ -113,6 +117,7 @@ struct TrainingSetup {
   bool offload_optimizer = false;           ///< ZeRO-Offload: states, fp32 master and step on the host
   ShardingLayout sharding = ShardingLayout::Flat;  ///< Fsdp2 requires zero_stage 3
   bool reshard_after_forward = true;        ///< Fsdp2 only: fully_shard(reshard_after_forward=...) of the blocks
+  ReduceDtype reduce_dtype = ReduceDtype::Grad;  ///< Fsdp2 only: the dtype of the reduce-scatter
 };
 
 /// Throws ArgumentError naming the first setting that is out of range or inconsistent with `model`.
@@ -128,6 +133,7 @@ AttentionKind parse_attention(std::string_view text);          ///< eager, sdpa,
 BaseWeightDtype parse_base_dtype(std::string_view text);       ///< fp16, bf16, int8, nf4, nf4-nodq
 ShardingLayout parse_sharding(std::string_view text);          ///< flat, fsdp2
 HeldLogits parse_held_logits(std::string_view text);           ///< none, model, fp32
+ReduceDtype parse_reduce_dtype(std::string_view text);         ///< grad, fp32
 /// true or false (case-insensitive); ArgumentError naming `argument` otherwise.
 bool parse_bool(std::string_view text, const char* argument);
 /// none, full, every:K (K >= 1), selective; sets setup.checkpoint and setup.checkpoint_every_k.
@@ -141,6 +147,7 @@ std::string_view to_string(AttentionKind a);
 std::string_view to_string(BaseWeightDtype b);
 std::string_view to_string(ShardingLayout l);
 std::string_view to_string(HeldLogits h);
+std::string_view to_string(ReduceDtype r);
 /// none, full, every:K or selective.
 std::string checkpointing_to_string(const TrainingSetup& setup);
 /// standard, chunked:C (C >= 1) or fused-linear-ce; sets setup.loss and setup.loss_chunks.
