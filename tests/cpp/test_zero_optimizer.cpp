@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -146,6 +148,11 @@ std::vector<at::Tensor> train_zero(Communicator& comm, const Setup& s, int64_t* 
                  t.all_reduce.payload_bytes, total);
     if (step == 0) {
       if (s.overlap) opt.wait_for_parameters();  // Gloo's gather holds a flat copy of the buffer until then
+      // Gloo's worker threads drop their references to a collective's buffers (a reduce-scatter's clone, an
+      // all-gather's flat copy) a moment after wait() returns: let them settle, up to 0.5 s, before reading
+      // what the step kept (a buffer really kept stays and fails the check below).
+      for (int i = 0; i < 250 && budget->current_bytes() - opt.state_bytes() >= 256; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
       *retained = budget->current_bytes();
     }
     if (s.stage == 2) {  // after the reduction only the shard is kept
