@@ -3,7 +3,8 @@ gpuops.ZeroOptimizer, measured on CPU processes over Gloo with gpuops.memory_bud
 
     .venv/bin/python bench/estimator_validation/zero_ranks.py [--world 2]
 
-Each rank trains validate.py's held-out Hugging Face models for two steps with ZeroOptimizer (AdamW, fp32)
+Each rank trains validate.py's held-out Hugging Face models for two steps with ZeroOptimizer (AdamW; fp32
+parameters, and bf16 ones on fp32 masters, estimated as bf16-mixed master-copy)
 and measures its peak above the pre-build baseline; rank 0 prints one JSON row per (model, stage) with the
 measured peak of every rank, ZeroOptimizer's own state and gradient bytes, and the estimate for that stage
 and world size (optimizer_impl "fused": ours steps in one fused pass; zero_reduce "step": ours keeps the flat
@@ -36,10 +37,12 @@ def _rank_main():
     rows = []
     for name, batch, seq in CASES:
         kind, cfg = MODELS[name]
-        # (stage, reduce_in_backward, bucket_bytes): the default 25 MiB buckets hold each of these models whole;
-        # 256 KiB buckets cut them into several.
-        for stage, bwd, bucket in ((1, False, 0), (2, False, 0), (2, True, 25 * 2**20), (2, True, 2**18),
-                                   (1, True, 2**18)):
+        # (parameter dtype, stage, reduce_in_backward, bucket_bytes): the default 25 MiB buckets hold each of
+        # these models whole; 256 KiB buckets cut them into several. bf16 parameters step on fp32 masters.
+        for dtype, stage, bwd, bucket in (("fp32", 1, False, 0), ("fp32", 2, False, 0), ("fp32", 2, True, 25 * 2**20),
+                                          ("fp32", 2, True, 2**18), ("fp32", 1, True, 2**18), ("bf16", 1, False, 0),
+                                          ("bf16", 2, False, 0), ("bf16", 2, True, 25 * 2**20),
+                                          ("bf16", 2, True, 2**18)):
             held = {}
 
             def factory(params):
@@ -48,18 +51,21 @@ def _rank_main():
                 held["opt"] = opt
                 return opt
 
-            result = measure_peak(model_factory_for(kind, cfg, "sdpa"), factory, batch, seq, "fp32", meter="gpuops")
+            result = measure_peak(model_factory_for(kind, cfg, "sdpa"), factory, batch, seq, dtype, meter="gpuops")
             peaks = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
             dist.all_gather(peaks, torch.tensor([result["peak"]]))
-            est = gpuops.estimate(config=make_config(kind, cfg, "sdpa").to_dict(), precision="fp32",
-                                  optimizer="adamw", optimizer_impl="fused", zero_stage=stage, num_gpus=world,
-                                  micro_batch=batch, seq_len=seq, device="cpu",
-                                  zero_reduce="backward" if bwd else "step", zero_bucket_bytes=bucket)
-            rows.append({"model": name, "batch": batch, "seq": seq, "stage": stage, "world": world,
+            layout = dict(precision="fp32") if dtype == "fp32" else dict(precision="bf16-mixed", amp="master-copy")
+            est = gpuops.estimate(config=make_config(kind, cfg, "sdpa").to_dict(), **layout, optimizer="adamw",
+                                  optimizer_impl="fused", zero_stage=stage, num_gpus=world, micro_batch=batch,
+                                  seq_len=seq, device="cpu", zero_reduce="backward" if bwd else "step",
+                                  zero_bucket_bytes=bucket)
+            rows.append({"model": name, "batch": batch, "seq": seq, "dtype": dtype, "stage": stage, "world": world,
                          "reduce_in_backward": bwd, "bucket_bytes": bucket,
                          "measured": [int(p.item()) for p in peaks], "peak_phase": result["peak_phase"],
                          "state_bytes": held["opt"].state_bytes(), "estimated": est.total_bytes,
-                         "est_optimizer_states": est.optimizer_states, "est_gradients": est.gradients})
+                         # ZeroOptimizer.state_bytes() counts its fp32 masters with the moments
+                         "est_optimizer_states": est.optimizer_states + est.master_weights,
+                         "est_gradients": est.gradients})
             del held["opt"]
             dist.barrier()
     if rank == 0:

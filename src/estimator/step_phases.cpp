@@ -45,6 +45,14 @@ int64_t backward_extras(const ModelSpec& m, const TrainingSetup& s) {
   return bytes.get();
 }
 
+// gpuops' ZeroOptimizer reduces a 16-bit bucket in fp32 chunks of kZeroReduceChunk elements per rank, two in
+// flight, one bucket at a time: each chunk an fp32 copy of N ranks' chunks and, over Gloo (the CPU), its clone.
+int64_t fp32_reduce_chunks(const TrainingSetup& s, const DeviceProfile& device, int64_t bucket_elements) {
+  if (!runs_in_16_bits(s)) return 0;  // fp32 buckets are reduce-scattered as they are
+  const int64_t chunks = std::min(bucket_elements, (C(2) * s.num_gpus * kZeroReduceChunk).get());
+  return (C(chunks) * 4 * (device.is_cpu() ? 2 : 1)).get();
+}
+
 // gpuops' ZeroOptimizer reducing in the backward (TrainingSetup::zero_bucket_bytes): buckets are cut in
 // backward order, each up to zero_bucket_bytes unless one parameter is larger. Stage 2 allocates a bucket's
 // whole buffer at its first gradient and frees it once reduced; stage 1 keeps its flat gradient anyway
@@ -52,8 +60,9 @@ int64_t backward_extras(const ModelSpec& m, const TrainingSetup& s) {
 // backward the untied LM head's bucket and two of the last blocks', at the end the embeddings' and two of
 // the first blocks' (bounded by the bucket of the largest such tensor outside the blocks and twice that of
 // the largest inside). Every launched bucket has its fp32 reduced shard and, on the CPU, Gloo's clone of its input
-// (ProcessGroupGloo reduce-scatters by all-reducing a clone). At the end all are launched and the first
-// parameter's own gradient (autograd's, copied into its bucket) is still held.
+// (ProcessGroupGloo reduce-scatters by all-reducing a clone; a 16-bit bucket's fp32 chunks instead, see
+// fp32_reduce_chunks). At the end all are launched and the first parameter's own gradient (autograd's, copied
+// into its bucket) is still held.
 int64_t buckets_in_flight(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device, StepPhase phase) {
   const bool end = phase == StepPhase::BackwardEnd;
   if (s.zero_bucket_bytes == 0 || !(end || phase == StepPhase::AttentionBackward)) return 0;
@@ -70,7 +79,8 @@ int64_t buckets_in_flight(const ModelSpec& m, const TrainingSetup& s, const Devi
   C bytes = C(ceil_div(launched, s.num_gpus)) * 4;                                // reduced shards
   if (s.zero_stage == 2) bytes += C(alive) * g;                                   // bucket buffers
   if (s.zero_stage == 2 && end) bytes += C(std::max(largest_outer, largest_block)) * g;  // the last gradient
-  if (device.is_cpu()) bytes += C(launched) * g;                                  // Gloo's clones
+  if (device.is_cpu() && !runs_in_16_bits(s)) bytes += C(launched) * g;         // Gloo's clones
+  if (launched > 0) bytes += fp32_reduce_chunks(s, device, std::min(total, std::max(outer, block)));
   return bytes.get();
 }
 
@@ -208,8 +218,15 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   // Gloo's worker thread may still hold when the all-gathers start (measured: now and then both, 2 x the
   // gradient's bytes, on llama-gqa-untied's stage 1; stage 2 has freed its flat gradient by then).
   if (device.is_cpu() && s.num_gpus > 1 && (s.zero_reduce_at_step || s.zero_bucket_bytes > 0)) {
-    const C copies = C(trainable_parameter_count(m, s)) * pb * (s.zero_reduce_at_step && s.zero_stage == 1 ? 2 : 1);
+    const bool clones_linger = s.zero_reduce_at_step && s.zero_stage == 1 && !runs_in_16_bits(s);
+    const C copies = C(trainable_parameter_count(m, s)) * pb * (clones_linger ? 2 : 1);
     step.temporaries = std::max(step.temporaries, copies.get());
+  }
+  // Reducing at the step, a 16-bit bucket's fp32 chunks come before the step (buckets up to 25 MiB, the
+  // default; bounded by the model).
+  if (s.zero_reduce_at_step && s.num_gpus > 1) {
+    const int64_t bucket = std::min(trainable_parameter_count(m, s), ceil_div(int64_t{25} << 20, pb));
+    step.temporaries = std::max(step.temporaries, fp32_reduce_chunks(s, device, bucket));
   }
   for (MemoryBreakdown& p : phases) p.logits = (C(p.logits) + held_logits_bytes(m, s)).get();
   return phases;

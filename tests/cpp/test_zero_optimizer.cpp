@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "gpuops/communicator.h"
+#include "gpuops/estimator/step_phases.h"
 #include "gpuops/grad_scaler.h"
 #include "gpuops/memory_budget.h"
 #include "gpuops/optimizers.h"
@@ -371,6 +372,11 @@ TEST(ZeroOptimizer, Stage2ReducedInBackwardFourRanksNoAccumulation) { run_train(
 TEST(ZeroOptimizer, Stage2ReducedInBackwardGathersOverlappedTwoRanks) { run_train(2, 2, 2, true, true); }
 TEST(ZeroOptimizer, Stage1GathersOverlappedTwoRanks) { run_train(2, 1, 2, false, true); }
 TEST(ZeroOptimizer, BadInputTwoRanks) { run_all_ok(2, "bad_input"); }
+
+// The estimator (torch-free) counts the fp32 chunks of a 16-bit reduction with its own copy of the chunk size.
+TEST(ZeroOptimizer, EstimatorKnowsTheReduceChunk) {
+  EXPECT_EQ(gpuops::estimator::kZeroReduceChunk, gpuops::optim::ZeroShards::kReduceChunk);
+}
 
 }  // namespace
 

@@ -14,6 +14,10 @@ namespace gpuops::estimator {
 /// largest parameter; foreach: one list the size of all local parameters; fused kernels: none).
 int64_t optimizer_step_temporaries(const ModelSpec& model, const TrainingSetup& setup, const DeviceProfile& device);
 
+/// Elements per rank gpuops' ZeroOptimizer converts to fp32 at once when it reduces a 16-bit bucket (the
+/// estimator is torch-free: a copy of gpuops::optim::ZeroShards::kReduceChunk, checked equal by a test).
+inline constexpr int64_t kZeroReduceChunk = int64_t{1} << 22;
+
 /// The logits the training loop keeps alive (TrainingSetup::held_logits), counted at every moment.
 int64_t held_logits_bytes(const ModelSpec& model, const TrainingSetup& setup);
 
