@@ -83,6 +83,15 @@ struct Keywords {
     flag("maximize", [&](bool v) { o.maximize(v); });
     flag("capturable", [&](bool v) { o.capturable(v); });
   }
+  // SGD's options but capturable (read at construction only).
+  void sgd(optim::SGDOptions& o) {
+    real("lr", [&](double v) { o.lr(v); });
+    real("momentum", [&](double v) { o.momentum(v); });
+    real("dampening", [&](double v) { o.dampening(v); });
+    real("weight_decay", [&](double v) { o.weight_decay(v); });
+    flag("nesterov", [&](bool v) { o.nesterov(v); });
+    flag("maximize", [&](bool v) { o.maximize(v); });
+  }
 };
 
 std::unique_ptr<ShardedOptimizer> make(const std::string& kind, std::vector<at::Tensor> params,
@@ -105,11 +114,7 @@ std::unique_ptr<ShardedOptimizer> make(const std::string& kind, std::vector<at::
     auto lr = k.get("lr");
     if (!lr) throw py::type_error(k.where + ": SGD needs lr (torch.optim.SGD's default 1e-3 is not assumed)");
     optim::SGDOptions o(real_arg(k.where, "lr", lr));
-    k.real("momentum", [&](double v) { o.momentum(v); });
-    k.real("dampening", [&](double v) { o.dampening(v); });
-    k.real("weight_decay", [&](double v) { o.weight_decay(v); });
-    k.flag("nesterov", [&](bool v) { o.nesterov(v); });
-    k.flag("maximize", [&](bool v) { o.maximize(v); });
+    k.sgd(o);
     k.flag("capturable", [&](bool v) { o.capturable(v); });
     k.finish("SGD");
     py::gil_scoped_release release;
@@ -158,16 +163,7 @@ void set_options(ShardedOptimizer& z, const py::dict& given) {
   const std::string kind = z.kind();
   if (kind == "AdamW") replace_options<optim::AdamWOptions, optim::AdamW>(z, k, [&](auto& o) { k.adam(o); });
   if (kind == "Adam") replace_options<optim::AdamOptions, optim::Adam>(z, k, [&](auto& o) { k.adam(o); });
-  if (kind == "SGD") {
-    replace_options<optim::SGDOptions, optim::SGD>(z, k, [&](optim::SGDOptions& o) {
-      k.real("lr", [&](double v) { o.lr(v); });
-      k.real("momentum", [&](double v) { o.momentum(v); });
-      k.real("dampening", [&](double v) { o.dampening(v); });
-      k.real("weight_decay", [&](double v) { o.weight_decay(v); });
-      k.flag("nesterov", [&](bool v) { o.nesterov(v); });
-      k.flag("maximize", [&](bool v) { o.maximize(v); });
-    });
-  }
+  if (kind == "SGD") replace_options<optim::SGDOptions, optim::SGD>(z, k, [&](auto& o) { k.sgd(o); });
 }
 
 py::list to_python(const std::vector<optim::NamedTensors>& states) {

@@ -435,35 +435,18 @@ Ranks run(int n, const std::string& scenario) {
 
 TEST(ZeroKinds, AdamAndSgdTwoRanks) { run(2, "kinds"); }
 
-TEST(ZeroBf16, Stage1TwoRanks) {
-  ::setenv("GPUOPS_ZERO_DTYPE", "bf16", 1);
-  ::setenv("GPUOPS_ZERO_STAGE", "1", 1);
-  run(2, "bf16");
+// The 16-bit scenario ("bf16", which also runs fp16) for one parameter dtype, stage and world size.
+void run_16_bit(const char* dtype, int stage, int n) {
+  ::setenv("GPUOPS_ZERO_DTYPE", dtype, 1);
+  ::setenv("GPUOPS_ZERO_STAGE", std::to_string(stage).c_str(), 1);
+  run(n, "bf16");
 }
 
-TEST(ZeroBf16, Stage2TwoRanks) {
-  ::setenv("GPUOPS_ZERO_DTYPE", "bf16", 1);
-  ::setenv("GPUOPS_ZERO_STAGE", "2", 1);
-  run(2, "bf16");
-}
-
-TEST(ZeroBf16, Stage2FourRanks) {  // four ranks: Gloo's sum runs in another order than the reference's
-  ::setenv("GPUOPS_ZERO_DTYPE", "bf16", 1);
-  ::setenv("GPUOPS_ZERO_STAGE", "2", 1);
-  run(4, "bf16");
-}
-
-TEST(ZeroFp16, Stage2TwoRanks) {
-  ::setenv("GPUOPS_ZERO_DTYPE", "fp16", 1);
-  ::setenv("GPUOPS_ZERO_STAGE", "2", 1);
-  run(2, "bf16");
-}
-
-TEST(ZeroFp16, Stage1FourRanks) {
-  ::setenv("GPUOPS_ZERO_DTYPE", "fp16", 1);
-  ::setenv("GPUOPS_ZERO_STAGE", "1", 1);
-  run(4, "bf16");
-}
+TEST(ZeroBf16, Stage1TwoRanks) { run_16_bit("bf16", 1, 2); }
+TEST(ZeroBf16, Stage2TwoRanks) { run_16_bit("bf16", 2, 2); }
+TEST(ZeroBf16, Stage2FourRanks) { run_16_bit("bf16", 2, 4); }  // Gloo's sum runs in another order than the reference's
+TEST(ZeroFp16, Stage2TwoRanks) { run_16_bit("fp16", 2, 2); }
+TEST(ZeroFp16, Stage1FourRanks) { run_16_bit("fp16", 1, 4); }
 
 TEST(ZeroReduceInBackward, Stage2HoldsOnlyShardsAfterBackward) { run(2, "hooks_memory"); }
 
