@@ -22,6 +22,7 @@ import time
 import torch
 
 import gpuops
+import results_json
 
 # Bytes per fp32 parameter, counted from what each kernel reads and writes.
 BYTES = {
@@ -130,6 +131,7 @@ def main() -> None:
     parser.add_argument("--regenerate-grads", action="store_true",
                         help="draw the gradients again before each repeat instead of keeping a copy (4 bytes less "
                              "per parameter: 1e9 parameters fit in 17 GB)")
+    parser.add_argument("--json", help="also write the rows and the headline figures here (scripts/gpu-run)")
     args = parser.parse_args()
     machine = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or platform.machine()}"
     print(f"# {datetime.date.today()}, {machine}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -137,15 +139,24 @@ def main() -> None:
     print("| params | step | torch ms | gpuops ms | torch GB/s | gpuops GB/s | bytes/param torch / ours | speed-up "
           "| gpuops / copy GB/s |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    rows, figures = [], {}
+    layout = f"{args.chunks} tensors{' flat' if args.flat else ''}"
     for n in (int(p) for p in args.params):
         r = bench_size(n, args.device, args.repeats, args.chunks, args.flat, args.regenerate_grads)
         copy = copy_bandwidth(n, args.device, args.repeats)
         for step in ("adamw", "amp_step"):
             t_torch, t_ours = r[f"torch_{step}"], r[f"gpuops_{step}"]
             b_torch, b_ours = BYTES[f"torch_{step}"], BYTES[f"gpuops_{step}"]
+            of_copy = 100 * n * b_ours / t_ours / 1e9 / copy
             print(f"| {n:.0e} | {step} | {1e3 * t_torch:.2f} | {1e3 * t_ours:.2f} | {n * b_torch / t_torch / 1e9:.1f} | "
                   f"{n * b_ours / t_ours / 1e9:.1f} | {b_torch} / {b_ours} | {t_torch / t_ours:.2f}x | "
-                  f"{100 * n * b_ours / t_ours / 1e9 / copy:.0f}% of {copy:.1f} |", flush=True)
+                  f"{of_copy:.0f}% of {copy:.1f} |", flush=True)
+            rows.append({"params": n, "step": step, "layout": layout, "torch_s": t_torch, "gpuops_s": t_ours,
+                         "bytes_per_param": [b_torch, b_ours], "copy_gb_s": copy, "speedup": t_torch / t_ours,
+                         "percent_of_copy": of_copy})
+            if step == "amp_step":
+                figures[f"{layout} {n:.0e}"] = f"{t_torch / t_ours:.2f}x, {of_copy:.0f}% of copy"
+    results_json.write(args.json, args.device, figures, rows)
 
 
 if __name__ == "__main__":

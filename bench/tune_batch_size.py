@@ -43,8 +43,25 @@ def parse_bytes(text: str) -> int:
     raise argparse.ArgumentTypeError(f"--budgets: sizes like 256MiB or 2GiB, got {text!r}")
 
 
-def tune_python_module(factory: Callable, targets: List[tuple], out: Path, steps: int, name: str) -> List[Path]:
-    """Runs the search and the throughput ladder for step functions made by factory(device)."""
+def survive(step: Callable, batch: int, count: int) -> int:
+    """How many of `count` more steps at `batch` run before an out-of-memory error (fragmentation of the
+    caching allocator over a long run shows here, not in the search's few steps)."""
+    import gpuops
+
+    for done in range(count):
+        try:
+            step(batch)
+        except Exception as error:  # noqa: BLE001: only an OOM ends the count; anything else propagates
+            if not gpuops.batch_size.is_out_of_memory(error):
+                raise
+            return done
+    return count
+
+
+def tune_python_module(factory: Callable, targets: List[tuple], out: Path, steps: int, name: str,
+                       survive_steps: int = 0) -> List[Path]:
+    """Runs the search, the throughput ladder and `survive_steps` more steps at the largest batch for step
+    functions made by factory(device)."""
     import gpuops
     from tqdm import tqdm
 
@@ -55,6 +72,9 @@ def tune_python_module(factory: Callable, targets: List[tuple], out: Path, steps
         step = factory(device)
         with gpuops.memory_budget(limit, device) as cap:
             found = gpuops.find_max_batch_size(step, device=device)
+            cap.reset_peak()
+            survived = survive(step, found.max_batch, survive_steps) if found.max_batch else 0
+            survive_peak = cap.peak_bytes
             sizes = sorted({2**i for i in range(found.max_batch.bit_length()) if 2**i < found.max_batch}
                            | {found.max_batch})
             ladder = []
@@ -77,6 +97,7 @@ def tune_python_module(factory: Callable, targets: List[tuple], out: Path, steps
                   "trials": [{"batch": t.batch, "ok": t.ok, "peak_bytes": t.peak_bytes, "seconds": t.seconds,
                               "phase": t.phase} for t in found.trials],
                   "throughput": ladder,
+                  "survived": {"steps": survive_steps, "ran": survived, "peak_bytes": survive_peak},
                   "caveats": "a CPU memory budget counts tensor allocations only" if device.type == "cpu" else
                              "a memory cap cannot emulate another GPU's CUDA context, NCCL buffers or kernels"}
         path = out / f"{target}.json"
@@ -139,7 +160,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per batch size")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs")
+    parser.add_argument("--survive", type=int, default=0, help="with --module: this many more steps at the "
+                        "largest batch, counting those that run before an out-of-memory error")
+    parser.add_argument("--json", help="also write each target's headline figures here (scripts/gpu-run)")
     args, builtin_args = parser.parse_known_args()
+    if args.survive < 0:
+        parser.error(f"--survive must be >= 0, got {args.survive}")
+    if args.survive and not args.module:
+        parser.error("--survive needs --module (the built-in model's tool does not run it)")
     args.out.mkdir(parents=True, exist_ok=True)
     budgets = args.budgets or ([] if torch.cuda.is_available() else [128 << 20, 512 << 20])
     prefix = "cap" if torch.cuda.is_available() else "cpu"
@@ -153,7 +181,7 @@ def main() -> None:
             room = gpuops.batch_size._headroom(torch.device("cuda"))  # as the C++ tool: minus a CUDA context
             targets = [(g["name"], g["memory_bytes"] - gpuops._C.CUDA_CONTEXT_BYTES) for g in gpuops.gpu_catalog()
                        if g["memory_bytes"] - gpuops._C.CUDA_CONTEXT_BYTES <= room]
-        written = tune_python_module(factory, targets, args.out, args.steps, args.module)
+        written = tune_python_module(factory, targets, args.out, args.steps, args.module, args.survive)
     else:
         if not BUILTIN.exists():
             sys.exit(f"{BUILTIN} is missing: run scripts/bootstrap (it builds the benchmarks)")
@@ -162,7 +190,22 @@ def main() -> None:
             command += ["--budgets", ",".join(f"{b >> 20}MiB" for b in budgets)]
         subprocess.run(command, check=True)
         written = [args.out / f"{name}.json" for name, _ in targets] if targets else sorted(args.out.glob("*.json"))
+    write_figures(args.json, written)  # first: the plots need matplotlib, the figures do not
     print(f"wrote {render(written, args.docs)}")
+
+
+def write_figures(path, written: List[Path]) -> None:
+    """Per target: the largest batch, the trials it took and the steps it survived."""
+    import results_json
+
+    results = [json.loads(p.read_text()) for p in written]
+    figures = {}
+    for r in results:
+        ooms = sum(not t["ok"] for t in r["trials"])
+        kept = r.get("survived", {})
+        figures[r["target"]] = (f"max batch {r['max_batch']}, {len(r['trials'])} trials ({ooms} OOM)"
+                                + (f", {kept['ran']}/{kept['steps']} more steps ran" if kept.get("steps") else ""))
+    results_json.write(path, "cuda" if torch.cuda.is_available() else "cpu", figures, results)
 
 
 if __name__ == "__main__":

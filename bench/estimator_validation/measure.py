@@ -119,7 +119,36 @@ class GpuopsMeter:
         return {"phases": self._phases, "total_allocs": allocations}
 
 
-METERS = {"profiler": ProfilerMeter, "gpuops": GpuopsMeter}
+class CudaMeter:
+    """Peaks from torch.cuda's allocator statistics: per phase, max_memory_allocated above the start ("peak",
+    "end") and the absolute max_memory_allocated / max_memory_reserved ("abs_peak", "abs_reserved_peak": what a
+    user reads, the process's earlier allocations such as cuBLAS workspaces included)."""
+
+    def __init__(self):
+        self._phases = {}
+        self._base = 0
+
+    def start(self):
+        gc.collect()
+        torch.cuda.synchronize()
+        self._base = torch.cuda.memory_allocated()
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            yield
+        finally:
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated()
+            self._phases[name] = {"peak": peak - self._base, "end": torch.cuda.memory_allocated() - self._base,
+                                  "abs_peak": peak, "abs_reserved_peak": torch.cuda.max_memory_reserved()}
+
+    def finish(self):
+        return {"phases": self._phases, "total_allocs": torch.cuda.memory_stats().get("allocation.all.allocated", 0)}
+
+
+METERS = {"profiler": ProfilerMeter, "gpuops": GpuopsMeter, "cuda": CudaMeter}
 
 
 # ------------------------------------------------------------------------------------ model helpers
@@ -217,21 +246,21 @@ def optimizer_factory_for(name: str, lr: float = 1e-3) -> Callable:
 # ------------------------------------------------------------------------------------------ measure
 def measure_peak(model_factory, optimizer_factory, batch, seq, precision="fp32", checkpointing=False,
                  steps=2, meter: Optional[str | object] = "gpuops", vocab: Optional[int] = None,
-                 seed: int = 0, hold_outputs: bool = False) -> dict:
+                 seed: int = 0, hold_outputs: bool = False, device: str = "cpu") -> dict:
     """Run `steps` training steps; return peak bytes above the pre-build baseline and where it landed.
 
     Returns {"peak": bytes, "peak_phase": "forward/1"|..., "phases": {...}, "build": bytes,
              "param_bytes": ..., "buffer_bytes": ..., "total_allocs": n}
     hold_outputs=True keeps the whole ModelOutput (logits!) alive as a loop's `out = model(...);
     out.loss.backward(); opt.step()` does: through backward and step, until the next forward's output replaces
-    it; the default drops everything but .loss.
+    it; the default drops everything but .loss. ``device="cuda"`` builds the model there (meter "cuda").
     """
     assert precision in PRECISIONS, precision
     m = METERS[meter]() if isinstance(meter, str) else meter
     gc.collect()
     torch.manual_seed(seed)
     m.start()
-    with m.phase("build"):
+    with m.phase("build"), torch.device(device):
         model = model_factory()
         if precision == "bf16":
             model.to(torch.bfloat16)
@@ -241,13 +270,14 @@ def measure_peak(model_factory, optimizer_factory, batch, seq, precision="fp32",
         opt = optimizer_factory(model.parameters())
         V = vocab or model.config.vocab_size
         g = torch.Generator().manual_seed(seed)
-        input_ids = torch.randint(0, V, (batch, seq), generator=g)
+        input_ids = torch.randint(0, V, (batch, seq), generator=g, device="cpu").to(device)
     amp = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
+    device_type = torch.device(device).type
     losses = []
     held = None
     for step in range(1, steps + 1):
         with m.phase(f"forward/{step}"):
-            ctx = torch.autocast("cpu", dtype=amp) if amp is not None else contextlib.nullcontext()
+            ctx = torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext()
             with ctx:
                 out = model(input_ids=input_ids, labels=input_ids)
             loss = out.loss

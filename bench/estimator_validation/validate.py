@@ -67,18 +67,11 @@ def grid() -> list[Case]:
 
 
 def measure(case: Case) -> int:
-    kind, cfg = MODELS[case.model]
-    result = measure_peak(model_factory_for(kind, cfg, case.attention), optimizer_factory_for(case.optimizer),
-                          case.batch, case.seq, case.precision, case.checkpointing, meter="gpuops")
-    return result["peak"]
+    return measure_case(case)["peak"]
 
 
 def estimate(case: Case) -> gpuops.Breakdown:
-    kind, cfg = MODELS[case.model]
-    config = make_config(kind, cfg, case.attention).to_dict()
-    return gpuops.estimate(config=config, precision=case.precision, optimizer=case.optimizer,
-                           checkpointing="full" if case.checkpointing else "none", attention=case.attention,
-                           micro_batch=case.batch, seq_len=case.seq, device="cpu")
+    return estimate_case(case)
 
 
 def run(cases: list[Case]) -> list[dict]:
@@ -134,23 +127,39 @@ def lora_grid() -> list[LoraCase]:
 
 
 def measure_lora(case: LoraCase) -> int:
-    kind, cfg = LORA_MODELS[case.model]
-    factory = lora_model_factory_for(kind, cfg, case.attention, case.rank, case.targets, case.dropout,
-                                     base="bf16" if case.precision == "bf16-mixed" else "fp32",
-                                     checkpointing=case.checkpointing)
-    # precision "bf16" casts the PeftModel (adapters included) to bf16 inside measure_peak.
-    return measure_peak(factory, optimizer_factory_for(case.optimizer), case.batch, case.seq, case.precision,
-                        False, meter="gpuops")["peak"]
+    return measure_case(case)["peak"]
 
 
 def estimate_lora(case: LoraCase) -> gpuops.Breakdown:
-    kind, cfg = LORA_MODELS[case.model]
-    config = make_config(kind, cfg, case.attention).to_dict()
-    return gpuops.estimate(config=config, precision=case.precision, optimizer=case.optimizer,
-                           checkpointing="full" if case.checkpointing else "none", attention=case.attention,
-                           micro_batch=case.batch, seq_len=case.seq, device="cpu", lora_rank=case.rank,
-                           lora_targets=list(case.targets), lora_dropout=case.dropout,
-                           base_dtype="fp32" if case.precision == "fp32" else "bf16")
+    return estimate_case(case)
+
+
+def measure_case(case, models: dict = MODELS, device: str = "cpu", meter: str = "gpuops") -> dict:
+    """measure_peak's result for a Case or a LoraCase whose model is in `models`."""
+    kind, cfg = models[case.model]
+    if isinstance(case, LoraCase):
+        factory = lora_model_factory_for(kind, cfg, case.attention, case.rank, case.targets, case.dropout,
+                                         base="bf16" if case.precision == "bf16-mixed" else "fp32",
+                                         checkpointing=case.checkpointing)
+        # precision "bf16" casts the PeftModel (adapters included) to bf16 inside measure_peak; the
+        # checkpointing is PEFT's, set up by the factory.
+        return measure_peak(factory, optimizer_factory_for(case.optimizer), case.batch, case.seq, case.precision,
+                            False, meter=meter, device=device)
+    return measure_peak(model_factory_for(kind, cfg, case.attention), optimizer_factory_for(case.optimizer),
+                        case.batch, case.seq, case.precision, case.checkpointing, meter=meter, device=device)
+
+
+def estimate_case(case, models: dict = MODELS, device: str = "cpu", **cuda) -> gpuops.Breakdown:
+    """gpuops.estimate of a Case or a LoraCase; `cuda`: estimate()'s CUDA keywords (gpu, device_profile)."""
+    kind, cfg = models[case.model]
+    lora = {}
+    if isinstance(case, LoraCase):
+        lora = dict(lora_rank=case.rank, lora_targets=list(case.targets), lora_dropout=case.dropout,
+                    base_dtype="fp32" if case.precision == "fp32" else "bf16")
+    return gpuops.estimate(config=make_config(kind, cfg, case.attention).to_dict(), precision=case.precision,
+                           optimizer=case.optimizer, checkpointing="full" if case.checkpointing else "none",
+                           attention=case.attention, micro_batch=case.batch, seq_len=case.seq, device=device,
+                           **lora, **cuda)
 
 
 def run_lora(cases: list[LoraCase]) -> list[dict]:

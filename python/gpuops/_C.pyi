@@ -1,6 +1,6 @@
 """Type stubs of the native module gpuops._C (use the gpuops package rather than this module)."""
 
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -145,6 +145,7 @@ class FlatParams:
     @staticmethod
     def shard(flat: "torch.Tensor", rank: int, world_size: int) -> "torch.Tensor": ...
 CUDA_CONTEXT_BYTES: int
+def replay_caching_allocator(trace: Sequence[int], expandable: bool = False) -> Dict[str, int]: ...
 
 # Option and checkpoint checks shared with the C++ classes (bind_optim_checks.cpp).
 def check_adam_options(where: str, lr: object, betas: object, eps: object, weight_decay: object) -> None: ...

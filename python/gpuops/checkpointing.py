@@ -152,13 +152,21 @@ def measure_layers(layers, sample: Callable[[], None]) -> List[LayerCost]:
         return t
 
     handles, starts = [], {}
+
+    def sync(tensors) -> None:
+        """CUDA kernels run asynchronously: a layer's time is its kernels', not their launches'."""
+        for device in {t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}:
+            torch.cuda.synchronize(device)
+
     for name, module in named:
         def pre(mod, args, name=name):
             current[0] = name
             inputs[name] = sum(a.untyped_storage().nbytes() for a in args if isinstance(a, torch.Tensor))
+            sync(args)
             starts[name] = time.perf_counter()
 
         def post(mod, args, out, name=name):
+            sync(out if isinstance(out, (tuple, list)) else [out])
             seconds[name] += time.perf_counter() - starts[name]
             current[0] = None
 

@@ -129,6 +129,7 @@ def estimate(
     module_loading: str = "lazy",
     allocator: str = "default",
     context_bytes: Optional[int] = None,
+    device_profile: Union[str, os.PathLike, None] = None,
 ) -> Breakdown:
     """Peak memory of one training step, per GPU (``device="cuda"``) or on the CPU (``device="cpu"``).
 
@@ -184,7 +185,9 @@ def estimate(
     context and workspaces; ``None``: an H100), ``cuda`` the CUDA major version of the torch build (11-13),
     ``module_loading`` ``"lazy"`` (torch's default) or ``"eager"``, ``allocator`` ``"default"`` or
     ``"expandable"`` (``expandable_segments:True``), ``context_bytes`` a measured CUDA context (nvidia-smi minus
-    ``max_memory_reserved``) instead of the table's.
+    ``max_memory_reserved``) instead of the table's, ``device_profile`` a ``device-profile.json`` measured on a GPU
+    by ``bench/estimator_validation/calibrate_device.py`` (its context and workspaces replace the table's for
+    GPUs of its compute capability; ``context_bytes`` wins over it).
     """
     spec = _model_spec(model, config, params)
     # Types and ranges are checked in C++ (gpuops._C), each error naming its argument.
@@ -197,8 +200,17 @@ def estimate(
         reduce_dtype=reduce_dtype,
         offload_optimizer=offload_optimizer, quantize_lm_head=quantize_lm_head, bnb_version=bnb_version, loss=loss, lora_dropout=lora_dropout,
         compile=compile, held_logits=held_logits, gpu=gpu, cuda=cuda, module_loading=module_loading, allocator=allocator,
-        context_bytes=context_bytes)
+        context_bytes=context_bytes, device_profile=_path_or_none("device_profile", device_profile))
     return Breakdown(**dict(items), peak_phase=phase, **off_device)
+
+
+def _path_or_none(name: str, path) -> Optional[bytes]:
+    """A path as bytes (any file name reaches open()), or None."""
+    if path is None:
+        return None
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"{name} must be a path or None, got {type(path).__name__} {path!r}")
+    return os.fsencode(path)
 
 
 def presets() -> list:
@@ -231,6 +243,7 @@ def _estimate_inputs(caller: str, model, keywords: dict):
     spec = _model_spec(model, merged.pop("config"), merged.pop("params"))
     device = merged.pop("device")
     merged.pop("gpu")  # the callers take gpu themselves
+    merged["device_profile"] = _path_or_none("device_profile", merged["device_profile"])
     return spec, device, merged
 
 

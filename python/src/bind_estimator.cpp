@@ -128,7 +128,7 @@ double float_arg(py::handle value, const char* name) {
   return v;
 }
 
-// The CUDA software from the keywords cuda, module_loading, allocator and context_bytes (those of
+// The CUDA software from the keywords cuda, module_loading, allocator, context_bytes and device_profile (those of
 // `gpuops estimate`); absent keywords keep the defaults.
 CudaRuntime runtime_arg(const py::dict& a) {
   CudaRuntime rt;
@@ -153,6 +153,12 @@ CudaRuntime runtime_arg(const py::dict& a) {
     rt.context_bytes = int_arg(a["context_bytes"], "context_bytes");
     GPUOPS_CHECK_ARG(rt.context_bytes >= 0 && rt.context_bytes <= (int64_t{1} << 40),
                      "context_bytes {} is not accepted; accepted: None or 0 to 2**40", rt.context_bytes);
+  }
+  if (a.contains("device_profile") && !a["device_profile"].is_none()) {
+    py::handle path = a["device_profile"];
+    if (!PyBytes_Check(path.ptr()))  // estimator.py passes os.fsencode(path)
+      throw py::type_error(fmt::format("device_profile must be a path or None, got {}", describe(path)));
+    rt.measured = read_device_profile(path.cast<std::string>(), "device_profile");
   }
   return rt;
 }
@@ -320,6 +326,42 @@ void bind_estimator(py::module_& m) {
       "reshard_after_forward, reduce_dtype, offload_optimizer, quantize_lm_head, bnb_version, held_logits.");
 
   m.attr("CUDA_CONTEXT_BYTES") = cuda_device().cuda_context_bytes;  // what the estimator assumes
+
+  // The caching allocator model alone, over a trace, so that a GPU run can compare it with torch's own
+  // (bench/estimator_validation/calibrate_device.py).
+  m.def(
+      "replay_caching_allocator",
+      [](const std::vector<int64_t>& trace, bool expandable) {
+        constexpr int64_t kMaxOps = int64_t{1} << 20, kMaxSize = int64_t{1} << 40;  // sums stay far from 2**63
+        GPUOPS_CHECK_ARG(static_cast<int64_t>(trace.size()) <= kMaxOps, "trace has {} operations; accepted: at most "
+                         "{}", trace.size(), kMaxOps);
+        CachingAllocatorModel model(expandable ? AllocatorMode::ExpandableSegments : AllocatorMode::Default);
+        std::vector<int64_t> handles;
+        std::vector<bool> freed;
+        for (const int64_t op : trace) {
+          GPUOPS_CHECK_ARG(op <= kMaxSize, "trace: {} is not accepted; accepted: a size in bytes of at most 2**40 "
+                           "(1 TiB), or -(k + 1) to free the k-th allocation", op);
+          if (op > 0) {
+            handles.push_back(model.malloc(op));
+            freed.push_back(false);
+            continue;
+          }
+          const int64_t k = -(op + 1);  // op = -(k + 1) frees the k-th allocation
+          GPUOPS_CHECK_ARG(op < 0 && k < static_cast<int64_t>(handles.size()) && !freed[k],
+                           "trace: {} is not accepted; accepted: a size in bytes (> 0), or -(k + 1) to free the k-th "
+                           "allocation (0-based) once, after it was made ({} made so far)", op, handles.size());
+          model.free(handles[k]);
+          freed[k] = true;
+        }
+        py::dict peaks;
+        peaks["peak_allocated"] = model.peak_allocated();
+        peaks["peak_reserved"] = model.peak_reserved();
+        peaks["peak_requested"] = model.peak_requested();
+        return peaks;
+      },
+      py::arg("trace"), py::arg("expandable") = false,
+      "Peaks of the caching allocator model (c10's rules) over a trace: sizes to allocate, -(k + 1) to free the "
+      "k-th allocation.");
 
   // Pictures and advice.
   m.def(

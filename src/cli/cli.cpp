@@ -49,7 +49,7 @@ struct EstimateOptions {
   std::string sharding = "flat", reshard_after_forward = "true", reduce_dtype = "grad";
   bool offload_optimizer = false, quantize_lm_head = false;
   // The CUDA software (docs/estimator.md, "Three figures"):
-  std::string cuda = "13", module_loading = "lazy", allocator = "default", context_bytes = "-1";
+  std::string cuda = "13", module_loading = "lazy", allocator = "default", context_bytes = "-1", device_profile;
   // Pictures and advice (docs/estimator.md, "Pictures and advice"):
   std::string plot;    ///< --plot FILE.svg
   std::string advise;  ///< --advise GPU
@@ -158,6 +158,7 @@ est::CudaRuntime build_runtime(const EstimateOptions& o) {
   GPUOPS_CHECK_ARG(rt.context_bytes >= -1 && rt.context_bytes <= (int64_t{1} << 40), "--context-bytes {} is not "
                    "accepted; accepted: 0 to 1099511627776 (what nvidia-smi shows minus max_memory_reserved)",
                    rt.context_bytes);
+  if (!o.device_profile.empty()) rt.measured = est::read_device_profile(o.device_profile, "--device-profile");
   return rt;
 }
 
@@ -345,6 +346,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       ->capture_default_str();
   estimate->add_option("--context-bytes", o.context_bytes, "Measured CUDA context in bytes (nvidia-smi minus "
                        "max_memory_reserved) instead of the table's")->type_name("INT");
+  CLI::Option* profile_option = estimate->add_option(
+      "--device-profile", o.device_profile, "A device-profile.json measured on a GPU (calibrate_device.py): its CUDA "
+      "context and workspaces replace the table's for GPUs of its compute capability")->type_name("FILE");
   CLI::Option* gpu_option =
       estimate->add_option("--gpu", o.gpu, "Show only this catalog GPU (see `gpuops gpus`)");
   estimate->add_flag("--recommend", o.recommend, "Only the GPUs that fit, cheapest first");
@@ -383,6 +387,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
     GPUOPS_CHECK_ARG(plot_option->count() == 0 || !o.plot.empty(), "--plot '' is not a file name; accepted: a path "
                      "such as estimate.svg");
+    GPUOPS_CHECK_ARG(profile_option->count() == 0 || !o.device_profile.empty(), "--device-profile '' is not a file "
+                     "name; accepted: the path of a device-profile.json");
     GPUOPS_CHECK_ARG(advise_option->count() == 0 || !o.advise.empty(), "--advise '' is not a GPU; accepted: a name "
                      "from `gpuops gpus`");
     const bool has_model = model->count() + config->count() + params->count() > 0;

@@ -46,9 +46,18 @@ DeviceProfile cuda_device(int cc, const CudaRuntime& runtime, bool nvlink, bool 
   d.runtime = runtime;
   // Lazy loading exists from CUDA 11.7; torch turns it on by default.
   const bool lazy = runtime.lazy_loading;
+  const MeasuredCuda* measured =
+      runtime.measured && runtime.measured->compute_capability == cc ? &*runtime.measured : nullptr;
   if (runtime.context_bytes >= 0) {
     d.cuda_context_bytes = d.cuda_context_low = d.cuda_context_high = runtime.context_bytes;
     d.context_basis = "given with --context-bytes";
+  } else if (measured) {
+    d.cuda_context_bytes = measured->context_bytes;
+    d.cuda_context_low = measured->context_low;
+    d.cuda_context_high = measured->context_high;
+    d.context_basis = fmt::format("CUDA context measured on {}: {} MiB (range {}-{})", measured->source,
+                                  measured->context_bytes / MiB, measured->context_low / MiB,
+                                  measured->context_high / MiB);
   } else {
     const ContextRange r = context_mib(cc, lazy, consumer);
     d.cuda_context_bytes = r.typical * MiB;
@@ -60,7 +69,7 @@ DeviceProfile cuda_device(int cc, const CudaRuntime& runtime, bool nvlink, bool 
   // torch 2.11 allocates one cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG's default: 32 MiB on sm_90, 8 MiB
   // + 128 KiB elsewhere) and one 1 MiB cuBLASLt workspace per (handle, stream) through the caching
   // allocator; a step uses two handles: the forward's thread and the autograd engine's device thread.
-  d.workspace_bytes = 2 * ((cc == 90 ? 32 * MiB : 8 * MiB + 128 * 1024) + MiB);
+  d.workspace_bytes = measured ? measured->workspace_bytes : 2 * ((cc == 90 ? 32 * MiB : 8 * MiB + 128 * 1024) + MiB);
   return d;
 }
 

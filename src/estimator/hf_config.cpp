@@ -1,13 +1,7 @@
 #include "gpuops/estimator/hf_config.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdint>
-#include <cstring>
 #include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 #include <vector>
 
@@ -15,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuops/errors.h"
+#include "text_file.h"
 
 namespace gpuops::estimator {
 namespace {
@@ -374,36 +369,8 @@ ModelSpec model_from_hf_config(std::string_view json_text, std::string name) {
 }
 
 ModelSpec model_from_hf_config_file(const std::string& path) {
-  // Opened without blocking and checked before reading: a FIFO would block the open (or the read)
-  // forever, a directory reads as nothing, a device as endless bytes.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  GPUOPS_CHECK_ARG(fd >= 0, "config '{}' cannot be read ({}); give the path of a Hugging Face config.json", path,
-                   std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  GPUOPS_CHECK_ARG(::fstat(fd, &st) == 0, "config '{}' cannot be read ({}); give the path of a Hugging Face "
-                   "config.json", path, std::strerror(errno));
-  GPUOPS_CHECK_ARG(!S_ISDIR(st.st_mode), "config '{}' is a directory; give the path of its config.json file", path);
-  GPUOPS_CHECK_ARG(S_ISREG(st.st_mode), "config '{}' is not a regular file (a FIFO, socket or device); give the "
-                   "path of a Hugging Face config.json", path);
-  GPUOPS_CHECK_ARG(st.st_size <= kMaxConfigBytes, "config '{}' is {} bytes; accepted: a config.json of at most {} "
-                   "bytes", path, static_cast<int64_t>(st.st_size), kMaxConfigBytes);
-  std::string text;
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    GPUOPS_CHECK_ARG(n >= 0, "config '{}' cannot be read ({}); give the path of a Hugging Face config.json", path,
-                     std::strerror(errno));
-    if (n == 0) break;
-    text.append(buffer, static_cast<size_t>(n));
-    GPUOPS_CHECK_ARG(static_cast<int64_t>(text.size()) <= kMaxConfigBytes,
-                     "config '{}' is larger than {} bytes; accepted: a config.json of at most that", path,
-                     kMaxConfigBytes);
-  }
+  const std::string text = read_text_file(
+      path, {"config", "config.json", "give the path of a Hugging Face config.json", kMaxConfigBytes});
   return model_from_hf_config(text, path);
 }
 

@@ -63,10 +63,13 @@ const std::vector<at::Tensor>& checked(const std::vector<at::Tensor>& params, di
                       i, "] is ", dtype, "; accepted: float32, or float16/bfloat16 (stepped on fp32 master shards)");
   }
   const int n = comm.size();
-  // Every rank's [count, hash]: ranks that disagree all raise the same error, nothing changed.
-  at::Tensor mine = at::tensor({static_cast<int64_t>(params.size()), params_hash(params)}, at::kLong);
-  at::Tensor all = at::empty({2 * n}, at::kLong);
+  // Every rank's [count, hash]: ranks that disagree all raise the same error, nothing changed. On the
+  // parameters' device: the group's backend may serve only that one (NCCL: CUDA tensors).
+  const at::Device device = !params.empty() && params[0].defined() ? params[0].device() : at::Device(at::kCPU);
+  at::Tensor mine = at::tensor({static_cast<int64_t>(params.size()), params_hash(params)}, at::kLong).to(device);
+  at::Tensor all = at::empty({2 * n}, at::TensorOptions(at::kLong).device(device));
   comm.all_gather(mine, all).wait();
+  all = all.cpu();
   const auto* v = all.data_ptr<int64_t>();
   for (int r = 1; r < n; ++r) {
     TORCH_CHECK_VALUE(v[2 * r] == v[0] && v[2 * r + 1] == v[1], "ZeroOptimizer: params differ across ranks: rank 0 "

@@ -134,6 +134,23 @@ TEST(DeviceFigures, ContextTableByGenerationAndOverride) {
   EXPECT_EQ(b.total(), b.reserved_peak() + 777 * MiB);
 }
 
+TEST(DeviceFigures, AMeasuredProfileReplacesTheTableForItsComputeCapabilityOnly) {
+  est::CudaRuntime rt;
+  rt.measured = est::MeasuredCuda{90, 612 * MiB, 600 * MiB, 650 * MiB, 40 * MiB, "a test GPU"};
+  const est::DeviceProfile h100 = est::cuda_device(90, rt);
+  EXPECT_EQ(h100.cuda_context_bytes, 612 * MiB);
+  EXPECT_EQ(h100.cuda_context_low, 600 * MiB);
+  EXPECT_EQ(h100.cuda_context_high, 650 * MiB);
+  EXPECT_EQ(h100.workspace_bytes, 40 * MiB);
+  EXPECT_NE(h100.context_basis.find("measured on a test GPU"), std::string::npos);
+  const est::DeviceProfile a100 = est::cuda_device(80, rt);  // another chip: the table's figures
+  EXPECT_EQ(a100.cuda_context_bytes, est::cuda_device(80).cuda_context_bytes);
+  EXPECT_EQ(a100.workspace_bytes, est::cuda_device(80).workspace_bytes);
+  rt.context_bytes = 700 * MiB;  // --context-bytes wins over the profile's context
+  EXPECT_EQ(est::cuda_device(90, rt).cuda_context_bytes, 700 * MiB);
+  EXPECT_EQ(est::cuda_device(90, rt).workspace_bytes, 40 * MiB);
+}
+
 TEST(DeviceFigures, NcclBuffersOnlyWithSeveralGpus) {
   est::TrainingSetup s = full_bf16();
   const est::ModelSpec m = est::preset("llama-2-7b");

@@ -3,55 +3,20 @@ the same step run eagerly, as torch's own GradScaler + AdamW do (their compiled-
 our ops also compile inside a graph (fake kernels, functionalization, inductor). Compiled cases are few: inductor
 compiles are slow on a small machine."""
 
-import copy
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-import gpuops
-
+import gpuops  # noqa: F401  (torch.ops.gpuops)
 from conftest import DEVICES
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from compiled_step import amp_step as _amp_step, compiled_vs_eager, ours as _ours, torchs as _torchs  # noqa: E402
+
 STEPS = 5
-
-
-def _amp_step(model, optimizer, scaler, x, y):
-    optimizer.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    return loss.detach()
-
-
-def _train(model, optimizer, scaler, batches, backend):
-    step = _amp_step if backend is None else torch.compile(_amp_step, backend=backend)
-    for x, y in batches:
-        step(model, optimizer, scaler, x, y)
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
-
-
-def _compiled_vs_eager(make, start, batches, backend):
-    """Relative gap between the parameters after a compiled and an eager run from the same start."""
-    compiled = _train(*make(copy.deepcopy(start)), batches, backend)
-    eager = _train(*make(copy.deepcopy(start)), batches, None)
-    assert torch.isfinite(eager).all()
-    return ((compiled - eager).norm() / eager.norm()).item()
-
-
-def _ours(model):
-    return model, gpuops.optim.AdamW(model.parameters(), lr=1e-2), gpuops.GradScaler(_device_of(model),
-                                                                                     init_scale=256.0)
-
-
-def _torchs(model):
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-2), torch.amp.GradScaler(_device_of(model),
-                                                                                        init_scale=256.0)
-
-
-def _device_of(model):
-    return next(model.parameters()).device.type
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -65,8 +30,8 @@ def test_compiled_amp_step_matches_eager_as_torchs_does(device):
     start = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).to(device)
     batches = [(torch.randn(8, 16, generator=generator).to(device), torch.randn(8, 4, generator=generator).to(device))
                for _ in range(STEPS)]
-    torchs_gap = _compiled_vs_eager(_torchs, start, batches, "inductor")
-    ours_gap = _compiled_vs_eager(_ours, start, batches, "inductor")
+    torchs_gap = compiled_vs_eager(_torchs, start, batches, "inductor")
+    ours_gap = compiled_vs_eager(_ours, start, batches, "inductor")
     assert ours_gap <= max(2 * torchs_gap, 1e-6), (ours_gap, torchs_gap)
 
 

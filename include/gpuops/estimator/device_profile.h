@@ -2,11 +2,23 @@
 // Where the training step runs, as far as memory is concerned. Torch-free.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "gpuops/estimator/caching_allocator_model.h"
 
 namespace gpuops::estimator {
+
+/// CUDA figures measured on one GPU by bench/estimator_validation/calibrate_device.py (a device profile file,
+/// `--device-profile`): they replace the table's context and workspaces for GPUs of that compute capability.
+struct MeasuredCuda {
+  int compute_capability = 0;  ///< of the GPU measured (90 for an H100)
+  int64_t context_bytes = 0;   ///< device memory in use minus max_memory_reserved, while training
+  int64_t context_low = 0;     ///< its range over the moments measured
+  int64_t context_high = 0;
+  int64_t workspace_bytes = 0;  ///< cuBLAS/cuBLASLt workspaces a forward and backward keep allocated
+  std::string source;           ///< the GPU, driver, torch and date measured, for notes
+};
 
 /// The CUDA software a job runs with: what sizes the context and the allocator's behaviour.
 struct CudaRuntime {
@@ -14,6 +26,7 @@ struct CudaRuntime {
   bool lazy_loading = true;        ///< CUDA_MODULE_LOADING=LAZY (torch's default since 1.13 on CUDA >= 11.7)
   AllocatorMode allocator = AllocatorMode::Default;  ///< PYTORCH_CUDA_ALLOC_CONF expandable_segments
   int64_t context_bytes = -1;      ///< >= 0: the measured context to use instead of the table (--context-bytes)
+  std::optional<MeasuredCuda> measured;  ///< a device profile (--device-profile); context_bytes >= 0 wins over it
 };
 
 /// CUDA adds the context, the library workspaces and the caching allocator's reserve and uses GPU kernels
@@ -40,6 +53,10 @@ struct DeviceProfile {
 /// (docs/estimator.md cites each figure). The default is an H100 with torch 2.11's CUDA 13.
 DeviceProfile cuda_device(int cc = 90, const CudaRuntime& runtime = CudaRuntime{}, bool nvlink = true,
                           bool consumer = false);
+
+/// A device profile file's figures (docs/estimator.md, "Measured device profiles"); errors name `label` (the
+/// option or argument that gave the path), the file and the field.
+MeasuredCuda read_device_profile(const std::string& path, const std::string& label = "--device-profile");
 
 /// The CPU: no context, no slack (MemoryBudget's counting allocator sees exact bytes).
 DeviceProfile cpu_device();
