@@ -114,6 +114,10 @@ class Communicator {
   std::chrono::milliseconds timeout() const { return options_.timeout; }
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return group_; }
 
+  /// Where small control messages (agreements, dist::Agreement) travel: the CPU when the group serves CPU
+  /// tensors (Gloo), else the current CUDA device (NCCL).
+  at::Device control_device() const;
+
   /// This rank's shard of a flat buffer: buffer[rank * S, (rank + 1) * S), a view.
   at::Tensor shard(const at::Tensor& buffer) const;
 

@@ -41,6 +41,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
 
+#include "gpuops/agreement.h"
 #include "gpuops/communicator.h"
 #include "gpuops/flat_params.h"
 #include "gpuops/optimizers.h"
@@ -90,17 +91,22 @@ class ZeroShards {
   /// Elements per rank converted to fp32 at once when a 16-bit gradient is reduced (16 MiB per rank).
   static constexpr int64_t kReduceChunk = int64_t{1} << 22;
 
-  /// Collective (one all-gather of the parameters' count and shapes). c10::ValueError, with the parameters
-  /// unchanged, for a stage other than 1 or 2, parameters that differ across ranks, a dtype other than
-  /// float32/float16/bfloat16, or what FlatParams refuses.
-  /// With reduce_in_backward, a hook on every parameter's gradient accumulator (removed by the destructor):
-  /// the object must not move, hence no copy or move.
-  ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, ZeroOptions options);
+  /// Collective: every rank checks its arguments, then one agreement (agreement.h; `agreement` may hold the
+  /// caller's own checks and fields: the optimizer's options). c10::ValueError on every rank, with the
+  /// parameters unchanged, when any rank's check failed (a stage other than 1 or 2, a dtype other than
+  /// float32/float16/bfloat16, a parameter without elements, a name with a line break, what FlatParams
+  /// refuses) or the ranks differ in the parameters' count, shapes, dtypes or initial values, their names, or
+  /// the options. With reduce_in_backward, a hook on every parameter's gradient accumulator (removed by the
+  /// destructor): the object must not move, hence no copy or move.
+  ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, ZeroOptions options,
+             dist::Agreement agreement = dist::Agreement("ZeroOptimizer"));
   ~ZeroShards();
   ZeroShards(const ZeroShards&) = delete;
   ZeroShards& operator=(const ZeroShards&) = delete;
 
   int stage() const { return options_.stage; }
+  /// This optimizer's id, the same on every rank (rank 0's choice): its shard files carry it with a save count.
+  const std::string& id() const { return id_; }
   const ZeroOptions& options() const { return options_; }
   const dist::Communicator& communicator() const { return comm_; }
   dist::Communicator& communicator() { return comm_; }
@@ -200,6 +206,7 @@ class ZeroShards {
 
   dist::Communicator comm_;
   ZeroOptions options_;
+  std::string id_;
   std::vector<std::unique_ptr<FlatParams>> flats_;  ///< one per bucket
   std::vector<at::Tensor> shards_;       ///< per buffer: the shard parameter handed to the optimizer
   std::vector<at::Tensor> shard_grads_;  ///< per buffer: a separate fp32 gradient shard (stage 2, or 16-bit)

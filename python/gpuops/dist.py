@@ -37,10 +37,22 @@ class Communicator(_C.Communicator):
         super().__init__(group, timeout)
 
 
+def fail_together(communicator: _C.Communicator, what: str, error: BaseException) -> None:
+    """Raises ``error`` after telling every rank, waiting in ``what``'s agreement (gpuops/agreement.h), that this
+    rank failed with it: they raise ValueError naming this rank and the error within seconds, instead of waiting
+    for a collective this rank will never join."""
+    text = str(error).strip().splitlines()
+    try:
+        communicator.agree(what, f"{type(error).__name__}: {text[0] if text else ''}")
+    except Exception:  # noqa: BLE001 - our own failure comes back from the exchange; error is what to raise
+        pass
+    raise error
+
+
 def from_environment(timeout: float = 300.0) -> _C.Communicator:
     """A communicator built in C++ from the launcher's variables (torchrun's RANK, WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT, or srun's SLURM_PROCID, SLURM_NTASKS with MASTER_ADDR, MASTER_PORT): Gloo, CPU tensors."""
     return _C.Communicator.from_environment(timeout)
 
 
-__all__ = ["CommWork", "Communicator", "from_environment"]
+__all__ = ["CommWork", "Communicator", "fail_together", "from_environment"]

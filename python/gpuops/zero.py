@@ -114,20 +114,24 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def __init__(self, params, optimizer_class=None, communicator=None, stage: int = 1, *,
                  reduce_in_backward: bool = False, bucket_bytes: int = 25 * 2**20,
                  overlap_param_gather: Union[bool, torch.nn.Module] = False, **defaults) -> None:
-        kind = _kind_of(optimizer_class if optimizer_class is not None else "adamw")
         if communicator is None or isinstance(communicator, torch.distributed.ProcessGroup):
             communicator = _dist.Communicator(communicator)
-        if not isinstance(communicator, _C.Communicator):
+        if not isinstance(communicator, _C.Communicator):  # no way to reach the other ranks: this one raises alone
             raise TypeError("gpuops.ZeroOptimizer: communicator must be a gpuops.dist.Communicator, a "
                             f"torch.distributed group or None, got {type(communicator).__name__}")
-        params, names = _split_names(params)
-        module = overlap_param_gather if isinstance(overlap_param_gather, torch.nn.Module) else None
-        if module is not None:  # its forward pre-hooks are what waits: every parameter must be the module's
-            owned = {id(p) for p in module.parameters()}
-            outside = sum(1 for p in params if id(p) not in owned)
-            if outside:
-                raise ValueError(f"gpuops.ZeroOptimizer: overlap_param_gather must be the module whose forward reads "
-                                 f"the parameters; {outside} of the {len(params)} parameters are not its parameters")
+        try:  # a bad argument on this rank reaches every rank, waiting in the construction's agreement
+            kind = _kind_of(optimizer_class if optimizer_class is not None else "adamw")
+            params, names = _split_names(params)
+            module = overlap_param_gather if isinstance(overlap_param_gather, torch.nn.Module) else None
+            if module is not None:  # its forward pre-hooks are what waits: every parameter must be the module's
+                owned = {id(p) for p in module.parameters()}
+                outside = sum(1 for p in params if id(p) not in owned)
+                if outside:
+                    raise ValueError(f"gpuops.ZeroOptimizer: overlap_param_gather must be the module whose forward "
+                                     f"reads the parameters; {outside} of the {len(params)} parameters are not its "
+                                     "parameters")
+        except Exception as error:  # noqa: BLE001 - raised below, after the other ranks heard of it
+            _dist.fail_together(communicator, "ZeroOptimizer", error)
         self._impl = _C.ZeroOptimizer(params, communicator, stage, kind, dict(defaults), reduce_in_backward,
                                       bucket_bytes, names, True if module is not None else overlap_param_gather)
         self._hooks = _wait_hooks(self, module, params) if module is not None else []

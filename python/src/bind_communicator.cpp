@@ -9,6 +9,7 @@
 
 #include "bindings.h"
 #include "py_args.h"
+#include "gpuops/agreement.h"
 #include "gpuops/communicator.h"
 
 namespace py = pybind11;
@@ -109,7 +110,23 @@ void bind_communicator(py::module_& m) {
             d["ring_sent_bytes"] = t.ring_sent_bytes();
             return d;
           })
-      .def("reset_traffic", &dist::Communicator::reset_traffic);
+      .def("reset_traffic", &dist::Communicator::reset_traffic)
+      .def(
+          "agree",
+          [](dist::Communicator& c, const std::string& what, const std::string& error,
+             const std::vector<std::pair<std::string, std::string>>& fields,
+             const std::vector<std::pair<std::string, std::string>>& proposals) {
+            dist::Agreement a(what);
+            if (!error.empty()) a.fail(error);
+            for (const auto& [name, value] : fields) a.field(name, value);
+            for (const auto& [name, value] : proposals) a.propose(name, value);
+            py::gil_scoped_release release;
+            return a.exchange(c);
+          },
+          py::arg("what"), py::arg("error") = "", py::arg("fields") = std::vector<std::pair<std::string, std::string>>{},
+          py::arg("proposals") = std::vector<std::pair<std::string, std::string>>{},
+          "One agreement (gpuops/agreement.h): every rank's error and fields; ValueError on every rank naming the "
+          "failed rank or the field that differs; returns rank 0's proposals as (name, value) pairs. Collective.");
 }
 
 }  // namespace gpuops::python

@@ -11,6 +11,7 @@
 #include <torch/csrc/utils/pybind.h>  // torch.Tensor <-> at::Tensor
 
 #include "bindings.h"
+#include "fail_together.h"
 #include "py_args.h"
 #include "gpuops/sharded_state.h"
 #include "gpuops/zero_optimizer.h"
@@ -94,21 +95,23 @@ struct Keywords {
   }
 };
 
-std::unique_ptr<ShardedOptimizer> make(const std::string& kind, std::vector<at::Tensor> params,
-                                       const dist::Communicator& comm, const optim::ZeroOptions& stage, Keywords& k) {
+using Construct = std::function<std::unique_ptr<ShardedOptimizer>()>;
+
+// Reads the options of `kind` (every Python argument is read here, before the construction's agreement) and
+// returns what constructs the optimizer.
+Construct parse(const std::string& kind, std::vector<at::Tensor> params, const dist::Communicator& comm,
+                const optim::ZeroOptions& zero, Keywords& k) {
   if (kind == "adamw") {
     optim::AdamWOptions o;
     k.adam(o);
     k.finish("AdamW");
-    py::gil_scoped_release release;  // collective: one all-gather of the parameters' shapes
-    return std::make_unique<optim::ZeroOptimizer<optim::AdamW>>(std::move(params), comm, stage, o);
+    return [=] { return std::make_unique<optim::ZeroOptimizer<optim::AdamW>>(params, comm, zero, o); };
   }
   if (kind == "adam") {
     optim::AdamOptions o;
     k.adam(o);
     k.finish("Adam");
-    py::gil_scoped_release release;
-    return std::make_unique<optim::ZeroOptimizer<optim::Adam>>(std::move(params), comm, stage, o);
+    return [=] { return std::make_unique<optim::ZeroOptimizer<optim::Adam>>(params, comm, zero, o); };
   }
   if (kind == "sgd") {
     auto lr = k.get("lr");
@@ -117,8 +120,7 @@ std::unique_ptr<ShardedOptimizer> make(const std::string& kind, std::vector<at::
     k.sgd(o);
     k.flag("capturable", [&](bool v) { o.capturable(v); });
     k.finish("SGD");
-    py::gil_scoped_release release;
-    return std::make_unique<optim::ZeroOptimizer<optim::SGD>>(std::move(params), comm, stage, o);
+    return [=] { return std::make_unique<optim::ZeroOptimizer<optim::SGD>>(params, comm, zero, o); };
   }
   throw py::value_error(k.where + ": optimizer must be 'adamw', 'adam' or 'sgd', got '" + kind + "'");
 }
@@ -180,26 +182,33 @@ py::list to_python(const std::vector<optim::NamedTensors>& states) {
 
 void bind_zero_optimizer(py::module_& m) {
   py::class_<ShardedOptimizer>(m, "ZeroOptimizer")
-      .def(py::init([](const py::object& params, const dist::Communicator& communicator, const py::object& stage,
+      .def(py::init([](const py::object& params, dist::Communicator& communicator, const py::object& stage,
                        const std::string& optimizer, const py::dict& options, const py::object& reduce_in_backward,
                        const py::object& bucket_bytes, const std::vector<std::string>& param_names,
                        const py::object& overlap_param_gather) {
              const std::string where = "gpuops.ZeroOptimizer";
-             auto tensors = tensor_list_arg(where, "params", params);
-             const int64_t s = int_arg(where, "stage", stage);
-             if (s != 1 && s != 2)
-               throw py::value_error(where + ": stage must be 1 (optimizer state sharded) or 2 (optimizer state "
-                                     "and gradients sharded), got " + text_of(stage));
-             optim::ZeroOptions zero;
-             zero.stage = static_cast<int>(s);
-             zero.reduce_in_backward = bool_arg(where, "reduce_in_backward", reduce_in_backward);
-             zero.bucket_bytes = int_arg(where, "bucket_bytes", bucket_bytes);
-             zero.param_names = param_names;
-             zero.overlap_param_gather = bool_arg(where, "overlap_param_gather", overlap_param_gather);
-             if (zero.bucket_bytes < 1)
-               throw py::value_error(where + ": bucket_bytes must be >= 1, got " + text_of(bucket_bytes));
-             Keywords k{where, options, {}};
-             return make(optimizer, std::move(tensors), communicator, zero, k);
+             Construct construct;
+             try {
+               auto tensors = tensor_list_arg(where, "params", params);
+               const int64_t s = int_arg(where, "stage", stage);
+               if (s != 1 && s != 2)
+                 throw py::value_error(where + ": stage must be 1 (optimizer state sharded) or 2 (optimizer state "
+                                       "and gradients sharded), got " + text_of(stage));
+               optim::ZeroOptions zero;
+               zero.stage = static_cast<int>(s);
+               zero.reduce_in_backward = bool_arg(where, "reduce_in_backward", reduce_in_backward);
+               zero.bucket_bytes = int_arg(where, "bucket_bytes", bucket_bytes);
+               zero.param_names = param_names;
+               zero.overlap_param_gather = bool_arg(where, "overlap_param_gather", overlap_param_gather);
+               if (zero.bucket_bytes < 1)
+                 throw py::value_error(where + ": bucket_bytes must be >= 1, got " + text_of(bucket_bytes));
+               Keywords k{where, options, {}};
+               construct = parse(optimizer, std::move(tensors), communicator, zero, k);
+             } catch (...) {
+               fail_together(communicator, "ZeroOptimizer");
+             }
+             py::gil_scoped_release release;  // collective: the construction's agreement
+             return construct();
            }),
            py::arg("params"), py::arg("communicator"), py::arg("stage"), py::arg("optimizer"), py::arg("options"),
            py::arg("reduce_in_backward") = false, py::arg("bucket_bytes") = optim::ZeroOptions().bucket_bytes,

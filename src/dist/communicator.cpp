@@ -198,6 +198,15 @@ Communicator Communicator::from_environment(CommunicatorOptions options) {
   return Communicator(std::move(group), options);
 }
 
+at::Device Communicator::control_device() const {
+  const auto types = group_->getDeviceTypes();
+  const auto serves = [&](c10::DeviceType t) {
+    return std::any_of(types.begin(), types.end(), [&](const c10::Device& d) { return d.type() == t; });
+  };
+  if (serves(at::kCPU) || !serves(at::kCUDA)) return at::Device(at::kCPU);
+  return at::Device(at::kCUDA);  // the current device, as NCCL's collectives use it
+}
+
 at::Tensor Communicator::shard(const at::Tensor& buffer) const {
   TORCH_CHECK_VALUE(buffer.defined(), "gpuops::dist::Communicator::shard: buffer is an undefined tensor");
   TORCH_CHECK_VALUE(buffer.numel() % size_ == 0, "gpuops::dist::Communicator::shard: buffer's numel ",

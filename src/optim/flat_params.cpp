@@ -37,12 +37,29 @@ void FlatParams::check(const std::vector<at::Tensor>& params, const FlatParamsOp
   TORCH_CHECK_VALUE(options.world_size >= 1 && options.world_size <= kMaxWorldSize,
                     "FlatParams: world_size must be in [1, ", kMaxWorldSize, "], got ", options.world_size);
   std::set<const void*> seen;
+  // Byte ranges per storage: two parameters over the same bytes (one a view of the other) would be copied
+  // apart; disjoint slices of one storage (an earlier flat buffer) are fine.
+  std::map<const void*, std::map<int64_t, std::pair<int64_t, size_t>>> ranges;  // storage -> begin -> (end, i)
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     TORCH_CHECK_VALUE(p.defined() && p.is_leaf() && p.requires_grad(), "FlatParams: params[", i,
                       "] must be a leaf tensor that requires grad");
     TORCH_CHECK_VALUE(!p.is_sparse() && p.is_contiguous(), "FlatParams: params[", i, "] must be dense and contiguous");
     TORCH_CHECK_VALUE(seen.insert(p.unsafeGetTensorImpl()).second, "FlatParams: params[", i, "] is given twice");
+    if (p.numel() > 0) {
+      const int64_t begin = p.storage_offset() * static_cast<int64_t>(p.element_size());
+      const int64_t end = begin + static_cast<int64_t>(p.nbytes());
+      auto& taken = ranges[p.storage().unsafeGetStorageImpl()];
+      auto next = taken.lower_bound(begin);
+      const bool overlaps = (next != taken.end() && next->first < end) ||
+                            (next != taken.begin() && std::prev(next)->second.first > begin);
+      const size_t other = next != taken.end() && next->first < end ? next->second.second
+                                                                      : overlaps ? std::prev(next)->second.second : i;
+      TORCH_CHECK_VALUE(!overlaps, "FlatParams: params[", i, "] shares its memory with params[", other,
+                        "] (a view of another parameter, or one weight given as two tensors); give each parameter "
+                        "once, as its own tensor");
+      taken.emplace(begin, std::make_pair(end, i));
+    }
     TORCH_CHECK_VALUE(options.alignment_bytes >= static_cast<int64_t>(p.element_size()), "FlatParams: alignment_bytes (",
                       options.alignment_bytes, ") must be at least the element size of params[", i, "] (",
                       p.element_size(), ")");

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
@@ -16,12 +17,33 @@ namespace {
 
 // Base's own checks of its options (a probe over one tensor), before anything is flattened or sent.
 template <class Base>
-const std::vector<at::Tensor>& checked_with(const std::vector<at::Tensor>& params,
-                                            const typename Base::Options& options) {
+void check_options(const typename Base::Options& options) {
   TORCH_CHECK_VALUE(!options.capturable(), "ZeroOptimizer: capturable=true is not supported (the step "
                     "communicates); leave it false");
   Base probe({at::zeros({1}).requires_grad_(true)}, options);  // c10::ValueError naming the option
-  return params;
+}
+
+// The options as every rank must pass them (shortest round-trip decimals: equal text, equal values).
+template <class Options>
+std::string describe_adam(const char* kind, const Options& o) {
+  return fmt::format("{}(lr={}, betas=({}, {}), eps={}, weight_decay={}, amsgrad={}, maximize={})", kind, o.lr(),
+                     std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), o.amsgrad(),
+                     o.maximize());
+}
+std::string describe(const AdamWOptions& o) { return describe_adam("AdamW", o); }
+std::string describe(const AdamOptions& o) { return describe_adam("Adam", o); }
+std::string describe(const SGDOptions& o) {
+  return fmt::format("SGD(lr={}, momentum={}, dampening={}, weight_decay={}, nesterov={}, maximize={})", o.lr(),
+                     o.momentum(), o.dampening(), o.weight_decay(), o.nesterov(), o.maximize());
+}
+
+// The optimizer's part of the construction's agreement: its checks on this rank, and its kind and options.
+template <class Base>
+dist::Agreement construction_agreement(const typename Base::Options& options) {
+  dist::Agreement agreement("ZeroOptimizer");
+  agreement.check([&] { check_options<Base>(options); });
+  agreement.field("optimizer and options", describe(options));
+  return agreement;
 }
 
 void add(NamedTensors& named, const char* name, const at::Tensor& t) {
@@ -95,7 +117,7 @@ ZeroOptions stage_only(int stage) {
 template <class Base>
 ZeroOptimizer<Base>::ZeroOptimizer(std::vector<at::Tensor> params, dist::Communicator communicator, ZeroOptions zero,
                                    Options options)
-    : detail::ZeroShardsHolder{ZeroShards(checked_with<Base>(params, options), std::move(communicator), zero)},
+    : detail::ZeroShardsHolder{ZeroShards(params, std::move(communicator), zero, construction_agreement<Base>(options))},
       Base(zero_shards.shard_params(), options) {}
 
 template <class Base>
@@ -157,7 +179,7 @@ void ZeroOptimizer<Base>::install(std::vector<NamedTensors> states, std::unique_
     }
     if (!rest.empty()) made[k] = state_from(rest, shards[k], k, static_cast<const typename Base::ParamState*>(nullptr));
   }
-  if (options) checked_with<Base>(shards, *options);
+  if (options) check_options<Base>(*options);
   zero_shards.install_masters(states);
   for (size_t k = 0; k < shards.size(); ++k) {
     void* key = shards[k].unsafeGetTensorImpl();

@@ -2,6 +2,7 @@
 // masters, the reduction of the gradients (at the step, or from autograd hooks during backward), the global
 // flag and norm, the all-gather. No optimizer math here.
 #include <deque>
+#include <random>
 #include <string>
 #include <utility>
 
@@ -12,7 +13,9 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <fmt/format.h>
 
+#include "gpuops/agreement.h"
 #include "gpuops/zero_optimizer.h"
 
 namespace gpuops::optim {
@@ -47,37 +50,56 @@ int64_t params_hash(const std::vector<at::Tensor>& params) {
   return static_cast<int64_t>(h & 0x7fffffffffffffffull);
 }
 
-// Local checks first (the same on every rank given the same arguments), then the one collective. Returns
-// the parameters unchanged, so that the constructor can check before FlatParams changes anything.
-const std::vector<at::Tensor>& checked(const std::vector<at::Tensor>& params, dist::Communicator& comm,
-                                       const ZeroOptions& options) {
+FlatParamsOptions padded_to(int world_size);
+
+// This rank's checks of the arguments; nothing changes.
+void check_arguments(const std::vector<at::Tensor>& params, const ZeroOptions& options, int world_size) {
   TORCH_CHECK_VALUE(options.stage == 1 || options.stage == 2, "ZeroOptimizer: stage must be 1 (optimizer state "
                     "sharded) or 2 (optimizer state and gradients sharded), got ", options.stage);
   TORCH_CHECK_VALUE(options.bucket_bytes >= 1, "ZeroOptimizer: bucket_bytes must be >= 1, got ", options.bucket_bytes);
   TORCH_CHECK_VALUE(options.param_names.empty() || options.param_names.size() == params.size(), "ZeroOptimizer: ",
                     options.param_names.size(), " param_names for ", params.size(), " parameters; give one name per "
                     "parameter, or none");
+  for (size_t i = 0; i < options.param_names.size(); ++i) {  // names are stored in the shard files, one per line
+    const std::string& name = options.param_names[i];
+    TORCH_CHECK_VALUE(!name.empty() && name.find_first_of(std::string("\n\r\0", 3)) == std::string::npos,
+                      "ZeroOptimizer: param_names[", i, "] must be a non-empty name without line breaks or NUL "
+                      "bytes, got '", name.substr(0, 80), "'");
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     const auto dtype = params[i].defined() ? params[i].scalar_type() : at::kFloat;
     TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, "ZeroOptimizer: params[",
                       i, "] is ", dtype, "; accepted: float32, or float16/bfloat16 (stepped on fp32 master shards)");
+    TORCH_CHECK_VALUE(!params[i].defined() || params[i].numel() > 0, "ZeroOptimizer: params[", i, "] has no "
+                      "elements (shape ", params[i].sizes(), "); leave it out of the optimizer");
   }
-  const int n = comm.size();
-  // Every rank's [count, hash]: ranks that disagree all raise the same error, nothing changed. On the
-  // parameters' device: the group's backend may serve only that one (NCCL: CUDA tensors).
-  const at::Device device = !params.empty() && params[0].defined() ? params[0].device() : at::Device(at::kCPU);
-  at::Tensor mine = at::tensor({static_cast<int64_t>(params.size()), params_hash(params)}, at::kLong).to(device);
-  at::Tensor all = at::empty({2 * n}, at::TensorOptions(at::kLong).device(device));
-  comm.all_gather(mine, all).wait();
-  all = all.cpu();
-  const auto* v = all.data_ptr<int64_t>();
-  for (int r = 1; r < n; ++r) {
-    TORCH_CHECK_VALUE(v[2 * r] == v[0] && v[2 * r + 1] == v[1], "ZeroOptimizer: params differ across ranks: rank 0 "
-                      "passed ", v[0], " parameters (shape hash ", v[1], "), rank ", r, " passed ", v[2 * r],
-                      " (shape hash ", v[2 * r + 1], "); every rank must pass the same parameters (count, shapes, "
-                      "dtypes), in the same order");
+  FlatParams::check(params, padded_to(world_size));
+}
+
+// The parameters' values as one number: their bits read as integers, weighted by position and summed with
+// wrap-around, so that the result is exact and independent of the order of summation (any thread count, any
+// device). Equal on ranks that hold the same values, different otherwise (but for collisions).
+std::string values_fingerprint(const std::vector<at::Tensor>& params) {
+  c10::NoGradGuard no_grad;
+  constexpr int64_t kChunk = int64_t{1} << 22, kPeriod = 65521;
+  at::Tensor total = at::zeros({}, at::TensorOptions(at::kLong).device(params[0].device()));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    const at::Tensor bits = p.detach().reshape({-1}).view(p.element_size() == 4 ? at::kInt : at::kShort);
+    for (int64_t begin = 0; begin < bits.numel(); begin += kChunk) {
+      const int64_t len = std::min(kChunk, bits.numel() - begin);
+      const at::Tensor weight = at::arange(begin, begin + len, total.options()).remainder_(kPeriod).add_(
+          static_cast<int64_t>(i) * 7919 + 1);
+      total.add_(bits.narrow(0, begin, len).to(total.device(), at::kLong).mul_(weight).sum());
+    }
   }
-  return params;
+  return fmt::format("{:016x}", static_cast<uint64_t>(total.item<int64_t>()));
+}
+
+// A fresh 64-bit id (rank 0's becomes the optimizer's: its shard files carry it).
+std::string random_id() {
+  std::random_device device;
+  return fmt::format("{:08x}{:08x}", device(), device());
 }
 
 FlatParamsOptions padded_to(int world_size) {
@@ -108,13 +130,31 @@ std::vector<std::vector<at::Tensor>> buckets_of(const std::vector<at::Tensor>& p
 
 }  // namespace
 
-ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, ZeroOptions options)
+ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, ZeroOptions options,
+                       dist::Agreement agreement)
     : comm_(std::move(communicator)), options_(options) {
-  const auto& all = checked(params, comm_, options_);
-  // FlatParams checks every parameter before it changes one; run its checks over the whole list first, so that
-  // a bad parameter in a later bucket leaves the earlier ones untouched.
-  FlatParams::check(all, padded_to(comm_.size()));
-  for (const auto& group : buckets_of(all, options_.bucket_bytes))
+  // Every rank checks its arguments, then one exchange (agreement.h): a failure on any rank, or arguments that
+  // differ, raise on every rank before a parameter changes. FlatParams' checks run over the whole list, so that
+  // a bad parameter in a later bucket cannot leave earlier ones flattened.
+  agreement.check([&] { check_arguments(params, options_, comm_.size()); });
+  if (!agreement.failed()) {
+    agreement.field("parameters (count, shapes, dtypes)",
+                    fmt::format("{} tensors, fingerprint {:016x}", params.size(), params_hash(params)));
+    // (torch.manual_seed alike on every rank before the model is built, or one checkpoint loaded by all)
+    agreement.check([&] { agreement.field("initial parameter values", values_fingerprint(params)); });
+  }
+  std::string names;
+  for (const auto& name : options_.param_names) names += name + "\n";
+  const auto& n = options_.param_names;
+  agreement.field("param_names", n.empty() ? "none" : fmt::format("{} names, '{}' ... '{}', fingerprint {}", n.size(),
+                                                                  n.front(), n.back(), dist::fingerprint(names)))
+      .field("stage", std::to_string(options_.stage))
+      .field("bucket_bytes", std::to_string(options_.bucket_bytes))
+      .field("reduce_in_backward", options_.reduce_in_backward ? "true" : "false")
+      .field("overlap_param_gather", options_.overlap_param_gather ? "true" : "false")
+      .propose("optimizer id", random_id());
+  id_ = agreement.exchange(comm_).at(0).second;
+  for (const auto& group : buckets_of(params, options_.bucket_bytes))
     flats_.push_back(std::make_unique<FlatParams>(group, padded_to(comm_.size())));
   // params[i] -> (bucket, slot).
   for (const at::Tensor& p : params) {

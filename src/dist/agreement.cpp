@@ -1,0 +1,159 @@
+// dist::Agreement (agreement.h): every rank's failure and fields in one exchange, an error on every rank.
+#include "gpuops/agreement.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+namespace gpuops::dist {
+namespace {
+
+// Bounds that keep the exchange small whatever a caller passes: a longer value travels as its fingerprint.
+constexpr size_t kMaxError = 2000;
+constexpr size_t kMaxValue = 1000;
+
+struct Decoded {
+  std::string error;
+  struct Field {
+    std::string name, value;
+    bool compared;
+  };
+  std::vector<Field> fields;
+};
+
+void put(std::string& out, const std::string& s) {
+  const auto n = static_cast<uint32_t>(s.size());
+  out.append(reinterpret_cast<const char*>(&n), sizeof n);
+  out.append(s);
+}
+
+// Reads what put() wrote; false when the bytes end early (a peer of another gpuops version).
+bool get(const char*& p, const char* end, std::string& s) {
+  uint32_t n = 0;
+  if (end - p < static_cast<ptrdiff_t>(sizeof n)) return false;
+  std::memcpy(&n, p, sizeof n);
+  p += sizeof n;
+  if (end - p < static_cast<ptrdiff_t>(n)) return false;
+  s.assign(p, n);
+  p += n;
+  return true;
+}
+
+std::string bounded(const std::string& value) {
+  if (value.size() <= kMaxValue) return value;
+  return fmt::format("{}... ({} bytes, fingerprint {})", value.substr(0, 80), value.size(), fingerprint(value));
+}
+
+Decoded decode(const char* p, const char* end) {
+  Decoded d;
+  std::string count, flag;
+  if (!get(p, end, d.error) || !get(p, end, count)) return {"its agreement could not be read (another gpuops?)", {}};
+  const size_t n = std::strtoull(count.c_str(), nullptr, 10);
+  for (size_t i = 0; i < n; ++i) {
+    Decoded::Field f;
+    if (!get(p, end, flag) || !get(p, end, f.name) || !get(p, end, f.value))
+      return {"its agreement could not be read (another gpuops?)", {}};
+    f.compared = flag == "1";
+    d.fields.push_back(std::move(f));
+  }
+  return d;
+}
+
+}  // namespace
+
+std::string fingerprint(const std::string& bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  return fmt::format("{:016x}", h);
+}
+
+Agreement& Agreement::field(std::string name, std::string value) {
+  fields_.push_back({std::move(name), bounded(value), true});
+  return *this;
+}
+
+Agreement& Agreement::propose(std::string name, std::string value) {
+  fields_.push_back({std::move(name), bounded(value), false});
+  return *this;
+}
+
+Agreement& Agreement::fail(std::string error) {
+  if (error_.empty()) error_ = error.empty() ? "failed" : error.substr(0, std::min(error.find('\n'), kMaxError));
+  return *this;
+}
+
+bool Agreement::check(const std::function<void()>& check) {
+  if (failed()) return false;
+  try {
+    check();
+    return true;
+  } catch (const c10::Error& e) {
+    fail(e.what_without_backtrace());
+    caught_ = std::current_exception();
+  } catch (const std::exception& e) {
+    fail(e.what());
+    caught_ = std::current_exception();
+  }
+  return false;
+}
+
+Agreement::Proposals Agreement::exchange(Communicator& comm) const {
+  std::string mine;
+  put(mine, error_);
+  put(mine, std::to_string(fields_.size()));
+  for (const auto& f : fields_) {
+    put(mine, f.compared ? "1" : "0");
+    put(mine, f.name);
+    put(mine, f.value);
+  }
+  const int n = comm.size();
+  const at::Device device = comm.control_device();
+  // Two all-gathers: every rank's length, then every blob padded to the longest.
+  at::Tensor lengths = at::empty({n}, at::TensorOptions(at::kLong).device(device));
+  comm.all_gather(at::tensor({static_cast<int64_t>(mine.size())}, at::kLong).to(device), lengths).wait();
+  lengths = lengths.cpu();
+  const int64_t longest = lengths.max().item<int64_t>();
+  at::Tensor blob = at::zeros({longest}, at::kByte);
+  std::memcpy(blob.data_ptr<uint8_t>(), mine.data(), mine.size());
+  at::Tensor all = at::empty({n * longest}, at::TensorOptions(at::kByte).device(device));
+  comm.all_gather(blob.to(device), all).wait();
+  all = all.cpu();
+  std::vector<Decoded> ranks;
+  for (int r = 0; r < n; ++r) {
+    const char* begin = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * longest;
+    ranks.push_back(decode(begin, begin + lengths[r].item<int64_t>()));
+  }
+
+  const auto failing = std::find_if(ranks.begin(), ranks.end(), [](const Decoded& d) { return !d.error.empty(); });
+  if (failed()) {  // this rank's own failure, as it was raised
+    if (caught_) std::rethrow_exception(caught_);
+    TORCH_CHECK_VALUE(false, what_, ": ", error_);
+  }
+  if (failing != ranks.end())
+    TORCH_CHECK_VALUE(false, what_, ": rank ", failing - ranks.begin(), " failed: ", failing->error,
+                      "; nothing was changed on any rank");
+  const auto& first = ranks[0].fields;
+  for (int r = 1; r < n; ++r) {
+    const auto& theirs = ranks[r].fields;
+    TORCH_CHECK_VALUE(theirs.size() == first.size(), what_, ": rank ", r, " compares ", theirs.size(),
+                      " fields, rank 0 ", first.size(), ": the ranks run different versions of gpuops; nothing was "
+                      "changed on any rank");
+    for (size_t i = 0; i < first.size(); ++i) {
+      TORCH_CHECK_VALUE(theirs[i].name == first[i].name, what_, ": rank ", r, " compares '", theirs[i].name,
+                        "' where rank 0 compares '", first[i].name, "': the ranks run different versions of gpuops");
+      TORCH_CHECK_VALUE(!first[i].compared || theirs[i].value == first[i].value, what_, ": the ranks disagree on ",
+                        first[i].name, ": rank 0 has ", first[i].value, ", rank ", r, " has ", theirs[i].value,
+                        "; every rank must give the same ", first[i].name, ". Nothing was changed on any rank");
+    }
+  }
+  Proposals proposals;
+  for (const auto& f : first)
+    if (!f.compared) proposals.emplace_back(f.name, f.value);
+  return proposals;
+}
+
+}  // namespace gpuops::dist

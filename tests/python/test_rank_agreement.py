@@ -1,0 +1,135 @@
+"""Ranks agree or fail together (gpuops/agreement.h): real Gloo processes (this file run as a script, one per
+rank; multiprocess_launch.py). A rank whose local check fails, or ranks that pass different layouts, options or
+initial weights, make every rank raise within seconds, naming the rank or the field, with nothing changed;
+none hangs and none trains on a mix. Each agreement completes its collectives on every rank before anyone
+raises, so one pair of processes runs every scenario of a group in turn."""
+
+import sys
+import time
+
+import pytest
+import torch
+
+import gpuops
+from multiprocess_launch import launch
+
+WORLD = 2
+DEADLINE_S = 60  # every scenario of a group, process start-up included; one that hangs would take 30 s
+
+
+def _run_group(group):
+    began = time.monotonic()
+    results = launch(__file__, group, WORLD, DEADLINE_S)
+    for rank, (code, out) in enumerate(results):
+        assert code == 0, f"rank {rank}:\n{out}"
+        assert f"{group} ok" in out, out
+    return time.monotonic() - began
+
+
+def test_the_agreement_itself():
+    _run_group("agreement")
+
+
+def test_zero_optimizer_construction():
+    _run_group("construction")
+
+
+# ----------------------------------------------------------------------------------------------------- ranks
+def _raises(what, rank, expected, fn, seconds=10.0):
+    """fn() raises on this rank with every string of `expected` in its message, within `seconds`."""
+    began = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the type is checked by the caller's expectations
+        message = f"{type(e).__name__}: {e}"
+        missing = [s for s in expected if s not in message]
+        assert not missing, f"{what}: rank {rank} raised {message!r}, missing {missing}"
+        assert time.monotonic() - began < seconds, f"{what}: rank {rank} took {time.monotonic() - began:.1f} s"
+        print(f"rank {rank}, {what}: {message}", flush=True)
+        return message
+    raise AssertionError(f"{what}: rank {rank} did not raise")
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def _agreement(comm, rank):
+    assert comm.agree("probe", fields=[("shape", "4x4")], proposals=[("id", f"from {rank}")]) == [("id", "from 0")]
+    _raises("a field differs", rank, ["probe: the ranks disagree on shape: rank 0 has 4x4, rank 1 has 4x5"],
+            lambda: comm.agree("probe", fields=[("shape", "4x4" if rank == 0 else "4x5")]))
+    expected = ["boom on one rank"] if rank == 1 else ["probe: rank 1 failed: boom on one rank; nothing was changed"]
+    _raises("one rank fails", rank, expected, lambda: comm.agree("probe", error="boom on one rank" if rank else ""))
+    # Python's helper: the failing rank raises its own exception, the other names it.
+    if rank == 1:
+        _raises("fail_together", rank, ["TypeError: bad argument"],
+                lambda: gpuops.dist.fail_together(comm, "probe", TypeError("bad argument")))
+    else:
+        _raises("fail_together", rank, ["rank 1 failed: TypeError: bad argument"], lambda: comm.agree("probe"))
+    assert comm.agree("probe", fields=[("still", "usable")]) == []  # the group went on
+
+
+def _construction(comm, rank):
+    def zero(**changes):
+        options = dict(stage=2, lr=1e-3, bucket_bytes=1024)
+        model = changes.pop("model", None) or _model()
+        options.update(changes)
+        return gpuops.ZeroOptimizer(model.parameters(), communicator=comm, **options)
+
+    differ = [
+        ("bucket_bytes", dict(bucket_bytes=1024 + 1024 * rank), ["disagree on bucket_bytes", "rank 0 has 1024",
+                                                                 "rank 1 has 2048"]),
+        ("lr", dict(lr=1e-3 * (1 + rank)), ["disagree on optimizer and options", "lr=0.001", "lr=0.002"]),
+        ("kind", dict(optimizer_class=["AdamW", "SGD"][rank]), ["disagree on optimizer and options", "AdamW(",
+                                                                "SGD("]),
+        ("amsgrad", dict(amsgrad=bool(rank)), ["disagree on optimizer and options", "amsgrad=false", "amsgrad=true"]),
+        ("stage", dict(stage=1 + rank), ["disagree on stage"]),
+        ("initial weights", dict(model=_model(seed=rank)), ["disagree on initial parameter values"]),
+        ("layout", dict(model=torch.nn.Linear(6, 3 + rank)), ["disagree on parameters (count, shapes, dtypes)"]),
+    ]
+    for what, changes, expected in differ:
+        model = changes.get("model")
+        before = [p.detach().clone() for p in (model or _model()).parameters()]
+        _raises(what, rank, ["ZeroOptimizer: the ranks disagree on"] + expected, lambda: zero(**changes))
+        if model is not None:  # refused before a parameter changed
+            assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    named = _model()
+    names = [(f"layer{i}" if rank == 0 else f"other{i}", p) for i, p in enumerate(named.parameters())]
+    _raises("names", rank, ["disagree on param_names"],
+            lambda: gpuops.ZeroOptimizer(names, communicator=comm, stage=1, lr=1e-3))
+    # One rank fails a local check (C++, the binding, Python): it raises its own error, the other names it.
+    failing = [  # (what, rank 1's arguments, in every message, the type rank 1 raises)
+        ("float64", dict(model=_model().double()), ["params[0] is Double"], "ValueError"),
+        ("stage 3", dict(stage=3), ["stage must be 1"], "ValueError"),
+        ("lr text", dict(lr="abc"), ["lr must be a real number"], "TypeError"),
+        ("optimizer name", dict(optimizer_class="lion"), ["optimizer_class must be AdamW, Adam or SGD"], "ValueError"),
+        ("negative lr", dict(lr=-1.0), ["Invalid learning rate"], "ValueError"),
+    ]
+    for what, changes, expected, own_type in failing:
+        if rank == 1:
+            message = _raises(what, rank, expected, lambda: zero(**changes))
+            assert message.startswith(own_type) and "rank 1 failed" not in message, message
+        else:
+            _raises(what, rank, ["ZeroOptimizer: rank 1 failed"] + expected, lambda: zero())
+    zero()  # the group went on: a construction that agrees
+
+
+def _rank_main(group):
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    comm = gpuops.dist.Communicator(timeout=30)
+    {"agreement": _agreement, "construction": _construction}[group](comm, dist.get_rank())
+    print(f"{group} ok", flush=True)
+    import gc
+
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _rank_main(sys.argv[1])
