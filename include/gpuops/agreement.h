@@ -63,4 +63,13 @@ class Agreement {
 /// (parameter names, shapes).
 std::string fingerprint(const std::string& bytes);
 
+/// A fresh random 64-bit id (hexadecimal): what rank 0 proposes when every rank needs one (Agreement::propose).
+std::string random_id();
+
+/// An exact fingerprint of tensors' values (hexadecimal): their bits read as integers, weighted by position and
+/// summed with wrap-around, so that it is the same on every rank that holds the same values whatever the order
+/// of summation (thread count, device), and differs otherwise but for collisions. One pass over the tensors,
+/// on their devices, and one host sync.
+std::string fingerprint(const std::vector<at::Tensor>& tensors);
+
 }  // namespace gpuops::dist

@@ -154,11 +154,14 @@ class ZeroShards {
   void write_shard(torch::serialize::OutputArchive& archive, const std::string& kind,
                    const std::vector<NamedTensors>& states, const torch::optim::OptimizerOptions& options) const;
 
-  /// What read_shards found: the state of each of this rank's shard parameters and the saved options.
+  /// What read_shards found: the state of each of this rank's shard parameters, the saved options, and which
+  /// save the files come from ("<optimizer id>:<steps>", "unknown" for files of gpuops before the ids).
   struct ReadShards {
     std::vector<NamedTensors> states;
     torch::serialize::InputArchive options;
     int saved_world_size = 0;
+    std::string checkpoint = "unknown";
+    int64_t steps = 0;
   };
   /// Reads the files written by save_shard of every rank of the saving job (`files[r]`: rank r's), opening
   /// only those that overlap this rank's shard, and cuts this rank's shard of every element-wise state tensor
@@ -176,9 +179,15 @@ class ZeroShards {
   /// optimizer's state_dict()["state"] in parameter order). Changes nothing.
   std::vector<NamedTensors> shard_states_of(const std::vector<NamedTensors>& per_param) const;
 
-  /// Takes the "master_param" entries out of shard states and makes them the masters (16-bit buffers);
-  /// masters missing from `states` are made again from the parameters.
-  void install_masters(std::vector<NamedTensors>& states);
+  /// Takes the "master_param" entries out of shard states, each checked against its buffer (an fp32 copy of
+  /// the shard's length), and returns them per buffer (undefined where there is none). Changes nothing.
+  std::vector<at::Tensor> take_masters(std::vector<NamedTensors>& states) const;
+  /// Makes `masters` (take_masters') the masters of the 16-bit buffers, those missing made again from the
+  /// parameters; shard files saved from now on carry `id` and count steps from `steps`. Cannot fail on checked
+  /// input: the last part of an all-or-nothing load.
+  void install_loaded(const std::vector<at::Tensor>& masters, std::string id, int64_t steps);
+  /// Steps taken (after_step calls), or the loaded count: with id(), what a shard file's save is known by.
+  int64_t steps() const { return steps_; }
   /// The shard states with each 16-bit buffer's master added as "master_param".
   std::vector<NamedTensors> with_masters(std::vector<NamedTensors> states) const;
 
@@ -207,6 +216,7 @@ class ZeroShards {
   dist::Communicator comm_;
   ZeroOptions options_;
   std::string id_;
+  int64_t steps_ = 0;
   std::vector<std::unique_ptr<FlatParams>> flats_;  ///< one per bucket
   std::vector<at::Tensor> shards_;       ///< per buffer: the shard parameter handed to the optimizer
   std::vector<at::Tensor> shard_grads_;  ///< per buffer: a separate fp32 gradient shard (stage 2, or 16-bit)
@@ -330,9 +340,19 @@ class ZeroOptimizer : private detail::ZeroShardsHolder, public Base, public Shar
                   const std::optional<at::Tensor>& found_inf) override;
 
  private:
+  /// A load's states, masters and options, made and checked: what commit() swaps in.
+  struct Loaded {
+    std::vector<std::unique_ptr<typename Base::ParamState>> states;
+    std::vector<at::Tensor> masters;
+    std::unique_ptr<Options> options;  ///< null: the options stay
+    int64_t steps = 0;
+  };
   std::vector<NamedTensors> shard_states() const;
-  /// Makes every state from `states` (checked) and only then swaps them in, with `options` when given.
-  void install(std::vector<NamedTensors> states, std::unique_ptr<Options> options);
+  /// Makes every state of `states` and checks it, and `options` when given; changes nothing.
+  Loaded prepare(std::vector<NamedTensors> states, std::unique_ptr<Options> options, int64_t steps) const;
+  /// One load, all or nothing across ranks: `read` (this rank's reading and checks; it may add fields to the
+  /// agreement) on every rank, then the agreement of `what`, and only then, on every rank, the swap.
+  void load_agreed(const std::string& what, const std::function<Loaded(dist::Agreement&)>& read);
 };
 
 ZeroOptimizer(std::vector<at::Tensor>, dist::Communicator, int, AdamWOptions) -> ZeroOptimizer<AdamW>;

@@ -121,7 +121,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load_state_dict, transactional: the whole state_dict is checked first (group count and sizes
         with torch's messages, every group's options as the constructor checks them, every state entry: its key a
-        parameter of a group, ``step`` one finite number >= 0, its tensors floating with the parameter's shape),
+        parameter of a group, ``step`` one number in [0, 2**53], its tensors floating with the parameter's shape),
         and a failure after that restores the optimizer as it was. Then, as torch casts every floating state
         tensor to its parameter's dtype, a 16-bit parameter's master copy and moments are made float32 again
         (state saved by torch's own 16-bit optimizers is widened). Older or non-fused torch checkpoints: missing
@@ -143,9 +143,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
         # Loaded masters are checked against their parameters at the next step, whatever the versions say.
         self.__dict__.pop("_master_versions", None)
 
-    def _checked_id_map(self, state_dict) -> dict:
-        """Checks everything load_state_dict will use; returns {saved parameter id: parameter}."""
-        where = f"{type(self).__name__}.load_state_dict"
+    def _checked_id_map(self, state_dict, where: Optional[str] = None) -> dict:
+        """Checks everything load_state_dict will use; returns {saved parameter id: parameter}. gpuops.ZeroOptimizer
+        applies these checks too (``where`` names it then)."""
+        where = where or f"{type(self).__name__}.load_state_dict"
         if (not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict)
                 or not isinstance(state_dict.get("param_groups"), (list, tuple))):
             raise ValueError(f"{where}: expected a dict with 'state' (a dict) and 'param_groups' (a list), as "
@@ -176,8 +177,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 ok = (isinstance(step, torch.Tensor) and step.numel() == 1) or (
                     isinstance(step, (int, float)) and not isinstance(step, bool))
                 value = float(step) if ok else None
-                if not ok or not (0.0 <= value < float("inf")):
-                    raise ValueError(f"{where}: state[{key!r}]['step'] must be one finite number >= 0, got {step!r}")
+                if not ok or not (0.0 <= value <= 2.0**53):  # beyond, not a count of steps (float64's integers)
+                    raise ValueError(f"{where}: state[{key!r}]['step'] must be one number in [0, 2**53], got "
+                                     f"{step!r}")
             for name in self._fp32_state_keys:
                 tensor = entry.get(name)
                 if tensor is None:

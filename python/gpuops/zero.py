@@ -135,6 +135,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._impl = _C.ZeroOptimizer(params, communicator, stage, kind, dict(defaults), reduce_in_backward,
                                       bucket_bytes, names, True if module is not None else overlap_param_gather)
         self._hooks = _wait_hooks(self, module, params) if module is not None else []
+        self._params = params  # the model's, for the unsharded optimizer's load checks
         self.param_names = names
         self.communicator = communicator
         self._consolidated: Optional[list] = None
@@ -231,20 +232,41 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         """A full state dict (state_dict()'s, or torch's optimizer of the same kind over the same parameters in
-        the same order): every rank keeps its shard. The group's lr is taken; its other options are not."""
-        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
-            raise ValueError("gpuops.ZeroOptimizer.load_state_dict: expected a dict with 'state' and "
-                             f"'param_groups', got {type(state_dict).__name__}")
-        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        if len(ids) != self._impl.param_count:
-            raise ValueError(f"gpuops.ZeroOptimizer.load_state_dict: the state dict has {len(ids)} parameters; "
-                             f"this optimizer has {self._impl.param_count}")
-        saved = state_dict["state"]
-        per_param = [{k: v for k, v in saved.get(i, {}).items() if isinstance(v, torch.Tensor)} for i in ids]
+        the same order): every rank keeps its shard. The group's lr is taken; its other options are not.
+        Checked as the unsharded optimizer of this kind checks it (gpuops.optim's load_state_dict), then agreed:
+        collective, all or nothing on every rank (a rank whose state dict fails its checks, or differs from the
+        others', makes every rank raise with nothing changed)."""
+        where = "gpuops.ZeroOptimizer.load_state_dict"
+        try:
+            checker = self._unsharded_checker(state_dict)
+            checker._checked_id_map(state_dict, where)
+            ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+            saved = state_dict["state"]
+            per_param = [{k: torch.as_tensor(v, dtype=torch.float32).reshape(()) if k == "step" else v
+                          for k, v in saved.get(i, {}).items() if k == "step" or isinstance(v, torch.Tensor)}
+                         for i in ids]
+            lrs = {float(g["lr"]) for g in state_dict["param_groups"] if "lr" in g}  # checked above
+        except Exception as error:  # noqa: BLE001 - raised after the other ranks heard of it
+            _dist.fail_together(self.communicator, "ZeroOptimizer.load_state_dict", error)
         self._impl.load_full_state(per_param)
-        lrs = {g["lr"] for g in state_dict["param_groups"] if "lr" in g}
         if len(lrs) == 1:
             self.param_groups[0]["lr"] = lrs.pop()
+
+    def _unsharded_checker(self, state_dict):
+        """gpuops.optim's optimizer of this kind over the same parameters, grouped as ``state_dict``'s groups (one
+        group when they do not add up): whose load_state_dict checks are the ones this load applies."""
+        from . import optim as unsharded
+
+        groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+        sizes = [len(g["params"]) for g in groups if isinstance(g, dict) and isinstance(g.get("params"), (list, tuple))
+                 ] if isinstance(groups, (list, tuple)) else []
+        if not sizes or len(sizes) != len(groups) or sum(sizes) != len(self._params):
+            sizes = [len(self._params)]
+        split, start = [], 0
+        for n in sizes:
+            split.append({"params": self._params[start:start + n]})
+            start += n
+        return getattr(unsharded, self.kind)(split, **self._impl.options)
 
     # GradScaler's hooks for sharded optimizers: reduce before the gradients are read; one flag, one norm.
     def _gpuops_prepare_gradients(self) -> None:

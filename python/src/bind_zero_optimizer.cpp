@@ -274,7 +274,12 @@ void bind_zero_optimizer(py::module_& m) {
       .def(
           "consolidate_state",
           [](ShardedOptimizer& z, const py::object& to) {
-            const int64_t rank = int_arg("ZeroOptimizer.consolidate_state_dict", "to", to);
+            int64_t rank = 0;
+            try {
+              rank = int_arg("ZeroOptimizer.consolidate_state_dict", "to", to);
+            } catch (...) {
+              fail_together(z.shards().communicator(), "ZeroOptimizer.consolidate_state_dict");
+            }
             std::vector<optim::NamedTensors> states;
             {
               py::gil_scoped_release release;

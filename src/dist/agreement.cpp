@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <random>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -69,6 +70,40 @@ std::string fingerprint(const std::string& bytes) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
   return fmt::format("{:016x}", h);
+}
+
+std::string random_id() {
+  std::random_device device;
+  return fmt::format("{:08x}{:08x}", device(), device());
+}
+
+std::string fingerprint(const std::vector<at::Tensor>& tensors) {
+  at::NoGradGuard no_grad;
+  constexpr int64_t kChunk = int64_t{1} << 22, kPeriod = 65521;
+  const auto integer = [](const at::Tensor& t) {  // the same bits as integers of the same size
+    switch (t.element_size()) {
+      case 1: return t.view(at::kByte);
+      case 2: return t.view(at::kShort);
+      case 4: return t.view(at::kInt);
+      default: return t.view(at::kLong);
+    }
+  };
+  at::Tensor total;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (!t.defined() || t.numel() == 0) continue;
+    TORCH_CHECK_VALUE(!t.is_complex() && t.element_size() <= 8, "gpuops::dist::fingerprint: tensors[", i, "] is ",
+                      t.scalar_type(), "; accepted: real dtypes");
+    if (!total.defined()) total = at::zeros({}, at::TensorOptions(at::kLong).device(t.device()));
+    const at::Tensor bits = integer(t.detach().contiguous().reshape({-1}));
+    for (int64_t begin = 0; begin < bits.numel(); begin += kChunk) {
+      const int64_t len = std::min(kChunk, bits.numel() - begin);
+      const at::Tensor weight = at::arange(begin, begin + len, total.options()).remainder_(kPeriod).add_(
+          static_cast<int64_t>(i) * 7919 + 1);
+      total.add_(bits.narrow(0, begin, len).to(total.device(), at::kLong).mul_(weight).sum());
+    }
+  }
+  return fmt::format("{:016x}", total.defined() ? static_cast<uint64_t>(total.item<int64_t>()) : uint64_t{0});
 }
 
 Agreement& Agreement::field(std::string name, std::string value) {

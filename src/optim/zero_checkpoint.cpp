@@ -18,6 +18,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include "gpuops/agreement.h"
 #include "gpuops/zero_optimizer.h"
 
 namespace gpuops::optim {
@@ -98,6 +99,9 @@ void ZeroShards::write_shard(torch::serialize::OutputArchive& archive, const std
   archive.write("world_size", c10::IValue(static_cast<int64_t>(comm_.size())));
   archive.write("rank", c10::IValue(static_cast<int64_t>(comm_.rank())));
   archive.write("stage", c10::IValue(static_cast<int64_t>(options_.stage)));
+  // Which save this is: every rank of one save writes the same (a load refuses files of several saves).
+  archive.write("optimizer_id", c10::IValue(id_));
+  archive.write("steps", c10::IValue(steps_));
   archive.write("buckets", c10::IValue(static_cast<int64_t>(shards_.size())));
   torch::serialize::OutputArchive saved_options;
   options.serialize(saved_options);
@@ -170,12 +174,27 @@ ZeroShards::ReadShards ZeroShards::read_from(int64_t n_old, const ShardLoader& l
                                              const std::function<std::string(int64_t)>& name_of,
                                              const std::string& kind, const std::string& where) const {
   std::vector<std::unique_ptr<SavedShard>> opened(n_old);
+  ReadShards result;
+  std::string checkpoint_file;  // the first file opened: the others must come from its save
   const auto open = [&](int64_t r) -> SavedShard& {
     if (opened[r]) return *opened[r];
     const std::string file = name_of(r);
     auto s = std::make_unique<SavedShard>();
     load(r, s->archive);
     auto& a = s->archive;
+    c10::IValue id, steps;
+    const std::string checkpoint = a.try_read("optimizer_id", id) && a.try_read("steps", steps) && id.isString() &&
+                                           steps.isInt()
+                                       ? id.toStringRef() + ":" + std::to_string(steps.toInt())
+                                       : "unknown";
+    if (checkpoint_file.empty()) {
+      checkpoint_file = file;
+      result.checkpoint = checkpoint;
+      result.steps = steps.isInt() ? std::max<int64_t>(0, steps.toInt()) : 0;
+    }
+    TORCH_CHECK_VALUE(checkpoint == result.checkpoint, where, ": ", file, " comes from another save than ",
+                      checkpoint_file, " (optimizer id and steps ", checkpoint, " and ", result.checkpoint,
+                      "); files must list the files of one save");
     TORCH_CHECK_VALUE(read_value(a, "format", file).toInt() == kFormat, where, ": ", file, " has format ",
                       read_value(a, "format", file).toInt(), "; this build reads format ", kFormat);
     const std::string saved_kind = read_value(a, "kind", file).toStringRef();
@@ -227,7 +246,6 @@ ZeroShards::ReadShards ZeroShards::read_from(int64_t n_old, const ShardLoader& l
     return *opened[r];
   };
 
-  ReadShards result;
   result.saved_world_size = static_cast<int>(n_old);
   for (size_t k = 0; k < shards_.size(); ++k) {
     const int64_t s = shards_[k].numel(), lo = comm_.rank() * s, hi = lo + s;
@@ -265,10 +283,14 @@ ZeroShards::ReadShards ZeroShards::read_from(int64_t n_old, const ShardLoader& l
 }
 
 std::vector<NamedTensors> ZeroShards::consolidate(const std::vector<NamedTensors>& states, int to) {
-  TORCH_CHECK_VALUE(to >= 0 && to < comm_.size(), "ZeroOptimizer.consolidate_state_dict: to must be a rank in [0, ",
-                    comm_.size(), "), got ", to);
-  TORCH_CHECK_VALUE(states.size() == shards_.size(), "ZeroShards::consolidate: ", states.size(), " states for ",
-                    shards_.size(), " flat buffers");
+  dist::Agreement agreement("ZeroOptimizer.consolidate_state_dict");
+  agreement.check([&] {
+    TORCH_CHECK_VALUE(to >= 0 && to < comm_.size(), "ZeroOptimizer.consolidate_state_dict: to must be a rank in [0, ",
+                      comm_.size(), "), got ", to);
+    TORCH_CHECK_VALUE(states.size() == shards_.size(), "ZeroShards::consolidate: ", states.size(), " states for ",
+                      shards_.size(), " flat buffers");
+  });
+  agreement.field("to", std::to_string(to)).exchange(comm_);
   const bool mine = comm_.rank() == to;
   const int n = comm_.size();
   c10::NoGradGuard no_grad;
@@ -330,6 +352,9 @@ std::vector<NamedTensors> ZeroShards::shard_states_of(const std::vector<NamedTen
       TORCH_CHECK_VALUE(t.defined() && t.is_floating_point(), where, ": state[", i, "]['", name,
                         "'] must be a floating tensor");
       const bool elementwise = t.numel() == slot.numel && !(name == "step" && t.dim() == 0);
+      TORCH_CHECK_VALUE(!elementwise || t.sizes() == slot.param.sizes() || slot.numel == 1, where, ": state[", i,
+                        "]['", name, "'] has shape ", t.sizes(), " but its parameter has shape ", slot.param.sizes(),
+                        "; the state belongs to another model");
       if (!elementwise) {
         TORCH_CHECK_VALUE(t.numel() == 1, where, ": state[", i, "]['", name, "'] has shape ", t.sizes(),
                           " but its parameter has shape ", slot.param.sizes());
@@ -349,17 +374,35 @@ std::vector<NamedTensors> ZeroShards::shard_states_of(const std::vector<NamedTen
   return states;
 }
 
-void ZeroShards::install_masters(std::vector<NamedTensors>& states) {
+std::vector<at::Tensor> ZeroShards::take_masters(std::vector<NamedTensors>& states) const {
+  TORCH_CHECK_VALUE(states.size() == shards_.size(), "ZeroOptimizer: ", states.size(), " states for ",
+                    shards_.size(), " flat buffers");
+  std::vector<at::Tensor> masters(shards_.size());
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    const auto found = states[k].find(kMaster);
+    if (found == states[k].end()) continue;
+    const at::Tensor& m = found->second;
+    TORCH_CHECK_VALUE(m.defined() && m.is_floating_point() && m.numel() == shards_[k].numel(), "ZeroOptimizer: '",
+                      kMaster, "' of flat buffer ", k, " must be a floating tensor of ", shards_[k].numel(),
+                      " elements, got ", m.defined() ? m.toString() : "none", " of shape ",
+                      m.defined() ? c10::str(m.sizes()) : "[]");
+    if (is_master(k))
+      masters[k] = m.detach().reshape({-1}).to(shards_[k].options().requires_grad(false), /*non_blocking=*/false,
+                                                /*copy=*/true);
+    states[k].erase(found);
+  }
+  return masters;
+}
+
+void ZeroShards::install_loaded(const std::vector<at::Tensor>& masters, std::string id, int64_t steps) {
   wait_for_parameters();  // masters made again from the parameters read them
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < shards_.size(); ++k) {
-    const auto found = states[k].find(kMaster);
-    if (is_master(k)) {
-      shards_[k].copy_(found != states[k].end() ? found->second : data_shard(k).to(at::kFloat));
-    }
-    if (found != states[k].end()) states[k].erase(found);
+    if (is_master(k)) shards_[k].copy_(masters[k].defined() ? masters[k] : data_shard(k).to(at::kFloat));
     record_versions(k);
   }
+  id_ = std::move(id);
+  steps_ = steps;
 }
 
 std::vector<NamedTensors> ZeroShards::with_masters(std::vector<NamedTensors> states) const {

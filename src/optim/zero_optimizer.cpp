@@ -2,6 +2,7 @@
 // parameters of a ZeroShards, and the translation between Base's per-parameter state objects and named
 // tensors (what the checkpoint side of ZeroShards reads and writes). No element math here.
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -165,31 +166,40 @@ std::vector<NamedTensors> ZeroOptimizer<Base>::shard_states() const {
 }
 
 template <class Base>
-void ZeroOptimizer<Base>::install(std::vector<NamedTensors> states, std::unique_ptr<Options> options) {
+typename ZeroOptimizer<Base>::Loaded ZeroOptimizer<Base>::prepare(std::vector<NamedTensors> states,
+                                                                  std::unique_ptr<Options> options, int64_t steps) const {
   const auto& shards = zero_shards.shard_params();
-  TORCH_CHECK_VALUE(states.size() == shards.size(), "ZeroOptimizer: ", states.size(), " states for ", shards.size(),
-                    " flat buffers");
-  // Everything made and checked first; then swapped in (nothing is half-changed by a failed load).
-  std::vector<std::unique_ptr<typename Base::ParamState>> made(shards.size());
-  for (size_t k = 0; k < shards.size(); ++k) {
-    NamedTensors rest = states[k];
-    if (const auto master = rest.find("master_param"); master != rest.end()) {
-      take(rest, "master_param", shards[k], true, k);  // checked
-      rest.erase(master);
-    }
-    if (!rest.empty()) made[k] = state_from(rest, shards[k], k, static_cast<const typename Base::ParamState*>(nullptr));
-  }
+  Loaded loaded;
+  loaded.masters = zero_shards.take_masters(states);  // checks the count too
+  loaded.states.resize(shards.size());
+  for (size_t k = 0; k < shards.size(); ++k)
+    if (!states[k].empty()) loaded.states[k] = state_from(states[k], shards[k], k, static_cast<const typename Base::ParamState*>(nullptr));
   if (options) check_options<Base>(*options);
-  zero_shards.install_masters(states);
+  loaded.options = std::move(options);
+  loaded.steps = steps;
+  return loaded;
+}
+
+template <class Base>
+void ZeroOptimizer<Base>::load_agreed(const std::string& what, const std::function<Loaded(dist::Agreement&)>& read) {
+  dist::Agreement agreement(what);
+  std::optional<Loaded> loaded;
+  agreement.check([&] { loaded.emplace(read(agreement)); });
+  // Shard files saved after a load carry a new id: files of saves before and after it never pass for one save.
+  agreement.propose("optimizer id", dist::random_id());
+  const std::string id = agreement.exchange(zero_shards.communicator()).at(0).second;
+  // Every rank read and checked its part: the swap (nothing here fails on checked input).
+  zero_shards.install_loaded(loaded->masters, id, loaded->steps);
+  const auto& shards = zero_shards.shard_params();
   for (size_t k = 0; k < shards.size(); ++k) {
     void* key = shards[k].unsafeGetTensorImpl();
-    if (made[k]) {
-      this->state_[key] = std::move(made[k]);
+    if (loaded->states[k]) {
+      this->state_[key] = std::move(loaded->states[k]);
     } else {
       this->state_.erase(key);
     }
   }
-  if (options) this->param_groups()[0].set_options(std::move(options));
+  if (loaded->options) this->param_groups()[0].set_options(std::move(loaded->options));
 }
 
 template <class Base>
@@ -213,14 +223,22 @@ std::unique_ptr<Options> options_from(torch::serialize::InputArchive& archive) {
 
 template <class Base>
 void ZeroOptimizer<Base>::load(torch::serialize::InputArchive& archive) {
-  auto read = zero_shards.read_own(archive, kind());
-  install(std::move(read.states), options_from<Options>(read.options));
+  load_agreed("ZeroOptimizer.load", [&](dist::Agreement& agreement) {
+    auto read = zero_shards.read_own(archive, kind());
+    agreement.field("checkpoint (optimizer id:steps)", read.checkpoint);
+    return prepare(std::move(read.states), options_from<Options>(read.options), read.steps);
+  });
 }
 
 template <class Base>
 void ZeroOptimizer<Base>::load_shards(const std::vector<std::string>& files, bool allow_reshard) {
-  auto read = zero_shards.read_shards(files, kind(), allow_reshard);
-  install(std::move(read.states), options_from<Options>(read.options));
+  load_agreed("ZeroOptimizer.load_shards", [&](dist::Agreement& agreement) {
+    agreement.field("number of files", std::to_string(files.size()))
+        .field("allow_reshard", allow_reshard ? "true" : "false");
+    auto read = zero_shards.read_shards(files, kind(), allow_reshard);
+    agreement.field("checkpoint (optimizer id:steps)", read.checkpoint);
+    return prepare(std::move(read.states), options_from<Options>(read.options), read.steps);
+  });
 }
 
 template <class Base>
@@ -230,7 +248,13 @@ std::vector<NamedTensors> ZeroOptimizer<Base>::consolidate_state(int to) {
 
 template <class Base>
 void ZeroOptimizer<Base>::load_full_state(const std::vector<NamedTensors>& per_param) {
-  install(zero_shards.shard_states_of(per_param), nullptr);
+  load_agreed("ZeroOptimizer.load_state_dict", [&](dist::Agreement& agreement) {
+    std::vector<at::Tensor> values;  // every rank must load the same state
+    for (const auto& state : per_param)
+      for (const auto& [name, t] : state) values.push_back(t);
+    agreement.field("state", fmt::format("{} parameters, fingerprint {}", per_param.size(), dist::fingerprint(values)));
+    return prepare(zero_shards.shard_states_of(per_param), nullptr, zero_shards.steps());
+  });
 }
 
 template <class Base>

@@ -2,7 +2,6 @@
 // masters, the reduction of the gradients (at the step, or from autograd hooks during backward), the global
 // flag and norm, the all-gather. No optimizer math here.
 #include <deque>
-#include <random>
 #include <string>
 #include <utility>
 
@@ -76,32 +75,6 @@ void check_arguments(const std::vector<at::Tensor>& params, const ZeroOptions& o
   FlatParams::check(params, padded_to(world_size));
 }
 
-// The parameters' values as one number: their bits read as integers, weighted by position and summed with
-// wrap-around, so that the result is exact and independent of the order of summation (any thread count, any
-// device). Equal on ranks that hold the same values, different otherwise (but for collisions).
-std::string values_fingerprint(const std::vector<at::Tensor>& params) {
-  c10::NoGradGuard no_grad;
-  constexpr int64_t kChunk = int64_t{1} << 22, kPeriod = 65521;
-  at::Tensor total = at::zeros({}, at::TensorOptions(at::kLong).device(params[0].device()));
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& p = params[i];
-    const at::Tensor bits = p.detach().reshape({-1}).view(p.element_size() == 4 ? at::kInt : at::kShort);
-    for (int64_t begin = 0; begin < bits.numel(); begin += kChunk) {
-      const int64_t len = std::min(kChunk, bits.numel() - begin);
-      const at::Tensor weight = at::arange(begin, begin + len, total.options()).remainder_(kPeriod).add_(
-          static_cast<int64_t>(i) * 7919 + 1);
-      total.add_(bits.narrow(0, begin, len).to(total.device(), at::kLong).mul_(weight).sum());
-    }
-  }
-  return fmt::format("{:016x}", static_cast<uint64_t>(total.item<int64_t>()));
-}
-
-// A fresh 64-bit id (rank 0's becomes the optimizer's: its shard files carry it).
-std::string random_id() {
-  std::random_device device;
-  return fmt::format("{:08x}{:08x}", device(), device());
-}
-
 FlatParamsOptions padded_to(int world_size) {
   FlatParamsOptions o;
   o.world_size = world_size;
@@ -141,7 +114,7 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
     agreement.field("parameters (count, shapes, dtypes)",
                     fmt::format("{} tensors, fingerprint {:016x}", params.size(), params_hash(params)));
     // (torch.manual_seed alike on every rank before the model is built, or one checkpoint loaded by all)
-    agreement.check([&] { agreement.field("initial parameter values", values_fingerprint(params)); });
+    agreement.check([&] { agreement.field("initial parameter values", dist::fingerprint(params)); });
   }
   std::string names;
   for (const auto& name : options_.param_names) names += name + "\n";
@@ -152,7 +125,7 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
       .field("bucket_bytes", std::to_string(options_.bucket_bytes))
       .field("reduce_in_backward", options_.reduce_in_backward ? "true" : "false")
       .field("overlap_param_gather", options_.overlap_param_gather ? "true" : "false")
-      .propose("optimizer id", random_id());
+      .propose("optimizer id", dist::random_id());
   id_ = agreement.exchange(comm_).at(0).second;
   for (const auto& group : buckets_of(params, options_.bucket_bytes))
     flats_.push_back(std::make_unique<FlatParams>(group, padded_to(comm_.size())));
@@ -419,6 +392,7 @@ void ZeroShards::before_step() {
 }
 
 void ZeroShards::after_step() {
+  ++steps_;
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < shards_.size(); ++k)
     if (is_master(k)) data_shard(k).copy_(shards_[k]);  // round to nearest even

@@ -17,12 +17,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(script, scenario, world, deadline_s, env=None):
+def launch(script, scenario, world, deadline_s, env=None, args=()):
     base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
                 OMP_NUM_THREADS="1", **(env or {}))
     procs = []
     for rank in range(world):
-        procs.append(subprocess.Popen([sys.executable, script, scenario], env=dict(base, RANK=str(rank)),
+        procs.append(subprocess.Popen([sys.executable, script, scenario, *args], env=dict(base, RANK=str(rank)),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs, deadline = [], time.monotonic() + deadline_s
     for p in procs:

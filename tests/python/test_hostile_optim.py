@@ -104,8 +104,9 @@ def stepped_adamw():
 @pytest.mark.parametrize("spoil, match", [
     (lambda sd: sd["state"].__setitem__(7, copy.deepcopy(sd["state"][0])), "none of the parameter ids"),
     (lambda sd: sd["state"].__setitem__("exp_avg", {}), "none of the parameter ids"),
-    (lambda sd: sd["state"][1].__setitem__("step", [1, 2]), r"'step'\] must be one finite number"),
-    (lambda sd: sd["state"][1].__setitem__("step", float("nan")), r"'step'\] must be one finite number"),
+    (lambda sd: sd["state"][1].__setitem__("step", [1, 2]), r"'step'\] must be one number in \[0, 2\*\*53\]"),
+    (lambda sd: sd["state"][1].__setitem__("step", float("nan")), r"'step'\] must be one number in \[0, 2\*\*53\]"),
+    (lambda sd: sd["state"][1].__setitem__("step", 1e30), r"'step'\] must be one number in \[0, 2\*\*53\]"),
     (lambda sd: sd["state"][1].__setitem__("exp_avg", torch.zeros(5)), r"has shape \(5,\) but its parameter"),
     (lambda sd: sd["state"][1].__setitem__("exp_avg_sq", "zeros"), "must be a floating tensor"),
     (lambda sd: sd["param_groups"][0].__setitem__("lr", float("inf")), "Invalid learning rate: inf"),

@@ -17,9 +17,9 @@ WORLD = 2
 DEADLINE_S = 60  # every scenario of a group, process start-up included; one that hangs would take 30 s
 
 
-def _run_group(group):
+def _run_group(group, *args):
     began = time.monotonic()
-    results = launch(__file__, group, WORLD, DEADLINE_S)
+    results = launch(__file__, group, WORLD, DEADLINE_S, args=list(args))
     for rank, (code, out) in enumerate(results):
         assert code == 0, f"rank {rank}:\n{out}"
         assert f"{group} ok" in out, out
@@ -32,6 +32,10 @@ def test_the_agreement_itself():
 
 def test_zero_optimizer_construction():
     _run_group("construction")
+
+
+def test_zero_optimizer_loads(tmp_path):
+    _run_group("loads", str(tmp_path))
 
 
 # ----------------------------------------------------------------------------------------------------- ranks
@@ -115,6 +119,86 @@ def _construction(comm, rank):
     zero()  # the group went on: a construction that agrees
 
 
+def _loads(comm, rank, folder):
+    """Loads are all or nothing on every rank: a state dict or a file set that fails on one rank, or differs
+    between ranks, changes no rank's optimizer."""
+    import copy
+    import json
+
+    model = _model()
+    opt = gpuops.ZeroOptimizer(model.parameters(), communicator=comm, stage=2, lr=1e-2, bucket_bytes=256)
+    for step in range(3):
+        opt.zero_grad()
+        torch.manual_seed(100 + 10 * step + rank)
+        model(torch.randn(4, 6)).square().mean().backward()
+        opt.step()
+
+    def consolidated():
+        opt.consolidate_state_dict(0)
+        return copy.deepcopy(opt.state_dict()) if rank == 0 else None
+
+    good = consolidated()
+    good = [good]
+    torch.distributed.broadcast_object_list(good, src=0)
+    good = good[0]
+
+    def unchanged(what):
+        now = consolidated()
+        if rank == 0:
+            for i, entry in good["state"].items():
+                for key, value in entry.items():
+                    assert torch.equal(torch.as_tensor(value), torch.as_tensor(now["state"][i][key])), (what, i, key)
+            assert now["param_groups"][0]["lr"] == good["param_groups"][0]["lr"], what
+
+    def spoiled(change):
+        bad = copy.deepcopy(good)
+        change(bad)
+        return bad
+
+    as_json = json.loads(json.dumps({"state": {i: {k: v.tolist() for k, v in e.items()} for i, e in
+                                               good["state"].items()}, "param_groups": good["param_groups"]}))
+    as_json["state"] = {k: {n: torch.tensor(v) for n, v in e.items()} for k, e in as_json["state"].items()}
+    on_one_rank = [  # (what, rank 1's state dict, what rank 1's error says)
+        ("string keys", as_json, "none of the parameter ids"),
+        ("lr nan", spoiled(lambda d: d["param_groups"][0].update(lr=float("nan"))), "Invalid learning rate"),
+        ("lr -1", spoiled(lambda d: d["param_groups"][0].update(lr=-1.0)), "Invalid learning rate"),
+        ("lr text", spoiled(lambda d: d["param_groups"][0].update(lr="abc")), "lr"),
+        ("step -5", spoiled(lambda d: d["state"][0].update(step=torch.tensor(-5.0))), "must be one number in [0, 2**53]"),
+        ("step 1e30", spoiled(lambda d: d["state"][0].update(step=torch.tensor(1e30))), "must be one number"),
+        ("step inf", spoiled(lambda d: d["state"][0].update(step=torch.tensor(float("inf")))), "must be one number"),
+        ("a shape", spoiled(lambda d: d["state"][0].update(exp_avg=torch.zeros(3))), "has shape (3,)"),
+    ]
+    for what, bad, says in on_one_rank:
+        if rank == 1:
+            _raises(what, rank, [says], lambda: opt.load_state_dict(bad))
+        else:
+            _raises(what, rank, ["ZeroOptimizer.load_state_dict: rank 1 failed", says],
+                    lambda: opt.load_state_dict(good))
+        unchanged(what)
+    other = spoiled(lambda d: d["state"][0]["exp_avg"].mul_(2.0))
+    _raises("states differ", rank, ["ZeroOptimizer.load_state_dict: the ranks disagree on state"],
+            lambda: opt.load_state_dict(good if rank == 0 else other))
+    unchanged("states differ")
+    # Shard files: of two saves; a file missing on one rank; then every rank loads one save.
+    opt.save_shard(folder / f"first-{rank}.pt")
+    opt.zero_grad()
+    model(torch.randn(4, 6)).square().mean().backward()
+    opt.step()
+    opt.save_shard(folder / f"second-{rank}.pt")
+    comm.barrier().wait()
+    after = consolidated()
+    mixed = [folder / "first-0.pt", folder / "second-1.pt"]
+    _raises("two saves", rank, ["ZeroOptimizer.load_shards: the ranks disagree on checkpoint"], lambda: opt.load_shards(mixed))
+    missing = [folder / "first-0.pt", folder / ("first-1.pt" if rank == 0 else "nowhere-1.pt")]
+    _raises("a missing file", rank, ["cannot read"] + ([] if rank == 1 else ["rank 1 failed"]),
+            lambda: opt.load_shards(missing))
+    good = after  # (rank 0's view) nothing of the failed loads stuck
+    unchanged("failed shard loads")
+    bad_to = 5 if rank == 1 else 0
+    _raises("consolidate to", rank, ["to must be a rank in [0, 2)"], lambda: opt.consolidate_state_dict(bad_to))
+    opt.load_shards([folder / "first-0.pt", folder / "first-1.pt"])  # every rank, one save: loads
+
+
 def _rank_main(group):
     import datetime
 
@@ -122,7 +206,14 @@ def _rank_main(group):
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     comm = gpuops.dist.Communicator(timeout=30)
-    {"agreement": _agreement, "construction": _construction}[group](comm, dist.get_rank())
+    if group == "loads":
+        import tempfile
+        from pathlib import Path
+
+        folder = Path(sys.argv[2])
+        _loads(comm, dist.get_rank(), folder)
+    else:
+        {"agreement": _agreement, "construction": _construction}[group](comm, dist.get_rank())
     print(f"{group} ok", flush=True)
     import gc
 
