@@ -20,6 +20,7 @@
 #include <string>
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -102,6 +103,10 @@ class Communicator {
  public:
   /// Over an existing group (every tensor's device type must have a backend in it).
   explicit Communicator(c10::intrusive_ptr<c10d::ProcessGroup> process_group, CommunicatorOptions options = {});
+
+  /// Over one c10d backend (a ProcessGroupGloo serving CPU tensors, a ProcessGroupNCCL serving CUDA ones), as
+  /// TrainingStateOptions::process_group holds it.
+  static Communicator from_backend(const c10::intrusive_ptr<c10d::Backend>& backend, CommunicatorOptions options = {});
 
   /// From the launcher's environment (see read_launch_environment): TCPStore on MASTER_ADDR:MASTER_PORT
   /// (rank 0 serves it), then a Gloo group for CPU tensors. The Gloo device binds to MASTER_ADDR when it is a

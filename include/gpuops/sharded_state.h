@@ -1,19 +1,24 @@
 #pragma once
-// Training states with a sharded optimizer (ZeroOptimizer): one file per rank in the same StateStore state,
-// the protocol both TrainingStates (C++ and Python) use, so that it lives once.
+// Training states saved or loaded by several ranks (a sharded optimizer: one file per rank in the same
+// StateStore state; or a process group: rank 0 writes, every rank loads): the protocol both TrainingStates
+// (C++ and Python) use, so that it lives once. Every step is an agreement (agreement.h): a rank that fails,
+// or ranks that differ (the step saved, the state chosen), make every rank raise, naming it.
 //
-// Save: rank 0 opens the pending state (files: state.pt and rank-00000.pt ... rank-<N-1>.pt) and tells every
-// rank its folder; each rank writes its shard (rank 0 also the main file); the ranks exchange whether they
-// succeeded, and only when all did does rank 0 commit (checksums, rename, manifest): a state is complete on
-// every rank's behalf or absent. Load: every rank reads the same verified state; the optimizer's files are
-// loaded (resharded when the world size changed and that is allowed), and the ranks agree that every rank
-// succeeded, or every rank puts its optimizer back and raises. The folder must be shared by the ranks (one
-// machine, or a shared file system).
+// Save (sharded): every rank's own checks and the step are agreed while rank 0 opens the pending state (files:
+// state.pt and rank-00000.pt ... rank-<N-1>.pt) and proposes its folder; each rank writes its shard (rank 0
+// also the main file); they agree that all succeeded, and only then does rank 0 commit (checksums, rename,
+// manifest): a state is complete on every rank's behalf or absent (rank 0 removes the pending folder).
+// Load: every rank picks the newest good state it sees, and the ranks agree on it (name, step and the main
+// file's checksum: folder copies whose newest states differ, or a rank that sees none, raise on every rank);
+// then each loads its own part (model, scaler) and they agree that all succeeded; then the optimizer's files
+// are loaded (resharded when the world size changed and that is allowed), itself all or nothing across ranks.
+
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "gpuops/communicator.h"
 #include "gpuops/state_store.h"
 #include "gpuops/zero_optimizer.h"
 
@@ -23,20 +28,40 @@ namespace gpuops {
 std::string shard_file_name(int rank);
 
 /// Saves one state of `step` with every rank's shard of `optimizer`; `write_main(path)` writes rank 0's main
-/// file (state.pt). Collective over the optimizer's communicator. Returns the state's folder on every rank.
-/// A failure on any rank removes the pending state on rank 0 and raises on every rank, naming the rank.
+/// file (state.pt). `local_error`: what the caller's own checks found on this rank (empty: none). Collective
+/// over the optimizer's communicator. Returns the state's folder on every rank. A failure on any rank removes
+/// the pending state and raises on every rank, naming the rank.
 std::string save_sharded_state(const StateStore& store, int64_t step, const std::string& writer,
                                optim::ShardedOptimizer& optimizer,
-                               const std::function<void(const std::string& path)>& write_main);
+                               const std::function<void(const std::string& path)>& write_main,
+                               const std::string& local_error = "");
+
+/// A state saved by rank 0 for a process group (no sharded optimizer): every rank's checks and `step` agreed
+/// first, then rank 0 writes through `write` (returning the state's folder) and every rank hears whether it
+/// did. Collective over `comm`; returns the folder on every rank.
+std::string save_by_rank_zero(dist::Communicator& comm, int64_t step, const std::string& local_error,
+                              const std::function<std::string()>& write);
 
 /// The shard files of a stored (verified) state, in rank order; empty when it has none. c10::ValueError when
 /// they are not rank-00000 ... rank-<N-1> without gaps.
 std::vector<std::string> shard_files_of(const StoredState& state);
 
-/// Loads the shards into `optimizer` when every rank's `local_error` is empty (what the caller's own part of
-/// the load found: model, scaler), then agrees with every rank that all loads succeeded. On any rank's failure
-/// every rank's optimizer is as before and every rank raises c10::ValueError naming the first failed rank and
-/// its error. Collective.
+/// What ranks compare before a collective load: "step N (name, state.pt sha256 ...)", or "no state" for null.
+std::string state_identity(const StoredState* state);
+
+/// Collective: the ranks agree on the state each chose to load (state_identity), or that none has one; a rank
+/// whose own search failed passes `local_error` (e.g. states exist and none can be loaded). Raises on every
+/// rank when a rank failed or the choices differ.
+void agree_on_state(dist::Communicator& comm, const std::string& identity, const std::string& local_error);
+
+/// Collective: every rank's `local_error` (what its own part of the load found: model, optimizer, scaler), so
+/// that a rank whose part failed makes every rank raise; the caller puts its objects back then. Raises on
+/// every rank naming the first failed rank.
+void agree_loaded(dist::Communicator& comm, const std::string& local_error);
+
+/// Loads the shards into `optimizer` once every rank's `local_error` (what the caller's own part of the load
+/// found: model, scaler) is known to be empty; all or nothing on every rank (ZeroOptimizer::load_shards).
+/// Collective.
 void load_sharded_state(optim::ShardedOptimizer& optimizer, const std::vector<std::string>& files,
                         bool allow_reshard, const std::string& local_error);
 

@@ -194,8 +194,37 @@ class TrainingState:
     # ------------------------------------------------------------------ save / load
     def save(self, *, step: int, model: Optional[torch.nn.Module] = None, optimizer=None, scaler=None,
              epoch: int = 0, data_position: Any = None, extras: Optional[dict] = None) -> Path:
-        """Writes a complete state atomically; returns its folder. Only rank 0 writes with a process group.
-        A failed save leaves nothing behind."""
+        """Writes a complete state atomically; returns its folder. A failed save leaves nothing behind.
+        With a process group only rank 0 writes; with a gpuops.ZeroOptimizer every rank writes its shard into the
+        same state. With several ranks every rank's checks and ``step`` are agreed first, and a failure on any
+        rank raises on every rank, naming it (gpuops/sharded_state.h)."""
+        sharded = _is_sharded(optimizer)
+        failure = payload = None
+        try:
+            payload = self._payload(step, model, optimizer, scaler, epoch, data_position, extras)
+        except Exception as error:  # noqa: BLE001 - with several ranks, raised after every rank heard of it
+            failure = error
+        comm = optimizer.communicator if sharded else self._communicator()
+        if comm is None:
+            if failure is not None:
+                raise failure
+            return Path(self._write(step, payload))
+        agreed_step = step if failure is None else 0  # a failing rank's fields are not compared
+        try:
+            if sharded:
+                # One file per rank in the same state (gpuops::save_sharded_state, shared with C++); state.pt
+                # (rank 0's) holds the rest.
+                return Path(_C.save_sharded_state(self._store, agreed_step, "python", optimizer._impl,
+                                                  lambda file: torch.save(payload, file), _first_line(failure)))
+            return Path(_C.save_by_rank_zero(comm, agreed_step, _first_line(failure),
+                                             lambda: self._write(step, payload)))
+        except Exception:
+            if failure is not None:
+                raise failure from None  # this rank's own error, as it was raised
+            raise
+
+    def _payload(self, step, model, optimizer, scaler, epoch, data_position, extras) -> dict:
+        """What state.pt holds, every argument checked."""
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**18:
             raise ValueError(f"TrainingState.save: step must be an int in [0, 1e18), got {step!r}")
         if not isinstance(epoch, int) or isinstance(epoch, bool):
@@ -203,48 +232,44 @@ class TrainingState:
         if extras is not None and not isinstance(extras, dict):
             raise TypeError(f"TrainingState.save: extras must be a dict, got {type(extras).__name__}")
         _check_objects(model=model, optimizer=optimizer, scaler=scaler)
-        if _is_sharded(optimizer):
+        sharded = _is_sharded(optimizer)
+        if sharded:
             optimizer.wait_for_parameters()  # overlap_param_gather: the model is saved as the step left it
+            optimizer._sync_options()
         _check_plain(data_position, "data_position")
         _check_plain(extras or {}, "extras")
         payload = {"format": _FORMAT, "step": step, "epoch": epoch, "data_position": data_position,
                    "extras": extras or {}, "rng": _rng_states(),
                    "model": model.state_dict() if model is not None else None,
-                   "optimizer": optimizer.state_dict() if optimizer is not None and not _is_sharded(optimizer)
-                   else None,
+                   "optimizer": optimizer.state_dict() if optimizer is not None and not sharded else None,
                    "scaler": scaler.state_dict() if scaler is not None else None}
         _check_plain(payload, "the state")  # optimizers' and scalers' state dicts, as a last guard
-        if _is_sharded(optimizer):
-            # One file per rank in the same state (gpuops::save_sharded_state, shared with C++); state.pt
-            # (rank 0's) holds the rest.
+        if sharded:
             payload["sharded_optimizer"] = optimizer.kind
-            optimizer._sync_options()
-            return Path(_C.save_sharded_state(self._store, step, "python", optimizer._impl,
-                                              lambda file: torch.save(payload, file)))
-        path = None
-        if self.process_group is None or self._rank() == 0:
-            pending = self._store.begin(step, [_STATE_FILE], "python")
-            try:
-                torch.save(payload, pending.file_path(_STATE_FILE))
-                stored, notes = self._store.commit(pending)
-            except BaseException:
-                self._store.abort(pending)
-                raise
-            for note in notes:
-                warnings.warn(f"TrainingState: {note}")
-            path = Path(stored.path)
-        if self.process_group is not None:
-            import torch.distributed as dist
+        return payload
 
-            dist.barrier(group=self.process_group)
-        if path is None:  # another rank wrote it
-            path = next((Path(s.path) for s in self._store.states()[0] if s.step == step), self.directory)
-        return path
+    def _write(self, step: int, payload: dict) -> str:
+        """One state of this process (rank 0's with a group): the folder, or nothing on failure."""
+        pending = self._store.begin(step, [_STATE_FILE], "python")
+        try:
+            torch.save(payload, pending.file_path(_STATE_FILE))
+            stored, notes = self._store.commit(pending)
+        except BaseException:
+            self._store.abort(pending)
+            raise
+        for note in notes:
+            warnings.warn(f"TrainingState: {note}")
+        return stored.path
 
-    def _rank(self) -> int:
-        import torch.distributed as dist
+    def _communicator(self):
+        """The agreements' communicator over process_group, or None without one."""
+        if self.process_group is None:
+            return None
+        if getattr(self, "_comm", None) is None:
+            from .dist import Communicator
 
-        return dist.get_rank(self.process_group)
+            self._comm = Communicator(self.process_group)
+        return self._comm
 
     def load(self, *, model: Optional[torch.nn.Module] = None, optimizer=None, scaler=None,
              map_location=None, restore_rng: bool = True, allow_reshard: bool = False) -> Optional[dict]:
@@ -253,16 +278,41 @@ class TrainingState:
         skipped with a warning naming it, and the previous good state is used; when states exist but none
         can be used, RuntimeError lists each one's problem (nothing is changed).
 
-        With a gpuops.ZeroOptimizer every rank loads its shard from the per-rank files (collective: the ranks
-        agree that all succeeded, or all put their objects back and raise ValueError); a state saved by another
-        world size is resharded exactly when ``allow_reshard``, refused otherwise."""
-        _check_objects(model=model, optimizer=optimizer, scaler=scaler)
-        if isinstance(map_location, (str, torch.device)):
+        With several ranks (a process group, or a gpuops.ZeroOptimizer) the ranks first agree on the state to
+        load (folder copies whose newest states differ, or a rank that sees none, raise on every rank), then
+        each loads its part and they agree that all did: all or nothing on every rank. With a ZeroOptimizer every
+        rank loads its shard from the per-rank files; a state saved by another world size is resharded exactly
+        when ``allow_reshard``, refused otherwise."""
+        sharded = _is_sharded(optimizer)
+        comm = optimizer.communicator if sharded else self._communicator()
+        stored = payload = failure = None
+        try:
+            _check_objects(model=model, optimizer=optimizer, scaler=scaler)
+            _check_map_location(map_location)
+            stored, payload = self._newest_good(map_location)
+        except Exception as error:  # noqa: BLE001 - with several ranks, raised after every rank heard of it
+            failure = error
+        if comm is not None:
             try:
-                torch.empty(0, device=map_location)
-            except (RuntimeError, ValueError) as e:
-                raise ValueError(f"TrainingState.load: map_location {map_location!r} is not a usable device "
-                                 f"({str(e).splitlines()[0]})") from None
+                _C.agree_on_state(comm, _C.state_identity(stored), _first_line(failure))
+            except Exception:
+                if failure is not None:
+                    raise failure from None
+                raise
+        elif failure is not None:
+            raise failure
+        if stored is None:
+            return None
+        if sharded:
+            self._apply_sharded(stored, payload, model, optimizer, scaler, allow_reshard, restore_rng)
+        else:
+            self._apply(Path(stored.path), payload, model, optimizer, scaler, restore_rng, comm)
+        return {"step": payload["step"], "epoch": payload["epoch"], "data_position": payload["data_position"],
+                "extras": payload["extras"], "path": Path(stored.path)}
+
+    def _newest_good(self, map_location):
+        """(stored state, payload) of the newest state that verifies and reads, or (None, None) for an empty
+        folder; RuntimeError listing each state's problem when states exist and none can be used."""
         states, notes = self._store.states()
         for note in notes:
             warnings.warn(f"TrainingState: {note}")
@@ -278,29 +328,23 @@ class TrainingState:
                     warnings.warn(f"TrainingState: {stored.path} has no checksum (no manifest lists it); "
                                   "loading it unverified")
                 payload, problem = _read_payload(stored.file_path(_STATE_FILE), map_location)
-            if problem:
-                problems.append(problem)
-                warnings.warn(f"TrainingState: {problem}; trying the previous state")
-                continue
-            if _is_sharded(optimizer):
-                self._apply_sharded(stored, payload, model, optimizer, scaler, allow_reshard)
-            else:
-                self._apply(Path(stored.path), payload, model, optimizer, scaler)
-            if restore_rng:
-                _restore_rng_states(payload["rng"])
-            return {"step": payload["step"], "epoch": payload["epoch"], "data_position": payload["data_position"],
-                    "extras": payload["extras"], "path": Path(stored.path)}
+            if not problem:
+                return stored, payload
+            problems.append(problem)
+            warnings.warn(f"TrainingState: {problem}; trying the previous state")
         if problems:
             listed = "\n  ".join(problems)
             raise RuntimeError(f"TrainingState.load: {self.directory} holds {len(problems)} state(s) and none can "
                                f"be loaded:\n  {listed}\nMove or delete them to start afresh; nothing was changed.")
-        return None
+        return None, None
 
     @staticmethod
-    def _apply(path: Path, payload: dict, model, optimizer, scaler) -> None:
-        """Puts the payload into the objects, all or nothing."""
+    def _apply(path: Path, payload: dict, model, optimizer, scaler, restore_rng: bool, comm=None) -> None:
+        """Puts the payload into the objects (and the RNG states when asked), all or nothing; with `comm`, all or
+        nothing on every rank."""
         targets = [o for o in (model, optimizer, scaler) if o is not None]
-        backup = StateSnapshot(targets)
+        backup, rng = StateSnapshot(targets), _rng_states()
+        error = None
         try:
             if model is not None:
                 model.load_state_dict(payload["model"])
@@ -308,30 +352,63 @@ class TrainingState:
                 optimizer.load_state_dict(payload["optimizer"])
             if scaler is not None and payload["scaler"]:  # (a disabled scaler saved {})
                 scaler.load_state_dict(payload["scaler"])
+            if restore_rng:
+                _restore_rng_states(payload["rng"])
         except Exception as e:  # noqa: BLE001 - whatever failed, the objects go back as they were
             backup.restore()
-            raise ValueError(f"TrainingState.load: {path} does not fit the objects given ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}); nothing was changed") from e
-
+            _restore_rng_states(rng)
+            error = ValueError(f"TrainingState.load: {path} does not fit the objects given ({type(e).__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''}); nothing was changed")
+            error.__cause__ = e
+        if comm is not None:
+            try:
+                _C.agree_loaded(comm, _first_line(error))
+            except Exception:
+                if error is None:  # another rank failed: this one's objects go back too
+                    backup.restore()
+                    _restore_rng_states(rng)
+                    raise
+        if error is not None:
+            raise error
 
     @staticmethod
-    def _apply_sharded(stored, payload: dict, model, optimizer, scaler, allow_reshard: bool) -> None:
-        """The model and scaler here, then every rank's shard (gpuops::load_sharded_state: agreed by all)."""
+    def _apply_sharded(stored, payload: dict, model, optimizer, scaler, allow_reshard: bool,
+                       restore_rng: bool) -> None:
+        """The model and scaler here, then every rank's shard (gpuops::load_sharded_state: agreed by all, then
+        all or nothing)."""
         local = [o for o in (model, scaler) if o is not None]
-        backup = StateSnapshot(local)
+        backup, rng = StateSnapshot(local), _rng_states()
         error = ""
         try:
             files = _C.shard_files_of(stored)
-            TrainingState._apply(Path(stored.path), dict(payload, optimizer=None), model, None, scaler)
+            TrainingState._apply(Path(stored.path), dict(payload, optimizer=None), model, None, scaler, restore_rng)
         except Exception as e:  # noqa: BLE001 - every rank must hear of it before anyone raises
-            files, error = [], str(e).splitlines()[0] if str(e) else type(e).__name__
+            files, error = [], _first_line(e)
         try:
             _C.load_sharded_state(optimizer._impl, files, allow_reshard, error)
         except Exception:
             if not error:
                 backup.restore()
+                _restore_rng_states(rng)
             raise
         optimizer.param_groups[0].update(optimizer._impl.options)
+
+
+def _first_line(error: Optional[BaseException]) -> str:
+    """An exception as one line for the other ranks ("" for None)."""
+    if error is None:
+        return ""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+def _check_map_location(map_location) -> None:
+    if isinstance(map_location, (str, torch.device)):
+        try:
+            torch.empty(0, device=map_location)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"TrainingState.load: map_location {map_location!r} is not a usable device "
+                             f"({str(e).splitlines()[0]})") from None
 
 
 def _is_sharded(optimizer) -> bool:

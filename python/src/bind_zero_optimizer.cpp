@@ -299,12 +299,26 @@ void bind_zero_optimizer(py::module_& m) {
   m.def(
       "save_sharded_state",
       [](const StateStore& store, int64_t step, const std::string& writer, ShardedOptimizer& optimizer,
-         const std::function<void(const std::string&)>& write_main) {
+         const std::function<void(const std::string&)>& write_main, const std::string& local_error) {
         py::gil_scoped_release release;  // write_main takes the GIL back to run
-        return save_sharded_state(store, step, writer, optimizer, write_main);
+        return save_sharded_state(store, step, writer, optimizer, write_main, local_error);
       },
-      py::arg("store"), py::arg("step"), py::arg("writer"), py::arg("optimizer"), py::arg("write_main"));
+      py::arg("store"), py::arg("step"), py::arg("writer"), py::arg("optimizer"), py::arg("write_main"),
+      py::arg("local_error") = "");
+  m.def(
+      "save_by_rank_zero",
+      [](dist::Communicator& comm, int64_t step, const std::string& local_error,
+         const std::function<std::string()>& write) {
+        py::gil_scoped_release release;  // write takes the GIL back to run
+        return save_by_rank_zero(comm, step, local_error, write);
+      },
+      py::arg("communicator"), py::arg("step"), py::arg("local_error"), py::arg("write"));
   m.def("shard_files_of", &shard_files_of, py::arg("state"));
+  m.def("state_identity", &state_identity, py::arg("state").none(true));
+  m.def("agree_on_state", &agree_on_state, py::arg("communicator"), py::arg("identity"), py::arg("local_error"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("agree_loaded", &agree_loaded, py::arg("communicator"), py::arg("local_error"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("load_sharded_state", &load_sharded_state, py::arg("optimizer"), py::arg("files"), py::arg("allow_reshard"),
         py::arg("local_error"), py::call_guard<py::gil_scoped_release>());
 }

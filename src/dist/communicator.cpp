@@ -198,6 +198,16 @@ Communicator Communicator::from_environment(CommunicatorOptions options) {
   return Communicator(std::move(group), options);
 }
 
+Communicator Communicator::from_backend(const c10::intrusive_ptr<c10d::Backend>& backend, CommunicatorOptions options) {
+  TORCH_CHECK_VALUE(backend, "gpuops::dist::Communicator::from_backend: backend is null");
+  const std::string name = backend->getBackendName();
+  const auto type = c10d::ProcessGroup::strToBackendType(name);  // CUSTOM for a name it does not know
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(backend->getRank(), backend->getSize());
+  group->setDefaultBackend(type);
+  group->setBackend(name == "nccl" ? c10::DeviceType::CUDA : c10::DeviceType::CPU, type, backend);
+  return Communicator(std::move(group), options);
+}
+
 at::Device Communicator::control_device() const {
   const auto types = group_->getDeviceTypes();
   const auto serves = [&](c10::DeviceType t) {

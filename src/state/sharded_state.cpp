@@ -1,61 +1,17 @@
-// Training states with a sharded optimizer (sharded_state.h): the save and load agreements over the
-// optimizer's communicator.
+// Training states of several ranks (sharded_state.h): the save and load agreements.
 #include "gpuops/sharded_state.h"
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
-#include <exception>
-#include <sstream>
 
-#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
+
+#include "gpuops/agreement.h"
 
 namespace gpuops {
 namespace {
 
 constexpr const char* kMainFile = "state.pt";
-constexpr int64_t kTextBytes = 4096;  // a folder name or the first line of an error
-
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-// Every rank's text (truncated to kTextBytes), gathered on every rank through the communicator, on the device
-// its collectives serve (the shard parameters').
-std::vector<std::string> all_gather_text(optim::ShardedOptimizer& optimizer, const std::string& text) {
-  auto& comm = optimizer.shards().communicator();
-  const auto device = optimizer.shards().shard_params()[0].device();
-  at::Tensor mine = at::zeros({kTextBytes}, at::kByte);
-  std::memcpy(mine.data_ptr<uint8_t>(), text.data(), std::min<int64_t>(kTextBytes, text.size()));
-  at::Tensor all = at::empty({kTextBytes * comm.size()}, at::TensorOptions(at::kByte).device(device));
-  comm.all_gather(mine.to(device), all).wait();
-  all = all.cpu();
-  std::vector<std::string> texts;
-  for (int r = 0; r < comm.size(); ++r) {
-    const char* begin = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * kTextBytes;
-    texts.emplace_back(begin, strnlen(begin, kTextBytes));
-  }
-  return texts;
-}
-
-// The first rank whose text is not empty, or -1.
-int first_failed(const std::vector<std::string>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r)
-    if (!errors[r].empty()) return static_cast<int>(r);
-  return -1;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return first_line(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return first_line(e.what());
-  }
-  return "";
-}
 
 }  // namespace
 
@@ -67,49 +23,60 @@ std::string shard_file_name(int rank) {
 
 std::string save_sharded_state(const StateStore& store, int64_t step, const std::string& writer,
                                optim::ShardedOptimizer& optimizer,
-                               const std::function<void(const std::string& path)>& write_main) {
-  const auto& comm = optimizer.shards().communicator();
+                               const std::function<void(const std::string& path)>& write_main,
+                               const std::string& local_error) {
+  auto& comm = optimizer.shards().communicator();
   const int rank = comm.rank(), n = comm.size();
-  // 1. Rank 0 opens the pending state and tells every rank where it is (or why it could not).
+  const std::string what = "TrainingState.save";
   std::vector<std::string> files{kMainFile};
   for (int r = 0; r < n; ++r) files.push_back(shard_file_name(r));
+  // 1. Every rank's own checks and the step; rank 0 opens the pending state and proposes its folder.
   PendingState pending;
-  std::string opened;
-  if (rank == 0) {
-    const std::string error = error_of([&] { pending = store.begin(step, files, writer); });
-    opened = error.empty() ? "+" + pending.folder : "-" + error;
-  }
-  opened = all_gather_text(optimizer, opened)[0];
-  TORCH_CHECK(opened.rfind('+', 0) == 0, "TrainingState.save: rank 0 could not start the state of step ", step,
-              " in ", store.directory(), " (", opened.substr(1), "); nothing was saved");
+  dist::Agreement start(what);
+  if (!local_error.empty()) start.fail(local_error);
+  start.field("step", std::to_string(step));
+  if (rank == 0) start.check([&] { pending = store.begin(step, files, writer); });
+  start.propose("folder", pending.folder);
+  const auto abort_on_failure = [&](const dist::Agreement& agreement) {
+    try {
+      return agreement.exchange(comm);
+    } catch (...) {
+      if (!pending.folder.empty() && rank == 0) store.abort(pending);  // nothing stays behind
+      throw;
+    }
+  };
+  const std::string folder = abort_on_failure(start).at(0).second;
   if (rank != 0) {
     pending.step = step;
     pending.writer = writer;
-    pending.folder = opened.substr(1);
+    pending.folder = folder;
     pending.files = files;
   }
-  // 2. Every rank writes its files; 3. they agree; rank 0 commits only when every rank succeeded.
-  const std::string error = error_of([&] {
+  // 2. Every rank writes its files; they agree that all did; 3. only then does rank 0 commit.
+  dist::Agreement written(what);
+  written.check([&] {
     if (rank == 0) write_main(pending.file_path(kMainFile));
     optimizer.save_shard(pending.file_path(shard_file_name(rank)));
   });
-  const auto errors = all_gather_text(optimizer, error);
-  std::string committed;
-  if (rank == 0) {
-    if (first_failed(errors) >= 0) {
-      store.abort(pending);
-    } else {
-      const std::string commit_error = error_of([&] { committed = "+" + store.commit(pending).path; });
-      if (!commit_error.empty()) committed = "-" + commit_error;
-    }
-  }
-  const int failed = first_failed(errors);
-  TORCH_CHECK(failed < 0, "TrainingState.save: rank ", failed, " could not write its part of the state of step ",
-              step, " (", errors[failed], "); nothing was saved");
-  committed = all_gather_text(optimizer, committed)[0];
-  TORCH_CHECK(committed.rfind('+', 0) == 0, "TrainingState.save: rank 0 could not commit the state of step ", step,
-              " (", committed.substr(1), "); nothing was saved");
-  return committed.substr(1);
+  abort_on_failure(written);
+  std::string path;
+  dist::Agreement committed(what);
+  if (rank == 0) committed.check([&] { path = store.commit(pending).path; });  // removes the folder on failure
+  committed.propose("path", path);
+  return committed.exchange(comm).at(0).second;
+}
+
+std::string save_by_rank_zero(dist::Communicator& comm, int64_t step, const std::string& local_error,
+                              const std::function<std::string()>& write) {
+  const std::string what = "TrainingState.save";
+  dist::Agreement start(what);
+  if (!local_error.empty()) start.fail(local_error);
+  start.field("step", std::to_string(step)).exchange(comm);
+  std::string path;
+  dist::Agreement written(what);
+  if (comm.rank() == 0) written.check([&] { path = write(); });  // write() leaves nothing behind on failure
+  written.propose("path", path);
+  return written.exchange(comm).at(0).second;
 }
 
 std::vector<std::string> shard_files_of(const StoredState& state) {
@@ -127,35 +94,37 @@ std::vector<std::string> shard_files_of(const StoredState& state) {
   return paths;
 }
 
+std::string state_identity(const StoredState* state) {
+  if (!state) return "no state";
+  std::string sha = "unknown";
+  for (const auto& f : state->files)
+    if (f.name == kMainFile && !f.sha256.empty()) sha = f.sha256.substr(0, 16);
+  return "step " + std::to_string(state->step) + " (" + state->name + ", " + kMainFile + " sha256 " + sha + ")";
+}
+
+void agree_on_state(dist::Communicator& comm, const std::string& identity, const std::string& local_error) {
+  dist::Agreement agreement("TrainingState.load");
+  if (!local_error.empty()) agreement.fail(local_error);
+  agreement.field("the state to load", identity).exchange(comm);  // folder copies that differ, a rank seeing none
+}
+
+void agree_loaded(dist::Communicator& comm, const std::string& local_error) {
+  dist::Agreement agreement("TrainingState.load");
+  if (!local_error.empty()) agreement.fail(local_error);
+  agreement.exchange(comm);
+}
+
 void load_sharded_state(optim::ShardedOptimizer& optimizer, const std::vector<std::string>& files,
                         bool allow_reshard, const std::string& local_error) {
-  const auto before = all_gather_text(optimizer, local_error);
-  const int failed_before = first_failed(before);
-  TORCH_CHECK_VALUE(failed_before < 0, "TrainingState.load: rank ", failed_before, " could not load the state (",
-                    before[failed_before], "); nothing was changed");
-  // This rank's optimizer as it is, to put back if another rank fails.
-  std::ostringstream backup;
-  {
-    torch::serialize::OutputArchive archive;
-    optimizer.optimizer().save(archive);
-    archive.save_to(backup);
-  }
-  const std::string error = error_of([&] {
+  auto& comm = optimizer.shards().communicator();
+  dist::Agreement agreement("TrainingState.load");
+  if (!local_error.empty()) agreement.fail(local_error);
+  agreement.check([&] {
     TORCH_CHECK_VALUE(!files.empty(), "the state holds no optimizer shard files (it was saved without a "
                       "ZeroOptimizer)");
-    optimizer.load_shards(files, allow_reshard);
   });
-  const auto errors = all_gather_text(optimizer, error);
-  const int failed = first_failed(errors);
-  if (failed < 0) return;
-  if (error.empty()) {  // this rank loaded: put it back
-    std::istringstream bytes(backup.str());
-    torch::serialize::InputArchive archive;
-    archive.load_from(bytes);
-    optimizer.optimizer().load(archive);
-  }
-  TORCH_CHECK_VALUE(false, "TrainingState.load: rank ", failed, " could not load its optimizer shard (",
-                    errors[failed], "); nothing was changed");
+  agreement.exchange(comm);
+  optimizer.load_shards(files, allow_reshard);  // all or nothing on every rank
 }
 
 }  // namespace gpuops

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -241,20 +243,20 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 }  // namespace
 
 std::string TrainingState::save(const TrainingProgress& progress, const TrainingObjects& objects) {
-  TORCH_CHECK_VALUE(progress.step >= 0, "TrainingState::save: step must be >= 0, got ", progress.step);
+  // The checks of this rank; with several ranks they are agreed before anyone writes (sharded_state.h).
+  const std::string local_error =
+      progress.step >= 0 ? "" : "TrainingState::save: step must be >= 0, got " + std::to_string(progress.step);
+  const StateStore store(directory_, options_.keep);
   if (auto* sharded = dynamic_cast<optim::ShardedOptimizer*>(objects.optimizer)) {
     sharded->wait_for_parameters();  // overlap_param_gather: the model is saved as the step left it
     // One file per rank (sharded_state.h); state.pt holds the rest, written by rank 0.
     TrainingObjects rest = objects;
     rest.optimizer = nullptr;
-    const StateStore store(directory_, options_.keep);
     return save_sharded_state(store, progress.step, "cpp", *sharded,
-                              [&](const std::string& file) { make_archive(progress, rest).save_to(file); });
+                              [&](const std::string& file) { make_archive(progress, rest).save_to(file); },
+                              local_error);
   }
-  const bool writer = !options_.process_group || options_.process_group->getRank() == 0;
-  std::string path;
-  if (writer) {
-    const StateStore store(directory_, options_.keep);
+  const auto write = [&] {
     const PendingState pending = store.begin(progress.step, {kStateFile}, "cpp");
     try {
       const std::string file = pending.file_path(kStateFile);
@@ -267,58 +269,58 @@ std::string TrainingState::save(const TrainingProgress& progress, const Training
       store.abort(pending);
       throw;
     }
-    path = store.commit(pending).path;
+    return store.commit(pending).path;
+  };
+  if (!options_.process_group) {
+    TORCH_CHECK_VALUE(local_error.empty(), local_error);
+    return write();
   }
-  if (options_.process_group) options_.process_group->barrier()->wait();
-  return path;
+  auto comm = dist::Communicator::from_backend(options_.process_group);
+  return save_by_rank_zero(comm, progress.step, local_error, write);  // rank 0 writes; every rank hears how it went
 }
 
 namespace {
 
-// The model, optimizer and scaler from a payload, all or nothing.
-void load_objects(const TrainingObjects& objects, Payload& payload, const std::string& path) {
-    const Backup backup(objects);
-    try {
-      if (objects.model) {
-        objects.model->load(payload.model);
-        TORCH_CHECK(!backup.model_shapes_changed(), "a tensor of the saved model has another shape");
-      }
-      if (objects.optimizer) objects.optimizer->load(payload.optimizer);
-      if (objects.scaler && !payload.scaler.empty()) objects.scaler->load_state_dict(payload.scaler);
-    } catch (const std::exception& e) {
-      backup.restore(objects);
-      TORCH_CHECK_VALUE(false, "TrainingState::load: ", path, " does not fit the objects given (",
-                        first_line(e.what()), "); nothing was changed");
-    }
-}
-
-// With a sharded optimizer: the model and scaler here, then the shards, agreed by every rank.
-void load_with_shards(const TrainingObjects& objects, optim::ShardedOptimizer& sharded, const StoredState& state,
-                      Payload& payload, bool allow_reshard) {
-  TrainingObjects rest = objects;
-  rest.optimizer = nullptr;
-  const Backup backup(rest);
-  std::vector<std::string> files;
+// The model, optimizer and scaler from a payload, and the RNG states when asked: all or nothing on this rank.
+// `agree`, with several ranks, learns whether every rank's part succeeded; when one failed, this rank's objects
+// are put back too.
+void load_objects(const TrainingObjects& objects, Payload& payload, const std::string& path, bool restore_rng,
+                  const std::function<void(const std::string& error)>& agree = nullptr) {
+  const Backup backup(objects);
+  const detail::RngState rng_before = detail::RngState::capture();
   std::string error;
   try {
-    files = shard_files_of(state);
-    load_objects(rest, payload, state.path);
+    TORCH_CHECK_VALUE(!objects.model || payload.has_model, "the state holds no model");
+    TORCH_CHECK_VALUE(!objects.optimizer || payload.has_optimizer, "the state holds no optimizer");
+    if (objects.model) {
+      objects.model->load(payload.model);
+      TORCH_CHECK(!backup.model_shapes_changed(), "a tensor of the saved model has another shape");
+    }
+    if (objects.optimizer) objects.optimizer->load(payload.optimizer);
+    if (objects.scaler && !payload.scaler.empty()) objects.scaler->load_state_dict(payload.scaler);
+    if (restore_rng) payload.rng.restore();
   } catch (const std::exception& e) {
-    error = first_line(e.what());  // load_objects put them back
+    error = "TrainingState::load: " + path + " does not fit the objects given (" + first_line(e.what()) +
+            "); nothing was changed";
   }
+  const auto put_back = [&] {
+    backup.restore(objects);
+    rng_before.restore();
+  };
+  if (!error.empty()) put_back();
   try {
-    load_sharded_state(sharded, files, allow_reshard, error);
+    if (agree) agree(error);
   } catch (...) {
-    if (error.empty()) backup.restore(rest);
+    if (error.empty()) put_back();  // another rank failed
     throw;
   }
+  TORCH_CHECK_VALUE(error.empty(), error);
 }
 
-}  // namespace
-
-std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, bool restore_rng, bool allow_reshard) {
-  auto* sharded = dynamic_cast<optim::ShardedOptimizer*>(objects.optimizer);
-  const StateStore store(directory_, options_.keep);
+// The newest state this store holds that verifies and reads, with its payload; problems of the newer ones are
+// warned about. None when the store is empty; `error` says why when states exist but none can be loaded.
+std::optional<StoredState> newest_good(const StateStore& store, const std::string& directory, Payload& payload,
+                                       std::string& error) {
   std::vector<std::string> problems;
   for (StoredState& state : store.states()) {
     bool unverified = false;
@@ -326,7 +328,6 @@ std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, b
     if (problem.empty() && !state.legacy && state.writer != "cpp")
       problem = state.path + " was written by the " + state.writer +
                 " TrainingState (a state is resumed by the language that wrote it)";
-    Payload payload;
     if (problem.empty()) {
       if (unverified) TORCH_WARN("TrainingState: ", state.path, " has no checksum (no manifest lists it); loading it unverified");
       try {
@@ -335,33 +336,64 @@ std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, b
         problem = state.file_path(kStateFile) + " cannot be read (" + first_line(e.what()) + ")";
       }
     }
-    if (!problem.empty()) {
-      problems.push_back(problem);
-      TORCH_WARN("TrainingState: ", problem, "; trying the previous state");
-      continue;
-    }
-    const std::string path = state.path;
-    TORCH_CHECK_VALUE(!objects.model || payload.has_model, "TrainingState::load: ", path, " holds no model");
-    if (sharded) {
-      load_with_shards(objects, *sharded, state, payload, allow_reshard);
-    } else {
-      TORCH_CHECK_VALUE(!objects.optimizer || payload.has_optimizer, "TrainingState::load: ", path,
-                        " holds no optimizer");
-      load_objects(objects, payload, path);
-    }
-    if (restore_rng) payload.rng.restore();
-    LoadedState loaded;
-    static_cast<TrainingProgress&>(loaded) = std::move(payload.progress);
-    loaded.path = path;
-    return loaded;
+    if (problem.empty()) return state;
+    problems.push_back(problem);
+    TORCH_WARN("TrainingState: ", problem, "; trying the previous state");
   }
-  std::string all;
-  for (const auto& p : problems) all += "\n  " + p;
-  TORCH_CHECK(problems.empty(), "TrainingState::load: ", directory_, " holds ", problems.size(),
-              " state(s) and none can be loaded:", all,
-              "\nMove or delete them to start afresh; nothing was changed.");
+  if (!problems.empty()) {
+    std::string all;
+    for (const auto& p : problems) all += "\n  " + p;
+    error = "TrainingState::load: " + directory + " holds " + std::to_string(problems.size()) +
+            " state(s) and none can be loaded:" + all + "\nMove or delete them to start afresh; nothing was changed.";
+  }
   return std::nullopt;
 }
 
+}  // namespace
+
+std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, bool restore_rng, bool allow_reshard) {
+  auto* sharded = dynamic_cast<optim::ShardedOptimizer*>(objects.optimizer);
+  const StateStore store(directory_, options_.keep);
+  Payload payload;
+  std::string search_error;
+  const std::optional<StoredState> state = newest_good(store, directory_, payload, search_error);
+  // With several ranks, they agree on the state (or on none) before anyone loads (sharded_state.h).
+  std::optional<dist::Communicator> comm;
+  if (sharded) {
+    comm = sharded->shards().communicator();
+  } else if (options_.process_group) {
+    comm = dist::Communicator::from_backend(options_.process_group);
+  }
+  if (comm) {
+    agree_on_state(*comm, state_identity(state ? &*state : nullptr), search_error);
+  } else {
+    TORCH_CHECK(search_error.empty(), search_error);
+  }
+  if (!state) return std::nullopt;
+  if (sharded) {  // the model and scaler here, agreed by every rank; then the shards, all or nothing
+    TrainingObjects rest = objects;
+    rest.optimizer = nullptr;
+    std::vector<std::string> files;
+    load_objects(rest, payload, state->path, restore_rng, [&](const std::string& error) {
+      std::string local = error;
+      if (local.empty()) {
+        try {
+          files = shard_files_of(*state);
+        } catch (const std::exception& e) {
+          local = first_line(e.what());
+        }
+      }
+      load_sharded_state(*sharded, files, allow_reshard, local);
+    });
+  } else if (comm) {
+    load_objects(objects, payload, state->path, restore_rng, [&](const std::string& error) { agree_loaded(*comm, error); });
+  } else {
+    load_objects(objects, payload, state->path, restore_rng);
+  }
+  LoadedState loaded;
+  static_cast<TrainingProgress&>(loaded) = std::move(payload.progress);
+  loaded.path = state->path;
+  return loaded;
+}
 
 }  // namespace gpuops

@@ -20,6 +20,7 @@
 
 #include "gpuops/grad_scaler.h"
 #include "gpuops/optimizers.h"
+#include "gpuops/state_store.h"
 #include "gpuops/training_state.h"
 #include "thread_backend.h"
 
@@ -309,6 +310,41 @@ TEST(TrainingState, EveryRankAgreesToStopAndOnlyRankZeroWrites) {
   EXPECT_TRUE(stop[1]);
   EXPECT_TRUE(exists(folder + "/rank0/state-000000000007/state.pt"));
   EXPECT_FALSE(exists(folder + "/rank1/state-000000000007"));
+  remove_tree(folder);
+}
+
+TEST(TrainingState, RanksThatDisagreeOrFailAloneRaiseTogetherAndSaveNothing) {
+  const auto folder = fresh_folder("disagree");
+  auto shared = std::make_shared<ThreadBackend::Shared>(2);
+  std::string errors[2][2];
+  auto rank = [&](int r) {
+    gpuops::TrainingStateOptions options;
+    options.signals = {};
+    options.process_group = c10::make_intrusive<ThreadBackend>(r, shared);
+    gpuops::TrainingState state(folder, options);
+    gpuops::TrainingProgress progress;
+    progress.step = 7 + r;  // the ranks disagree on the step
+    try {
+      state.save(progress, {});
+    } catch (const c10::ValueError& e) {
+      errors[r][0] = e.what_without_backtrace();
+    }
+    progress.step = r == 1 ? -1 : 9;  // rank 1 fails its own check
+    try {
+      state.save(progress, {});
+    } catch (const c10::ValueError& e) {
+      errors[r][1] = e.what_without_backtrace();
+    }
+  };
+  std::thread one(rank, 1);
+  rank(0);
+  one.join();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(errors[r][0].find("the ranks disagree on step: rank 0 has 7, rank 1 has 8"), std::string::npos) << errors[r][0];
+  EXPECT_NE(errors[0][1].find("rank 1 failed: TrainingState::save: step must be >= 0, got -1"), std::string::npos)
+      << errors[0][1];
+  EXPECT_NE(errors[1][1].find("step must be >= 0, got -1"), std::string::npos) << errors[1][1];
+  EXPECT_TRUE(gpuops::StateStore(folder, 3).states().empty());  // nothing saved, no pending folder left
   remove_tree(folder);
 }
 

@@ -1,10 +1,11 @@
 #pragma once
-// A c10d backend whose ranks are threads of one process: allreduce (MIN or MAX of one integer tensor) and
-// barrier over shared memory. Lets C++ tests run "distributed" code paths without Gloo's headers.
+// A c10d backend whose ranks are threads of one process: allreduce (MIN or MAX of one integer tensor),
+// _allgather_base (what gpuops' agreements use) and barrier over shared memory. Lets C++ tests run "distributed" code paths without Gloo's headers.
 #include <algorithm>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -19,6 +20,7 @@ class ThreadBackend : public c10d::Backend {
     int arrived = 0, generation = 0;
     int64_t value = 0;
     bool first = true;
+    std::vector<at::Tensor> gathered;  // each rank's input of the all-gather in flight
 
     void arrive_and_wait() {
       std::unique_lock<std::mutex> lock(mutex);
@@ -51,6 +53,19 @@ class ThreadBackend : public c10d::Backend {
     shared_->arrive_and_wait();
     if (rank_ == 0) shared_->first = true;  // every rank has read the value: ready for the next call
     shared_->arrive_and_wait();
+    return c10::make_intrusive<Done>();
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions&) override {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mutex);
+      shared_->gathered.resize(shared_->ranks);
+      shared_->gathered[rank_] = input.clone();
+    }
+    shared_->arrive_and_wait();
+    output.copy_(at::cat(shared_->gathered).view_as(output));
+    shared_->arrive_and_wait();  // every rank has read them
     return c10::make_intrusive<Done>();
   }
 

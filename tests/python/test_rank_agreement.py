@@ -38,6 +38,10 @@ def test_zero_optimizer_loads(tmp_path):
     _run_group("loads", str(tmp_path))
 
 
+def test_training_state(tmp_path):
+    _run_group("training_state", str(tmp_path))
+
+
 # ----------------------------------------------------------------------------------------------------- ranks
 def _raises(what, rank, expected, fn, seconds=10.0):
     """fn() raises on this rank with every string of `expected` in its message, within `seconds`."""
@@ -199,6 +203,69 @@ def _loads(comm, rank, folder):
     opt.load_shards([folder / "first-0.pt", folder / "first-1.pt"])  # every rank, one save: loads
 
 
+def _training_state(comm, rank, folder):
+    """TrainingState with a ZeroOptimizer and with a plain one over a process group: the step saved and the
+    state loaded are agreed; a rank failing alone raises on every rank; failed saves leave nothing behind."""
+    import shutil
+
+    import numpy
+    import torch.distributed as dist
+
+    def leftovers(directory):
+        return sorted(p.name for p in directory.iterdir() if p.name.startswith(".tmp")) if directory.exists() else []
+
+    model = _model()
+    opt = gpuops.ZeroOptimizer(model.parameters(), communicator=comm, stage=2, lr=1e-2)
+    shared = folder / "shared"
+    state = gpuops.TrainingState(shared)
+    for step in (1, 2, 3):
+        state.save(step=step, model=model, optimizer=opt)
+    _raises("steps differ", rank, ["TrainingState.save: the ranks disagree on step: rank 0 has 4, rank 1 has 5"],
+            lambda: state.save(step=4 + rank, model=model, optimizer=opt))
+    expected = ["TypeError", "extras['x'] is a numpy.ndarray"] if rank == 1 else ["rank 1 failed", "numpy.ndarray"]
+    _raises("numpy extras", rank, expected,
+            lambda: state.save(step=6, model=model, optimizer=opt, extras={"x": numpy.zeros(2) if rank else 1}))
+    comm.barrier().wait()
+    assert [s.step for s in state._store.states()[0]] == [3, 2, 1] and leftovers(shared) == []
+    # Folder copies whose newest states differ; a rank that sees no state; a bad map_location on one rank.
+    if rank == 0:
+        shutil.copytree(shared, folder / "copy")
+        shutil.rmtree(next(p for p in (folder / "copy").iterdir() if p.name.endswith("000003")))
+        (folder / "empty").mkdir()
+    comm.barrier().wait()
+    mine = lambda name: gpuops.TrainingState(shared if rank == 0 else folder / name)  # noqa: E731
+    _raises("newest states differ", rank, ["TrainingState.load: the ranks disagree on the state to load",
+                                           "rank 0 has step 3", "rank 1 has step 2"],
+            lambda: mine("copy").load(model=model, optimizer=opt))
+    _raises("one rank sees none", rank, ["disagree on the state to load", "rank 1 has no state"],
+            lambda: mine("empty").load(model=model, optimizer=opt))
+    bad = "cuda:7" if rank == 1 else None
+    _raises("map_location", rank, ["map_location 'cuda:7' is not a usable device"] + ([] if rank else ["rank 1 failed"]),
+            lambda: state.load(model=model, optimizer=opt, map_location=bad))
+    loaded = state.load(model=model, optimizer=opt)  # then every rank, the same state: loads
+    assert loaded["step"] == 3
+    none = gpuops.TrainingState(folder / f"nothing-{rank}").load(model=model, optimizer=opt)
+    assert none is None  # every rank sees none: a fresh start, agreed
+
+    # A plain optimizer over a process group: rank 0 writes, every rank loads.
+    plain_model = _model()
+    plain = gpuops.TrainingState(folder / "plain", process_group=dist.group.WORLD)
+    adamw = gpuops.optim.AdamW(plain_model.parameters(), lr=1e-2)
+    plain.save(step=1, model=plain_model, optimizer=adamw)
+    _raises("plain steps differ", rank, ["the ranks disagree on step"],
+            lambda: plain.save(step=2 + rank, model=plain_model, optimizer=adamw))
+    expected = ["TypeError"] if rank == 1 else ["rank 1 failed"]
+    _raises("plain numpy extras", rank, expected,
+            lambda: plain.save(step=2, model=plain_model, extras={"x": numpy.zeros(2) if rank else 1}))
+    assert leftovers(folder / "plain") == []
+    # Rank 1's model does not fit the state: rank 0's, which loaded, is put back.
+    target = _model(seed=5) if rank == 0 else torch.nn.Linear(6, 4)
+    before = [p.detach().clone() for p in target.parameters()]
+    expected = ["does not fit the objects given"] + (["rank 1 failed"] if rank == 0 else [])
+    _raises("a model that does not fit on one rank", rank, expected, lambda: plain.load(model=target))
+    assert all(torch.equal(a, b) for a, b in zip(before, target.parameters()))
+
+
 def _rank_main(group):
     import datetime
 
@@ -206,12 +273,10 @@ def _rank_main(group):
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     comm = gpuops.dist.Communicator(timeout=30)
-    if group == "loads":
-        import tempfile
+    if group in ("loads", "training_state"):
         from pathlib import Path
 
-        folder = Path(sys.argv[2])
-        _loads(comm, dist.get_rank(), folder)
+        {"loads": _loads, "training_state": _training_state}[group](comm, dist.get_rank(), Path(sys.argv[2]))
     else:
         {"agreement": _agreement, "construction": _construction}[group](comm, dist.get_rank())
     print(f"{group} ok", flush=True)
