@@ -38,7 +38,15 @@ struct CommunicatorOptions {
   /// from_environment only: how long the TCPStore rendezvous and the Gloo group's connection wait for
   /// every rank to arrive (process start-up can take longer than a collective should).
   std::chrono::milliseconds rendezvous_timeout{std::chrono::seconds(300)};
+  /// Before each reduce-scatter, all-gather and all-reduce, every rank checks that the others call the same
+  /// collective with the same sizes and dtypes (one small all-gather): a mismatch raises c10::ValueError on every
+  /// rank, naming it, where Gloo would abort the process and NCCL hang. gpuops' sharded optimizer turns it off
+  /// on its own copy (unchecked()): its layout is agreed when it is built, and its step spares the collective.
+  bool check_collectives = true;
 };
+
+/// The longest timeout accepted (a year): longer ones overflow c10d's deadlines.
+constexpr std::chrono::milliseconds kMaxTimeout{int64_t{365} * 24 * 3600 * 1000};
 
 /// The launcher's variables, as from_environment reads them (exposed for tests and diagnostics).
 struct LaunchEnvironment {
@@ -114,6 +122,9 @@ class Communicator {
   /// NCCL is not built here yet: hand a torch.distributed NCCL group in from Python for CUDA tensors.
   static Communicator from_environment(CommunicatorOptions options = {});
 
+  /// A copy without check_collectives (it shares the group and the traffic counts).
+  Communicator unchecked() const;
+
   int rank() const { return rank_; }
   int size() const { return size_; }
   std::chrono::milliseconds timeout() const { return options_.timeout; }
@@ -150,6 +161,8 @@ class Communicator {
  private:
   Work launch(std::string name, c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish = {}) const;
   void check_tensor(const char* op, const char* arg, const at::Tensor& t) const;
+  /// check_collectives: every rank's (collective, element count, dtype, reduce op), compared with rank 0's.
+  void check_same_call(const char* op, const at::Tensor& t, ReduceOp reduce) const;
   void count(TrafficCount& count, const at::Tensor& payload, int64_t ring_factor) const;
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;

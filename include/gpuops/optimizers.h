@@ -76,6 +76,11 @@ class FusedOptimizer : public torch::optim::Optimizer {
   void check_unique_params() const;
   /// After loading state: every master is checked against its parameter at the next step.
   void forget_master_versions() { master_versions_.clear(); }
+  /// save(): the optimizer's name beside torch's archive layout, which AdamW and Adam share (their weight decay
+  /// differs in meaning); load(): c10::ValueError for an archive another kind wrote (one without the name,
+  /// torch's own, loads).
+  void write_kind(torch::serialize::OutputArchive& archive) const;
+  void check_kind(torch::serialize::InputArchive& archive) const;
   /// The options of param_groups()[index] as `Options`; c10::ValueError when the group was added with another
   /// optimizer's options (a cast would read garbage).
   template <typename Options>

@@ -69,7 +69,7 @@ class StateStore {
   /// manifest, a broken state it removed) goes to `warnings`, or to TORCH_WARN when that is null.
   StoredState commit(const PendingState& pending, std::vector<std::string>* warnings = nullptr) const;
 
-  /// Removes a pending save's folder (never throws).
+  /// Removes a pending save's folder (never throws); one this store did not make is left alone.
   void abort(const PendingState& pending) const noexcept;
 
   /// Every state the manifest lists or the folder holds, newest first (by step, then re-save).
@@ -85,6 +85,8 @@ class StateStore {
   int64_t keep() const { return keep_; }
 
  private:
+  /// Whether `pending` is a save begin() made here (its folder `.tmp-...` inside this store, plain file names).
+  bool owns(const PendingState& pending) const;
   std::string directory_;
   int64_t keep_;
 };

@@ -212,6 +212,10 @@ class ZeroShards {
   void launch(size_t k);
   void finish_oldest();
   void finish_pass();
+  /// A backward raised after its first gradient: its end callback never ran (the engine dropped it).
+  bool pass_abandoned() const;
+  /// Waits for what such a pass launched and forgets it (zero_grad then starts afresh).
+  void abandon_pass();
 
   dist::Communicator comm_;
   ZeroOptions options_;
@@ -233,6 +237,7 @@ class ZeroShards {
   std::vector<size_t> ready_;              ///< per bucket: gradients arrived in this pass
   size_t next_launch_ = 0;                 ///< buckets launch in order: every rank runs the same collectives
   bool pass_active_ = false;               ///< a backward pass is running (its end callback is queued)
+  std::weak_ptr<char> pass_token_;         ///< held by that callback: expired when the engine dropped it
   std::vector<bool> accumulated_;          ///< per bucket: its gradient shard holds a sum since zero_grad()
   /// Launched, not finished: (bucket, work); no work for a 16-bit bucket (reduced in fp32 chunks, waited inside).
   std::deque<std::pair<size_t, std::optional<dist::Work>>> pending_;
@@ -310,6 +315,9 @@ class ZeroOptimizer : private detail::ZeroShardsHolder, public Base, public Shar
   const ZeroShards& shards() const override { return zero_shards; }
   const char* kind() const override { return Base::name(); }
   void zero_grad(bool set_to_none = true) override;
+  /// Refused (c10::ValueError): the optimizer steps one group over its flat buffers. (torch's add_param_group is
+  /// not virtual: called through a torch::optim::Optimizer& it adds the group, and the next step refuses it.)
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
 
   /// Reduce-scatters the flat gradients (average over ranks), once per step: the GradScaler calls it before
   /// it reads the gradients, step() when it was not called yet. Collective.

@@ -16,6 +16,8 @@ timeout (30 minutes by default).
 
 from __future__ import annotations
 
+from typing import Optional
+
 from . import _C
 
 CommWork = _C.CommWork
@@ -25,6 +27,11 @@ class Communicator(_C.Communicator):
     """Collectives over ``group`` (a torch.distributed ProcessGroup; None: the default group)."""
 
     def __init__(self, group=None, timeout: float = 300.0):
+        import torch.distributed as _dist
+
+        if group is not None and not isinstance(group, _dist.ProcessGroup):
+            raise TypeError("gpuops.dist.Communicator: group must be a torch.distributed ProcessGroup or None (the "
+                            f"default group), got {type(group).__name__} {group!r}")
         if group is None:
             import torch.distributed as _dist
 
@@ -49,10 +56,12 @@ def fail_together(communicator: _C.Communicator, what: str, error: BaseException
     raise error
 
 
-def from_environment(timeout: float = 300.0) -> _C.Communicator:
+def from_environment(timeout: float = 300.0, rendezvous_timeout: Optional[float] = None) -> _C.Communicator:
     """A communicator built in C++ from the launcher's variables (torchrun's RANK, WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT, or srun's SLURM_PROCID, SLURM_NTASKS with MASTER_ADDR, MASTER_PORT): Gloo, CPU tensors."""
-    return _C.Communicator.from_environment(timeout)
+    MASTER_PORT, or srun's SLURM_PROCID, SLURM_NTASKS with MASTER_ADDR, MASTER_PORT): Gloo, CPU tensors.
+    ``timeout``: each collective's, seconds; ``rendezvous_timeout``: how long every rank waits for the others to
+    arrive (default: ``timeout``)."""
+    return _C.Communicator.from_environment(timeout, timeout if rendezvous_timeout is None else rendezvous_timeout)
 
 
 __all__ = ["CommWork", "Communicator", "fail_together", "from_environment"]

@@ -85,6 +85,9 @@ def _model_spec(model, config, params) -> _C.ModelSpec:
             text = json.dumps(dict(config), allow_nan=False)
         except (TypeError, ValueError) as e:
             raise type(e)(f"config: the dict is not a JSON document ({e}); give the fields of a config.json") from None
+        except RecursionError:
+            raise ValueError("config: the dict is nested too deeply to be a config.json (Python's recursion limit "
+                             "was reached); give the fields of a config.json") from None
         return _C.model_from_config_json(text, "config")
     if not isinstance(config, (str, bytes, os.PathLike)):
         raise TypeError(f"config must be a path or a dict, got {type(config).__name__} {config!r}")
@@ -308,8 +311,9 @@ def advise(gpu: str, model: Optional[str] = None, **keywords) -> AdviceList:
     spec, device, setup = _estimate_inputs("advise", model, keywords)
     if not isinstance(device, str):
         raise TypeError(f"device must be a str such as 'cuda', got {type(device).__name__} {device!r}")
-    if device != "cuda":
-        raise ValueError(f"device {device!r} is not accepted by advise; accepted: 'cuda' (advice is for a GPU)")
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device {device!r} is not accepted; accepted: 'cuda', 'cpu'")
+    # As the command line's --advise: advice is for the GPU, on its own CUDA profile, whatever ``device`` says.
     given, items = _C.advise(spec, gpu, **setup)
     out = AdviceList()
     for a in items:

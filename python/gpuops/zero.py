@@ -28,6 +28,7 @@ what gpuops.TrainingState does with this optimizer.
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any, Callable, Optional, Union
 
@@ -83,6 +84,9 @@ def _wait_hooks(optimizer, module: torch.nn.Module, params: list) -> list:
 def _split_names(params) -> tuple:
     """Tensors and their names from ``params``: tensors, or (name, tensor) pairs as ``named_parameters()`` gives
     (torch.optim takes those too); names are recorded in checkpoints."""
+    if isinstance(params, (str, bytes, torch.Tensor)) or not hasattr(params, "__iter__"):
+        raise TypeError("gpuops.ZeroOptimizer: params must be an iterable of tensors or (name, tensor) pairs (e.g. "
+                        f"model.parameters()), got {type(params).__name__}")
     items = list(params)
     if items and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in items):
         return [p for _, p in items], [n for n, _ in items]
@@ -203,14 +207,25 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def load_shards(self, files, allow_reshard: bool = False) -> None:
         """Loads the shard files of every rank of the saving job (``files[r]``: rank r's); when the world size
-        differs, each rank cuts its new shard out of them (exact), if ``allow_reshard``. All or nothing."""
-        self._impl.load_shards([str(f) for f in files], allow_reshard)
+        differs, each rank cuts its new shard out of them (exact), if ``allow_reshard``. Collective: all or nothing
+        on every rank (files of several saves, or a failure on any rank, change no rank's state)."""
+        try:
+            if isinstance(files, (str, bytes, os.PathLike)) or not hasattr(files, "__iter__"):
+                raise TypeError("gpuops.ZeroOptimizer.load_shards: files must be a list of paths, one per rank of the "
+                                f"saving job in rank order, got {type(files).__name__} {files!r}")
+            paths = [os.fsdecode(f) for f in files]
+        except Exception as error:  # noqa: BLE001 - raised after the other ranks heard of it
+            _dist.fail_together(self.communicator, "ZeroOptimizer.load_shards", error)
+        self._impl.load_shards(paths, allow_reshard)
         self.param_groups[0].update(self._impl.options)
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Gathers the full state on rank ``to``'s host memory, chunk by chunk (no device holds it whole).
         Collective: every rank calls it."""
-        self._sync_options()
+        try:
+            self._sync_options()
+        except Exception as error:  # noqa: BLE001 - raised after the other ranks heard of it
+            _dist.fail_together(self.communicator, "ZeroOptimizer.consolidate_state_dict", error)
         per_param = self._impl.consolidate_state(to)
         self._consolidated = per_param if self._impl.rank == to else None
 

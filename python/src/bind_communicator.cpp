@@ -29,11 +29,13 @@ dist::ReduceOp reduce_op_arg(const std::string& where, const py::handle& value) 
   throw py::value_error(where + ": op must be one of 'sum', 'avg', 'max', 'min', got " + text_of(value));
 }
 
-dist::CommunicatorOptions options_arg(const std::string& where, const py::handle& timeout) {
+dist::CommunicatorOptions options_arg(const std::string& where, const py::handle& timeout,
+                                      const std::string& name = "timeout") {
   dist::CommunicatorOptions o;
-  const double seconds = real_arg(where, "timeout", timeout);
-  if (!(seconds > 0) || seconds > 1e9)
-    throw py::value_error(where + ": Invalid timeout value: " + text_of(timeout) + " (seconds, must be positive)");
+  const double seconds = real_arg(where, name, timeout);
+  if (!(seconds > 0) || seconds > 365.0 * 86400.0)
+    throw py::value_error(where + ": Invalid " + name + " value: " + text_of(timeout) +
+                          " (seconds; accepted: more than 0, at most a year)");
   o.timeout = std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(seconds * 1000.0)));
   return o;
 }
@@ -53,12 +55,14 @@ void bind_communicator(py::module_& m) {
            py::arg("group"), py::arg("timeout") = 300.0)
       .def_static(
           "from_environment",
-          [](const py::object& timeout) {
-            auto o = options_arg("gpuops.dist.Communicator.from_environment", timeout);
+          [](const py::object& timeout, const py::object& rendezvous_timeout) {
+            const std::string where = "gpuops.dist.Communicator.from_environment";
+            auto o = options_arg(where, timeout);
+            o.rendezvous_timeout = options_arg(where, rendezvous_timeout, "rendezvous_timeout").timeout;
             py::gil_scoped_release release;
             return dist::Communicator::from_environment(o);
           },
-          py::arg("timeout") = 300.0)
+          py::arg("timeout") = 300.0, py::arg("rendezvous_timeout") = 300.0)
       .def_property_readonly("rank", &dist::Communicator::rank)
       .def_property_readonly("size", &dist::Communicator::size)
       .def_property_readonly("timeout", [](const dist::Communicator& c) { return c.timeout().count() / 1000.0; })

@@ -270,6 +270,7 @@ std::string estimate_svg(const est::ModelSpec& model, const est::TrainingSetup& 
 
 void write_file_atomically(const std::string& path, std::string_view text) {
   if (path.empty()) fail(ENOENT, "empty path");
+  if (path.find('\0') != std::string::npos) fail(EINVAL, "holds a NUL byte (C would write another file)");
   std::string target = path;
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {

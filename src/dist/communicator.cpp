@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <future>
+#include <memory>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -49,6 +52,28 @@ std::string required_var(const char* launcher, const char* name, const char* why
 
 bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+// The TCPStore of the rendezvous. A client pings the server once connected and waits for the answer with no
+// deadline: behind MASTER_PORT, something that is not the store (another service, a stale process) would block
+// it forever. A client is made on a helper thread and given the rendezvous timeout (and 5 s) to come back; past
+// it this rank raises, and the helper is left to the process's exit.
+c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, const c10d::TCPStoreOptions& so) {
+  if (so.isServer) return c10::make_intrusive<c10d::TCPStore>(addr, so);
+  auto made = std::make_shared<std::promise<c10::intrusive_ptr<c10d::Store>>>();
+  auto future = made->get_future();
+  std::thread([made, addr, so] {
+    try {
+      made->set_value(c10::make_intrusive<c10d::TCPStore>(addr, so));
+    } catch (...) {
+      made->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (future.wait_for(so.timeout + std::chrono::seconds(5)) != std::future_status::ready)
+    C10_THROW_ERROR(DistStoreError, fmt::format("no TCPStore answered at {}:{} within the rendezvous timeout: "
+                                                "something else listens there, or rank 0 stalls after connecting",
+                                                addr, so.port));
+  return future.get();
 }
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
@@ -160,18 +185,20 @@ bool Work::is_completed() const { return done_ || (work_ && work_->isCompleted()
 Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> process_group, CommunicatorOptions options)
     : group_(std::move(process_group)), options_(options) {
   TORCH_CHECK_VALUE(group_, "gpuops::dist::Communicator: process_group is null");
-  TORCH_CHECK_VALUE(options_.timeout.count() > 0, "gpuops::dist::Communicator: Invalid timeout value: ",
-                    options_.timeout.count(), " ms (must be positive)");
+  TORCH_CHECK_VALUE(options_.timeout.count() > 0 && options_.timeout <= kMaxTimeout,
+                    "gpuops::dist::Communicator: Invalid timeout value: ", options_.timeout.count(),
+                    " ms (accepted: more than 0, at most a year)");
   rank_ = group_->getRank();
   size_ = group_->getSize();
 }
 
 Communicator Communicator::from_environment(CommunicatorOptions options) {
-  TORCH_CHECK_VALUE(options.timeout.count() > 0, "gpuops::dist::Communicator::from_environment: Invalid timeout value: ",
-                    options.timeout.count(), " ms (must be positive)");
-  TORCH_CHECK_VALUE(options.rendezvous_timeout.count() > 0,
+  TORCH_CHECK_VALUE(options.timeout.count() > 0 && options.timeout <= kMaxTimeout,
+                    "gpuops::dist::Communicator::from_environment: Invalid timeout value: ", options.timeout.count(),
+                    " ms (accepted: more than 0, at most a year)");
+  TORCH_CHECK_VALUE(options.rendezvous_timeout.count() > 0 && options.rendezvous_timeout <= kMaxTimeout,
                     "gpuops::dist::Communicator::from_environment: Invalid rendezvous_timeout value: ",
-                    options.rendezvous_timeout.count(), " ms (must be positive)");
+                    options.rendezvous_timeout.count(), " ms (accepted: more than 0, at most a year)");
   const LaunchEnvironment e = read_launch_environment();
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(e.master_port);
@@ -180,7 +207,7 @@ Communicator Communicator::from_environment(CommunicatorOptions options) {
   so.timeout = options.rendezvous_timeout;
   c10::intrusive_ptr<c10d::Store> store;
   try {
-    store = c10::make_intrusive<c10d::TCPStore>(e.master_addr, so);
+    store = connect_store(e.master_addr, so);
   } catch (const c10::Error& err) {
     C10_THROW_ERROR(DistStoreError,
                     fmt::format("gpuops::dist::Communicator::from_environment ({}): rank {} of {} could not {} the "
@@ -206,6 +233,40 @@ Communicator Communicator::from_backend(const c10::intrusive_ptr<c10d::Backend>&
   group->setDefaultBackend(type);
   group->setBackend(name == "nccl" ? c10::DeviceType::CUDA : c10::DeviceType::CPU, type, backend);
   return Communicator(std::move(group), options);
+}
+
+Communicator Communicator::unchecked() const {
+  Communicator c = *this;
+  c.options_.check_collectives = false;
+  return c;
+}
+
+void Communicator::check_same_call(const char* op, const at::Tensor& t, ReduceOp reduce) const {
+  if (!options_.check_collectives || size_ == 1) return;
+  static constexpr const char* kCollectives[] = {"reduce_scatter", "all_gather", "all_reduce"};
+  const auto code = std::find_if(std::begin(kCollectives), std::end(kCollectives),
+                                 [&](const char* name) { return std::string(name) == op; }) - std::begin(kCollectives);
+  const at::Device device = control_device();
+  at::Tensor mine = at::tensor({static_cast<int64_t>(code), static_cast<int64_t>(t.numel()),
+                                static_cast<int64_t>(t.scalar_type()), static_cast<int64_t>(reduce)}, at::kLong).to(device);
+  at::Tensor all = at::empty({4 * size_}, mine.options());
+  c10d::AllgatherOptions o;
+  o.timeout = options_.timeout;
+  // Named as the collective itself: a peer lost here reads as a failure of the call the user made.
+  const std::string name = code == 1 ? std::string(op) : fmt::format("{}({})", op, reduce_op_name(reduce));
+  launch(name, group_->_allgather_base(all, mine, o)).wait();
+  all = all.cpu();
+  const auto* v = all.data_ptr<int64_t>();
+  const auto describe = [&](int r) {
+    const int64_t* c = v + 4 * r;
+    const std::string called = c[0] >= 0 && c[0] < 3 ? kCollectives[c[0]] : "another call";
+    return fmt::format("{} of {} elements of {}{}", called, c[1], c10::toString(static_cast<at::ScalarType>(c[2])),
+                       called == "all_gather" ? "" : fmt::format(" ({})", reduce_op_name(static_cast<ReduceOp>(c[3]))));
+  };
+  for (int r = 1; r < size_; ++r)
+    TORCH_CHECK_VALUE(std::equal(v, v + 4, v + 4 * r), "gpuops::dist::", op, ": the ranks call different collectives: "
+                      "rank 0 calls ", describe(0), ", rank ", r, " calls ", describe(r), "; every rank must call "
+                      "the same collective with the same sizes and dtypes (nothing was sent)");
 }
 
 at::Device Communicator::control_device() const {
@@ -285,6 +346,7 @@ Work Communicator::reduce_scatter(const at::Tensor& input, const at::Tensor& out
                     output.device(), " but input on ", input.device());
   TORCH_CHECK_VALUE(op != ReduceOp::Average || at::isFloatingType(input.scalar_type()),
                     "gpuops::dist::reduce_scatter: avg needs a floating dtype, got ", input.scalar_type());
+  check_same_call("reduce_scatter", input, op);
   at::NoGradGuard no_grad;
   at::Tensor in = input.view({-1}), out = output.view({-1});
   c10d::ReduceScatterOptions o;
@@ -320,6 +382,7 @@ Work Communicator::all_gather(const at::Tensor& input, const at::Tensor& output)
                     output.scalar_type(), " differs from input's ", input.scalar_type());
   TORCH_CHECK_VALUE(output.device() == input.device(), "gpuops::dist::all_gather: output is on ", output.device(),
                     " but input on ", input.device());
+  check_same_call("all_gather", input, ReduceOp::Sum);
   at::NoGradGuard no_grad;
   at::Tensor in = input.view({-1}), out = output.view({-1});
   c10d::AllgatherOptions o;
@@ -333,6 +396,7 @@ Work Communicator::all_reduce(const at::Tensor& buffer, ReduceOp op) {
   check_tensor("all_reduce", "buffer", buffer);
   TORCH_CHECK_VALUE(op != ReduceOp::Average || at::isFloatingType(buffer.scalar_type()),
                     "gpuops::dist::all_reduce: avg needs a floating dtype, got ", buffer.scalar_type());
+  check_same_call("all_reduce", buffer, op);
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> tensors{buffer};
   c10d::AllreduceOptions o;

@@ -12,6 +12,11 @@
 #include "gpuops/errors.h"
 
 namespace gpuops::estimator {
+
+namespace {
+constexpr int64_t kMaxLayers = 2048;
+constexpr int64_t kMaxParameterTensors = int64_t{1} << 18;
+}  // namespace
 namespace {
 
 using C = CheckedInt;
@@ -264,6 +269,8 @@ void validate(const ModelSpec& s) {
   positive("vocab_size", s.vocab_size);
   positive("hidden_size", s.hidden_size);
   positive("num_layers", s.num_layers);
+  GPUOPS_CHECK_ARG(s.num_layers <= kMaxLayers, "model '{}': num_layers {} is not accepted; accepted: 1 to {} (the "
+                   "deepest models have about 200; an estimate replays every layer)", s.name, s.num_layers, kMaxLayers);
   positive("num_heads", s.num_heads);
   positive("num_kv_heads", s.num_kv_heads);
   positive("intermediate_size", s.intermediate_size);
@@ -297,6 +304,12 @@ void validate(const ModelSpec& s) {
         "whose parameter count is below 2^63", s.name, s.vocab_size, s.hidden_size, s.num_layers, s.num_heads,
         effective_head_dim(s), s.intermediate_size, s.max_positions, s.type_vocab_size));
   }
+  // The replay of a step handles every parameter tensor: bounded, so that any accepted model is answered in
+  // bounded time and memory.
+  const int64_t tensors = parameter_tensor_count(s);
+  GPUOPS_CHECK_ARG(tensors <= kMaxParameterTensors, "model '{}': {} parameter tensors (num_layers {}, num_experts {}); "
+                   "accepted: at most {} (DeepSeek-V3 has about 47,000)", s.name, tensors, s.num_layers, s.num_experts,
+                   kMaxParameterTensors);
 }
 
 namespace {

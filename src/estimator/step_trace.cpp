@@ -54,10 +54,12 @@ std::vector<int64_t> spread(int64_t bytes, const std::vector<int64_t>& elements)
   return out;
 }
 
-// `bytes` cut into pieces of `unit` bytes and one remainder.
+// `bytes` cut into pieces of `unit` bytes and one remainder; at most kMaxPieces (larger pieces then), so that
+// a step is replayed in bounded time and memory whatever the sizes.
 std::vector<int64_t> pieces(int64_t bytes, int64_t unit) {
+  constexpr int64_t kMaxPieces = 4096;
   std::vector<int64_t> out;
-  unit = std::max<int64_t>(unit, 512);
+  unit = std::max<int64_t>({unit, 512, bytes / kMaxPieces + 1});
   for (; bytes > 0; bytes -= std::min(bytes, unit)) out.push_back(std::min(bytes, unit));
   return out;
 }
@@ -173,7 +175,8 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
       r.release(layers[static_cast<size_t>(l)]);
       if (!accumulate) {  // gradients appear as their layer's backward runs
         const size_t first = l == 0 ? 0 : next_grad - std::min<size_t>(next_grad, static_cast<size_t>(per_layer_grads));
-        for (size_t i = first; i < next_grad; ++i) grad_handles.push_back(r.alloc(grads[i]));
+        for (size_t i = first; i < next_grad; ++i)
+          if (const int64_t h = r.alloc(grads[i]); h >= 0) grad_handles.push_back(h);  // (a share of 0 bytes: none)
         next_grad = first;
       }
     }

@@ -9,16 +9,20 @@
 
 #include <fmt/format.h>
 
+#include "../common/file_checks.h"
 #include "gpuops/errors.h"
 
 namespace gpuops::estimator {
 
 std::string read_text_file(const std::string& path, const TextFileKind& k) {
-  // open() would stop at a NUL byte and read another file than the one named.
-  GPUOPS_CHECK_ARG(path.find('\0') == std::string::npos, "{} '{}' holds a NUL byte; {}", k.label,
-                   path.substr(0, path.find('\0')) + "\\0...", k.hint);
-  // Opened without blocking and checked before reading: a FIFO would block the open (or the read)
-  // forever, a directory reads as nothing, a device as endless bytes.
+  // Refused before it is opened for reading: a NUL byte (C would open another file), a FIFO (it blocks forever),
+  // a directory (it reads as nothing), a device (endless bytes).
+  const std::string problem = detail::readable_file_problem(path);
+  const size_t nul = path.find('\0');
+  const std::string shown = nul == std::string::npos ? path : path.substr(0, nul) + "\\0...";
+  GPUOPS_CHECK_ARG(problem != "is a directory", "{} '{}' is a directory; give the path of its {} file", k.label, shown,
+                   k.kind);
+  GPUOPS_CHECK_ARG(problem.empty(), "{} '{}' {}; {}", k.label, shown, problem, k.hint);
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   GPUOPS_CHECK_ARG(fd >= 0, "{} '{}' cannot be read ({}); {}", k.label, path, std::strerror(errno), k.hint);
   struct Closer {
@@ -27,9 +31,6 @@ std::string read_text_file(const std::string& path, const TextFileKind& k) {
   } closer{fd};
   struct stat st {};
   GPUOPS_CHECK_ARG(::fstat(fd, &st) == 0, "{} '{}' cannot be read ({}); {}", k.label, path, std::strerror(errno),
-                   k.hint);
-  GPUOPS_CHECK_ARG(!S_ISDIR(st.st_mode), "{} '{}' is a directory; give the path of its {} file", k.label, path, k.kind);
-  GPUOPS_CHECK_ARG(S_ISREG(st.st_mode), "{} '{}' is not a regular file (a FIFO, socket or device); {}", k.label, path,
                    k.hint);
   GPUOPS_CHECK_ARG(st.st_size <= k.max_bytes, "{} '{}' is {} bytes; accepted: a {} of at most {} bytes", k.label, path,
                    static_cast<int64_t>(st.st_size), k.kind, k.max_bytes);

@@ -205,9 +205,11 @@ void AdamBase::step_group(size_t index, std::vector<at::Tensor>& params, const s
 
 void AdamW::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<AdamWParamState, AdamWOptions>(archive, *this);
+  write_kind(archive);
 }
 
 void AdamW::load(torch::serialize::InputArchive& archive) {
+  check_kind(archive);
   detail::load_checked<AdamWOptions>(
       *this, archive, "AdamW.load", [](detail::Entry& e) { return read_options<AdamWOptions>(e, "an AdamW"); },
       read_state);
@@ -216,9 +218,11 @@ void AdamW::load(torch::serialize::InputArchive& archive) {
 
 void Adam::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<AdamParamState, AdamOptions>(archive, *this);
+  write_kind(archive);
 }
 
 void Adam::load(torch::serialize::InputArchive& archive) {
+  check_kind(archive);
   detail::load_checked<AdamOptions>(
       *this, archive, "Adam.load", [](detail::Entry& e) { return read_options<AdamOptions>(e, "an Adam"); },
       read_state);

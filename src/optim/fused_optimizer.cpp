@@ -6,6 +6,9 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
 #include "gpuops/optimizers.h"
 
 namespace gpuops::optim {
@@ -108,6 +111,19 @@ void FusedOptimizer::step_scaled(const std::optional<at::Tensor>& grad_scale, co
   for (size_t i = 0; i < with_grad.size(); ++i)
     if (!with_grad[i].empty())
       step_group(i, with_grad[i], on(grad_scale, *devices[i]), on(found_inf, *devices[i]));
+}
+
+void FusedOptimizer::write_kind(torch::serialize::OutputArchive& archive) const {
+  archive.write("gpuops_optimizer", c10::IValue(std::string(name())));
+}
+
+void FusedOptimizer::check_kind(torch::serialize::InputArchive& archive) const {
+  c10::IValue saved;
+  if (!archive.try_read("gpuops_optimizer", saved)) return;
+  const std::string kind = saved.isString() ? saved.toStringRef() : std::string("another optimizer");
+  const bool adams = (kind == "Adam" || kind == "AdamW") && std::string(name()).rfind("Adam", 0) == 0;
+  TORCH_CHECK_VALUE(kind == name(), name(), ".load: the archive holds the state of ", kind, ", not of ", name(),
+                    adams ? " (AdamW's weight decay is decoupled, Adam's is L2)" : "", ": load it into that optimizer");
 }
 
 }  // namespace gpuops::optim

@@ -146,9 +146,11 @@ void SGD::step_group(size_t index, std::vector<at::Tensor>& params, const std::o
 
 void SGD::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+  write_kind(archive);
 }
 
 void SGD::load(torch::serialize::InputArchive& archive) {
+  check_kind(archive);
   detail::load_checked<SGDOptions>(*this, archive, "SGD.load", read_options, read_state);
   forget_master_versions();
 }

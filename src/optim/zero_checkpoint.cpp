@@ -18,6 +18,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include "../common/file_checks.h"
 #include "gpuops/agreement.h"
 #include "gpuops/zero_optimizer.h"
 
@@ -127,6 +128,8 @@ void ZeroShards::write_shard(torch::serialize::OutputArchive& archive, const std
 
 void ZeroShards::save_shard(const std::string& path, const std::string& kind, const std::vector<NamedTensors>& states,
                             const torch::optim::OptimizerOptions& options) const {
+  TORCH_CHECK_VALUE(gpuops::detail::path_problem(path).empty(), "ZeroOptimizer.save_shard: path '",
+                    path.substr(0, path.find('\0')), "\\0...' holds a NUL byte (C would write another file)");
   torch::serialize::OutputArchive archive;
   write_shard(archive, kind, states, options);
   // Complete or absent: a temporary name, renamed into place (TrainingState adds checksums and durability).
@@ -150,6 +153,10 @@ ZeroShards::ReadShards ZeroShards::read_shards(const std::vector<std::string>& f
                     n_old, " ranks and this job has ", comm_.size(), "; resharding changes each rank's shard "
                     "(exactly, online): allow it with allow_reshard=true");
   const auto load = [&](int64_t r, torch::serialize::InputArchive& archive) {
+    // A FIFO would block the read forever, a directory or device fail obscurely: refused first, named.
+    const std::string problem = gpuops::detail::readable_file_problem(files[r]);
+    TORCH_CHECK_VALUE(problem.empty(), "ZeroOptimizer.load_shards: files[", r, "] '",
+                      files[r].substr(0, files[r].find('\0')), "' ", problem);
     try {
       archive.load_from(files[r]);
     } catch (const c10::Error& e) {
@@ -176,8 +183,7 @@ ZeroShards::ReadShards ZeroShards::read_from(int64_t n_old, const ShardLoader& l
   std::vector<std::unique_ptr<SavedShard>> opened(n_old);
   ReadShards result;
   std::string checkpoint_file;  // the first file opened: the others must come from its save
-  const auto open = [&](int64_t r) -> SavedShard& {
-    if (opened[r]) return *opened[r];
+  const auto read_file = [&](int64_t r) -> SavedShard& {
     const std::string file = name_of(r);
     auto s = std::make_unique<SavedShard>();
     load(r, s->archive);
@@ -218,6 +224,8 @@ ZeroShards::ReadShards ZeroShards::read_from(int64_t n_old, const ShardLoader& l
         std::stringstream in(read_value(saved, "names", file).toStringRef());
         for (std::string name; std::getline(in, name, '\n');) names.push_back(name);
       }
+      TORCH_CHECK_VALUE(names.empty() || names.size() == shapes.size(), where, ": ", file, " lists ", names.size(),
+                        " names for the ", shapes.size(), " parameters of its bucket ", k, ": it is damaged");
       TORCH_CHECK_VALUE(shapes.size() == mine.slots.size(), where, ": ", file, " was saved for other parameters: its "
                         "bucket ", k, " holds ", shapes.size(), " parameters, here ", mine.slots.size(), " (from ",
                         describe(k, 0), "; another model, or another bucket_bytes)");
@@ -244,6 +252,19 @@ ZeroShards::ReadShards ZeroShards::read_from(int64_t n_old, const ShardLoader& l
     }
     opened[r] = std::move(s);
     return *opened[r];
+  };
+  // A file that is not what it claims (crafted, damaged) makes torch's archive raise without naming it.
+  const auto open = [&](int64_t r) -> SavedShard& {
+    if (opened[r]) return *opened[r];
+    try {
+      return read_file(r);
+    } catch (const c10::ValueError&) {
+      throw;
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      TORCH_CHECK_VALUE(false, where, ": ", name_of(r), " is damaged or not a ZeroOptimizer shard file (",
+                        what.substr(0, what.find('\n')), ")");
+    }
   };
 
   result.saved_world_size = static_cast<int>(n_old);

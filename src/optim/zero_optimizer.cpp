@@ -127,6 +127,12 @@ ZeroOptimizer<Base>::ZeroOptimizer(std::vector<at::Tensor> params, dist::Communi
     : ZeroOptimizer(std::move(params), std::move(communicator), stage_only(stage), std::move(options)) {}
 
 template <class Base>
+void ZeroOptimizer<Base>::add_param_group(const torch::optim::OptimizerParamGroup& /*param_group*/) {
+  TORCH_CHECK_VALUE(false, "ZeroOptimizer: add_param_group is not supported (one group over the flat buffers); make "
+                    "another ZeroOptimizer for parameters with other options");
+}
+
+template <class Base>
 void ZeroOptimizer<Base>::zero_grad(bool /*set_to_none*/) {
   zero_shards.zero_grad();
 }
@@ -147,6 +153,9 @@ template <class Base>
 void ZeroOptimizer<Base>::step_group(size_t index, std::vector<at::Tensor>& params,
                                      const std::optional<at::Tensor>& grad_scale,
                                      const std::optional<at::Tensor>& found_inf) {
+  TORCH_CHECK_VALUE(this->param_groups().size() == 1, "ZeroOptimizer: it has ", this->param_groups().size(),
+                    " parameter groups; it steps one group over its flat buffers (add_param_group is not supported): "
+                    "make another ZeroOptimizer for parameters with other options");
   zero_shards.reduce_gradients();
   zero_shards.before_step();
   Base::step_group(index, params, grad_scale, found_inf);  // the fused step on this rank's shards

@@ -105,7 +105,7 @@ std::vector<std::vector<at::Tensor>> buckets_of(const std::vector<at::Tensor>& p
 
 ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, ZeroOptions options,
                        dist::Agreement agreement)
-    : comm_(std::move(communicator)), options_(options) {
+    : comm_(communicator.unchecked()), options_(options) {  // the layout is agreed below: no per-call checks
   // Every rank checks its arguments, then one exchange (agreement.h): a failure on any rank, or arguments that
   // differ, raise on every rank before a parameter changes. FlatParams' checks run over the whole list, so that
   // a bad parameter in a later bucket cannot leave earlier ones flattened.
@@ -239,6 +239,7 @@ void ZeroShards::zero_grad() {
   for (auto& f : flats_)
     if (f->reattach() > 0) reattached_ = true;
   if (options_.reduce_in_backward) {
+    if (pass_abandoned()) abandon_pass();  // a backward that raised: its partial reductions are dropped below
     TORCH_CHECK(!pass_active_, "ZeroOptimizer.zero_grad: called during a backward pass");
     for (auto& f : flats_) options_.stage == 2 ? f->release_grads() : f->zero_grad();
     for (auto& g : shard_grads_) g.zero_();
@@ -277,6 +278,8 @@ void ZeroShards::reduce_gradients() {
               "optimizer) before the next backward");
   wait_for_parameters();
   if (options_.reduce_in_backward) {  // every backward pass reduced its own gradients
+    TORCH_CHECK(!pass_abandoned(), "ZeroOptimizer.step: the last backward raised before it finished, so its "
+                "gradients were reduced only in part; call zero_grad() (of this optimizer) and run it again");
     reduced_grads_ = true;
     return;
   }
@@ -308,10 +311,16 @@ void ZeroShards::reduce_gradients() {
 void ZeroShards::on_gradient(size_t k, size_t slot) {
   TORCH_CHECK(!stepped_, "ZeroOptimizer: backward after the step without zero_grad(); call zero_grad() (of this "
               "optimizer) before the next backward");
+  TORCH_CHECK(!pass_abandoned(), "ZeroOptimizer: the previous backward raised before it finished, and its "
+              "gradients were reduced in part; call zero_grad() (of this optimizer) before the next backward");
   if (!pass_active_) {  // the first gradient of this backward pass: finish the pass when the backward ends
     wait_for_parameters();  // buckets no forward read (unused parameters) are written before any reduction
     pass_active_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_pass(); });
+    // The engine drops a backward's callbacks when it raises: the token then expires with them, and the pass
+    // is known to be abandoned (pass_abandoned).
+    auto token = std::make_shared<char>();
+    pass_token_ = token;
+    torch::autograd::Engine::get_default_engine().queue_callback([this, token] { finish_pass(); });
   }
   // Stage 2 frees a bucket's gradient once reduced: autograd then made this one on its own. Bring it in.
   flats_[k]->adopt_grad(0, slot);
@@ -345,6 +354,23 @@ void ZeroShards::finish_oldest() {
   } else {
     bucket(k).grad.zero_();
   }
+}
+
+bool ZeroShards::pass_abandoned() const { return pass_active_ && pass_token_.expired(); }
+
+void ZeroShards::abandon_pass() {
+  for (auto& [k, work] : pending_) {  // the reductions it launched still complete (every rank's collectives)
+    if (!work) continue;
+    try {
+      work->wait();
+    } catch (const std::exception&) {  // a lost peer: the communicator has said so
+    }
+  }
+  pending_.clear();
+  for (auto& r : reduced_) r.reset();
+  ready_.assign(flats_.size(), 0);
+  next_launch_ = 0;
+  pass_active_ = false;
 }
 
 void ZeroShards::finish_pass() {

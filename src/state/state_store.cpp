@@ -18,6 +18,7 @@
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
+#include "../common/file_checks.h"
 #include "posix_files.h"
 
 using json = nlohmann::json;
@@ -248,6 +249,9 @@ std::string PendingState::file_path(const std::string& file) const {
 
 StateStore::StateStore(std::string directory, int64_t keep) : directory_(std::move(directory)), keep_(keep) {
   TORCH_CHECK_VALUE(!directory_.empty(), "StateStore: directory must not be empty");
+  TORCH_CHECK_VALUE(detail::path_problem(directory_).empty(), "StateStore: directory '",
+                    directory_.substr(0, directory_.find('\0')), "\\0...' holds a NUL byte (C would use another "
+                    "folder)");
   TORCH_CHECK_VALUE(keep_ >= 1, "StateStore: keep must be >= 1, got ", keep_);
   detail::make_directories(directory_);
 }
@@ -267,14 +271,26 @@ PendingState StateStore::begin(int64_t step, const std::vector<std::string>& fil
   return pending;
 }
 
+bool StateStore::owns(const PendingState& pending) const {
+  // A folder begin() made: `.tmp-...` right inside this store (a PendingState is a plain struct: anything can be
+  // put in it), and plain file names.
+  const std::string prefix = detail::join_path(directory_, ".tmp-");
+  return pending.folder.size() > prefix.size() && pending.folder.rfind(prefix, 0) == 0 &&
+         plain_file_name(pending.folder.substr(prefix.size())) &&
+         std::all_of(pending.files.begin(), pending.files.end(), [](const std::string& f) { return plain_file_name(f); });
+}
+
 void StateStore::abort(const PendingState& pending) const noexcept {
   try {
-    if (!pending.folder.empty()) detail::remove_folder(pending.folder);
+    if (!pending.folder.empty() && owns(pending)) detail::remove_folder(pending.folder);
   } catch (...) {  // best effort: the next save removes stale temporaries
   }
 }
 
 StoredState StateStore::commit(const PendingState& pending, std::vector<std::string>* warnings_out) const {
+  TORCH_CHECK_VALUE(owns(pending), "StateStore: ", pending.folder, " is not a pending save of ", directory_,
+                    " (begin() makes them: ", detail::join_path(directory_, ".tmp-..."), ", with plain file names); "
+                    "nothing was committed");
   StoredState state;
   try {
     TORCH_CHECK(detail::path_kind(pending.folder).folder, "StateStore: the pending save ", pending.folder, " is gone");

@@ -19,6 +19,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include "../common/file_checks.h"
 #include "../common/rng_state.h"
 #include "posix_files.h"
 #include "gpuops/grad_scaler.h"
@@ -187,6 +188,9 @@ TrainingState::TrainingState(std::string directory, TrainingStateOptions options
     : directory_(std::move(directory)), options_(std::move(options)) {
   TORCH_CHECK_VALUE(options_.keep >= 1, "TrainingState: keep must be >= 1, got ", options_.keep);
   TORCH_CHECK_VALUE(!directory_.empty(), "TrainingState: directory '' must name a folder");
+  TORCH_CHECK_VALUE(detail::path_problem(directory_).empty(), "TrainingState: directory '",
+                    directory_.substr(0, directory_.find('\0')), "\\0...' holds a NUL byte (C would use another "
+                    "folder)");
   detail::make_directories(directory_);
   handlers_ = std::make_unique<Handlers>(options_.signals);
 }

@@ -331,6 +331,36 @@ TEST_F(CommunicatorEnvironment, ClearErrors) {
   const auto t0 = Clock::now();
   EXPECT_THROW(Communicator::from_environment(), c10::ValueError);
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(1));
+  // Timeouts past a year would overflow c10d's deadlines (every collective then failed at once).
+  gpuops::dist::CommunicatorOptions forever;
+  forever.timeout = std::chrono::milliseconds::max();
+  try {
+    Communicator::from_environment(forever);
+    ADD_FAILURE() << "a timeout of milliseconds::max() was accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("at most a year"), std::string::npos) << e.what();
+  }
+}
+
+// Something that is not the store listens on MASTER_PORT: a rank other than 0 raises within the rendezvous
+// timeout (c10d's client pinged it forever).
+TEST_F(CommunicatorEnvironment, AServiceThatIsNotTheStoreMakesTheRendezvousFailInTime) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(listener, 8), 0);
+  socklen_t length = sizeof address;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+  set({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+       {"MASTER_PORT", std::to_string(ntohs(address.sin_port))}});
+  gpuops::dist::CommunicatorOptions options;
+  options.rendezvous_timeout = std::chrono::seconds(2);
+  const auto t0 = Clock::now();
+  EXPECT_THROW(Communicator::from_environment(options), c10::DistStoreError);  // accepted, never answered
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(20));
+  ::close(listener);
 }
 
 }  // namespace

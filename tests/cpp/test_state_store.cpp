@@ -95,6 +95,28 @@ TEST(StateStore, BeginRefusesNamesThatCouldLeaveTheFolderAndAbortLeavesNothing) 
   std::system(("rm -rf '" + folder + "'").c_str());
 }
 
+TEST(StateStore, APendingSaveItDidNotBeginIsNeitherCommittedNorRemoved) {
+  const auto folder = fresh_folder("forged");
+  const auto outside = fresh_folder("outside");
+  ::mkdir(outside.c_str(), 0777);
+  write_file(outside + "/a", "someone else's file");
+  const gpuops::StateStore store(folder, 1);
+  gpuops::PendingState forged{5, "test", outside, {"a"}};  // a plain struct: anything can be put in it
+  try {
+    store.commit(forged);
+    ADD_FAILURE() << "an outside folder was committed into the store";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a pending save of"), std::string::npos) << e.what();
+  }
+  store.abort(forged);  // and not removed either
+  EXPECT_EQ(read_file(outside + "/a"), "someone else's file");
+  EXPECT_TRUE(store.states().empty());
+  auto escaping = store.begin(6, {"a"}, "test");
+  escaping.files = {"../../a"};
+  EXPECT_THROW(store.commit(escaping), c10::ValueError);
+  std::system(("rm -rf '" + folder + "' '" + outside + "'").c_str());
+}
+
 TEST(StateStore, AFolderOfTheFormerLayoutStillLoadsInCpp) {
   const auto folder = fresh_folder("legacy");
   torch::nn::Linear model(3, 3);

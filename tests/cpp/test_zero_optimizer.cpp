@@ -338,6 +338,16 @@ void scenario_bad_input(Communicator& comm) {
     spent = e.what_without_backtrace();
   }
   WORKER_CHECK(spent.find("zero_grad") != std::string::npos, "spent gradients: got '{}'", spent);
+  // add_param_group: refused on the ZeroOptimizer itself; one added through torch's Optimizer& (not virtual)
+  // makes the next step raise, naming it, on every rank alike.
+  m = value_error_of([&] { opt.add_param_group(torch::optim::OptimizerParamGroup({at::zeros({2}).requires_grad_(true)})); });
+  WORKER_CHECK(m.find("add_param_group is not supported") != std::string::npos, "add_param_group: got '{}'", m);
+  static_cast<torch::optim::Optimizer&>(opt).add_param_group(
+      torch::optim::OptimizerParamGroup({at::zeros({2}).requires_grad_(true)}));
+  opt.zero_grad();
+  loss_of(params, at::ones({2, kIn}), at::zeros({2, kOut})).backward();
+  m = value_error_of([&] { opt.step(); });
+  WORKER_CHECK(m.find("it has 2 parameter groups") != std::string::npos, "a group added behind its back: got '{}'", m);
   comm.barrier().wait();
 }
 

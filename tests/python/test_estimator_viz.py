@@ -141,5 +141,7 @@ def test_bad_gpu_names_the_keyword():
         gpuops.estimate_svg("gpt2", gpu="Z9000")
     with pytest.raises(TypeError, match="gpu"):
         gpuops.advise(None, "gpt2")
-    with pytest.raises(ValueError, match="device"):
-        gpuops.advise("H200", "gpt2", device="cpu")
+    with pytest.raises(ValueError, match="device 'tpu' is not accepted; accepted: 'cuda', 'cpu'"):
+        gpuops.advise("H200", "gpt2", device="tpu")
+    # device="cpu" advises for the GPU anyway, as the command line's --advise --device cpu does
+    assert gpuops.advise("H200", "gpt2", device="cpu").total_bytes == gpuops.advise("H200", "gpt2").total_bytes

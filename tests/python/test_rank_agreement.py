@@ -76,6 +76,17 @@ def _agreement(comm, rank):
     else:
         _raises("fail_together", rank, ["rank 1 failed: TypeError: bad argument"], lambda: comm.agree("probe"))
     assert comm.agree("probe", fields=[("still", "usable")]) == []  # the group went on
+    # Collectives that differ across ranks raise on every rank (Gloo aborted the process on a size mismatch).
+    _raises("sizes differ", rank, ["all_reduce: the ranks call different collectives", "rank 0 calls all_reduce of 4 "
+                                   "elements of Float (sum), rank 1 calls all_reduce of 5 elements"],
+            lambda: comm.all_reduce(torch.ones(4 + rank)).wait())
+    _raises("dtypes differ", rank, ["the ranks call different collectives", "Float", "Double"],
+            lambda: comm.all_reduce(torch.ones(4, dtype=torch.float64 if rank else torch.float32)).wait())
+    _raises("collectives differ", rank, ["the ranks call different collectives", "all_gather of 4 elements"],
+            lambda: (comm.all_reduce(torch.ones(4)) if rank else comm.all_gather(torch.ones(8))).wait())
+    buffer = torch.full((4,), float(rank + 1))
+    comm.all_reduce(buffer).wait()  # the group went on
+    assert buffer.tolist() == [3.0] * 4
 
 
 def _construction(comm, rank):
@@ -194,7 +205,7 @@ def _loads(comm, rank, folder):
     mixed = [folder / "first-0.pt", folder / "second-1.pt"]
     _raises("two saves", rank, ["ZeroOptimizer.load_shards: the ranks disagree on checkpoint"], lambda: opt.load_shards(mixed))
     missing = [folder / "first-0.pt", folder / ("first-1.pt" if rank == 0 else "nowhere-1.pt")]
-    _raises("a missing file", rank, ["cannot read"] + ([] if rank == 1 else ["rank 1 failed"]),
+    _raises("a missing file", rank, ["nowhere-1.pt' cannot be read"] + ([] if rank == 1 else ["rank 1 failed"]),
             lambda: opt.load_shards(missing))
     good = after  # (rank 0's view) nothing of the failed loads stuck
     unchanged("failed shard loads")
