@@ -161,8 +161,14 @@ class Communicator {
  private:
   Work launch(std::string name, c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish = {}) const;
   void check_tensor(const char* op, const char* arg, const at::Tensor& t) const;
-  /// check_collectives: every rank's (collective, element count, dtype, reduce op), compared with rank 0's.
-  void check_same_call(const char* op, const at::Tensor& t, ReduceOp reduce) const;
+  void check_reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op) const;
+  void check_all_gather(const at::Tensor& input, const at::Tensor& output) const;
+  /// Runs `checks` (this rank's checks of its arguments); with check_collectives, every rank's outcome and call
+  /// (collective, element count, dtype, reduce op) are compared in one small all-gather, so that a rank whose
+  /// arguments are refused, or a different call, raises on every rank. Without it, `checks` alone.
+  void agree_on_call(const char* op, const at::Tensor& t, ReduceOp reduce, const std::function<void()>& checks) const;
+  Work launch_reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op);
+  Work launch_all_gather(const at::Tensor& input, const at::Tensor& output);
   void count(TrafficCount& count, const at::Tensor& payload, int64_t ring_factor) const;
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;

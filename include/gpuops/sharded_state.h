@@ -28,10 +28,11 @@ namespace gpuops {
 std::string shard_file_name(int rank);
 
 /// Saves one state of `step` with every rank's shard of `optimizer`; `write_main(path)` writes rank 0's main
-/// file (state.pt). `local_error`: what the caller's own checks found on this rank (empty: none). Collective
-/// over the optimizer's communicator. Returns the state's folder on every rank. A failure on any rank removes
-/// the pending state and raises on every rank, naming the rank.
-std::string save_sharded_state(const StateStore& store, int64_t step, const std::string& writer,
+/// file (state.pt). `local_error`: what the caller's own checks found on this rank (empty: none); `store` may
+/// be null only with one (its construction failed). Collective over the optimizer's communicator. Returns the
+/// state's folder on every rank. A failure on any rank removes the pending state and raises on every rank,
+/// naming the rank.
+std::string save_sharded_state(const StateStore* store, int64_t step, const std::string& writer,
                                optim::ShardedOptimizer& optimizer,
                                const std::function<void(const std::string& path)>& write_main,
                                const std::string& local_error = "");

@@ -48,12 +48,20 @@ def fail_together(communicator: _C.Communicator, what: str, error: BaseException
     """Raises ``error`` after telling every rank, waiting in ``what``'s agreement (gpuops/agreement.h), that this
     rank failed with it: they raise ValueError naming this rank and the error within seconds, instead of waiting
     for a collective this rank will never join."""
-    text = str(error).strip().splitlines()
     try:
-        communicator.agree(what, f"{type(error).__name__}: {text[0] if text else ''}")
+        communicator.agree(what, error_line(error))
     except Exception:  # noqa: BLE001 - our own failure comes back from the exchange; error is what to raise
         pass
     raise error
+
+
+def error_line(error: Optional[BaseException]) -> str:
+    """An exception as one line of valid UTF-8 for the other ranks ("" for None): its type and first line."""
+    if error is None:
+        return ""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate would stop the exchange
 
 
 def from_environment(timeout: float = 300.0, rendezvous_timeout: Optional[float] = None) -> _C.Communicator:

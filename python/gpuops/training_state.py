@@ -342,10 +342,10 @@ class TrainingState:
     def _apply(path: Path, payload: dict, model, optimizer, scaler, restore_rng: bool, comm=None) -> None:
         """Puts the payload into the objects (and the RNG states when asked), all or nothing; with `comm`, all or
         nothing on every rank."""
-        targets = [o for o in (model, optimizer, scaler) if o is not None]
-        backup, rng = StateSnapshot(targets), _rng_states()
-        error = None
+        backup = rng = error = None
         try:
+            backup = StateSnapshot([o for o in (model, optimizer, scaler) if o is not None])
+            rng = _rng_states()
             if model is not None:
                 model.load_state_dict(payload["model"])
             if optimizer is not None:
@@ -355,11 +355,12 @@ class TrainingState:
             if restore_rng:
                 _restore_rng_states(payload["rng"])
         except Exception as e:  # noqa: BLE001 - whatever failed, the objects go back as they were
-            backup.restore()
-            _restore_rng_states(rng)
-            error = ValueError(f"TrainingState.load: {path} does not fit the objects given ({type(e).__name__}: "
-                               f"{str(e).splitlines()[0] if str(e) else ''}); nothing was changed")
+            error = ValueError(f"TrainingState.load: {path} does not fit the objects given ({_detail(e)}); nothing "
+                               "was changed")
             error.__cause__ = e
+            if backup is not None:
+                backup.restore()
+                _restore_rng_states(rng)
         if comm is not None:
             try:
                 _C.agree_loaded(comm, _first_line(error))
@@ -376,10 +377,10 @@ class TrainingState:
                        restore_rng: bool) -> None:
         """The model and scaler here, then every rank's shard (gpuops::load_sharded_state: agreed by all, then
         all or nothing)."""
-        local = [o for o in (model, scaler) if o is not None]
-        backup, rng = StateSnapshot(local), _rng_states()
+        backup = rng = None
         error = ""
         try:
+            backup, rng = StateSnapshot([o for o in (model, scaler) if o is not None]), _rng_states()
             files = _C.shard_files_of(stored)
             TrainingState._apply(Path(stored.path), dict(payload, optimizer=None), model, None, scaler, restore_rng)
         except Exception as e:  # noqa: BLE001 - every rank must hear of it before anyone raises
@@ -387,19 +388,26 @@ class TrainingState:
         try:
             _C.load_sharded_state(optimizer._impl, files, allow_reshard, error)
         except Exception:
-            if not error:
+            if not error:  # another rank failed, or the shards: this rank's part goes back too
                 backup.restore()
                 _restore_rng_states(rng)
             raise
         optimizer.param_groups[0].update(optimizer._impl.options)
 
 
+def _detail(error: BaseException) -> str:
+    """The type and what matters of an error from load_state_dict: torch's "size mismatch for weight: ..." is on a
+    later line of its message, so the first line that names a mismatch, else the first."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    telling = next((line for line in lines if "mismatch" in line or "Missing key" in line or "Unexpected key" in line),
+                   lines[0] if lines else "")
+    return f"{type(error).__name__}: {telling}"
+
+
 def _first_line(error: Optional[BaseException]) -> str:
-    """An exception as one line for the other ranks ("" for None)."""
-    if error is None:
-        return ""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
+    from .dist import error_line
+
+    return error_line(error)
 
 
 def _check_map_location(map_location) -> None:

@@ -213,7 +213,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
             if isinstance(files, (str, bytes, os.PathLike)) or not hasattr(files, "__iter__"):
                 raise TypeError("gpuops.ZeroOptimizer.load_shards: files must be a list of paths, one per rank of the "
                                 f"saving job in rank order, got {type(files).__name__} {files!r}")
+            if not isinstance(allow_reshard, bool):
+                raise TypeError(f"gpuops.ZeroOptimizer.load_shards: allow_reshard must be a bool, got {allow_reshard!r}")
             paths = [os.fsdecode(f) for f in files]
+            for path in paths:
+                path.encode("utf-8")  # a path C++ can take (a surrogate from undecodable bytes cannot cross)
         except Exception as error:  # noqa: BLE001 - raised after the other ranks heard of it
             _dist.fail_together(self.communicator, "ZeroOptimizer.load_shards", error)
         self._impl.load_shards(paths, allow_reshard)
@@ -260,6 +264,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
             per_param = [{k: torch.as_tensor(v, dtype=torch.float32).reshape(()) if k == "step" else v
                           for k, v in saved.get(i, {}).items() if k == "step" or isinstance(v, torch.Tensor)}
                          for i in ids]
+            for i, entry in zip(ids, per_param):  # what C++ takes: names as str
+                bad = next((k for k in entry if not isinstance(k, str)), None)
+                if bad is not None:
+                    raise ValueError(f"{where}: state[{i!r}] has the key {bad!r}; state keys are names (str)")
             lrs = {float(g["lr"]) for g in state_dict["param_groups"] if "lr" in g}  # checked above
         except Exception as error:  # noqa: BLE001 - raised after the other ranks heard of it
             _dist.fail_together(self.communicator, "ZeroOptimizer.load_state_dict", error)

@@ -301,7 +301,7 @@ void bind_zero_optimizer(py::module_& m) {
       [](const StateStore& store, int64_t step, const std::string& writer, ShardedOptimizer& optimizer,
          const std::function<void(const std::string&)>& write_main, const std::string& local_error) {
         py::gil_scoped_release release;  // write_main takes the GIL back to run
-        return save_sharded_state(store, step, writer, optimizer, write_main, local_error);
+        return save_sharded_state(&store, step, writer, optimizer, write_main, local_error);
       },
       py::arg("store"), py::arg("step"), py::arg("writer"), py::arg("optimizer"), py::arg("write_main"),
       py::arg("local_error") = "");

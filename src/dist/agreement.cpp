@@ -117,7 +117,11 @@ Agreement& Agreement::propose(std::string name, std::string value) {
 }
 
 Agreement& Agreement::fail(std::string error) {
-  if (error_.empty()) error_ = error.empty() ? "failed" : error.substr(0, std::min(error.find('\n'), kMaxError));
+  if (!error_.empty()) return *this;
+  // Its first line that says something (a message may begin with a line break).
+  const size_t begin = std::min(error.find_first_not_of(" \t\r\n"), error.size());
+  error_ = error.substr(begin, std::min(error.find('\n', begin) - begin, kMaxError));
+  if (error_.empty()) error_ = "failed";
   return *this;
 }
 
@@ -131,6 +135,9 @@ bool Agreement::check(const std::function<void()>& check) {
     caught_ = std::current_exception();
   } catch (const std::exception& e) {
     fail(e.what());
+    caught_ = std::current_exception();
+  } catch (...) {  // whatever it is, this rank failed: the others must hear of it
+    fail("an exception that is not a std::exception");
     caught_ = std::current_exception();
   }
   return false;

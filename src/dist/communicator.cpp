@@ -241,30 +241,48 @@ Communicator Communicator::unchecked() const {
   return c;
 }
 
-void Communicator::check_same_call(const char* op, const at::Tensor& t, ReduceOp reduce) const {
-  if (!options_.check_collectives || size_ == 1) return;
+void Communicator::agree_on_call(const char* op, const at::Tensor& t, ReduceOp reduce,
+                                 const std::function<void()>& checks) const {
+  std::exception_ptr refused;  // this rank's own checks of its arguments
+  try {
+    checks();
+  } catch (...) {
+    refused = std::current_exception();
+  }
+  if (!options_.check_collectives || size_ == 1) {
+    if (refused) std::rethrow_exception(refused);
+    return;
+  }
+  // Every rank's call (which collective, elements, dtype, reduce op) and whether its arguments were refused, in
+  // one small all-gather: a rank whose arguments are refused raises with the others, not alone.
   static constexpr const char* kCollectives[] = {"reduce_scatter", "all_gather", "all_reduce"};
   const auto code = std::find_if(std::begin(kCollectives), std::end(kCollectives),
                                  [&](const char* name) { return std::string(name) == op; }) - std::begin(kCollectives);
-  const at::Device device = control_device();
-  at::Tensor mine = at::tensor({static_cast<int64_t>(code), static_cast<int64_t>(t.numel()),
-                                static_cast<int64_t>(t.scalar_type()), static_cast<int64_t>(reduce)}, at::kLong).to(device);
-  at::Tensor all = at::empty({4 * size_}, mine.options());
+  const bool known = t.defined() && !refused;
+  const std::vector<int64_t> call{static_cast<int64_t>(code), known ? static_cast<int64_t>(t.numel()) : -1,
+                                  known ? static_cast<int64_t>(t.scalar_type()) : -1, static_cast<int64_t>(reduce),
+                                  refused ? 1 : 0};
+  at::Tensor mine = at::tensor(call, at::kLong).to(control_device());
+  at::Tensor all = at::empty({5 * size_}, mine.options());
   c10d::AllgatherOptions o;
   o.timeout = options_.timeout;
   // Named as the collective itself: a peer lost here reads as a failure of the call the user made.
   const std::string name = code == 1 ? std::string(op) : fmt::format("{}({})", op, reduce_op_name(reduce));
   launch(name, group_->_allgather_base(all, mine, o)).wait();
+  if (refused) std::rethrow_exception(refused);
   all = all.cpu();
   const auto* v = all.data_ptr<int64_t>();
+  for (int r = 0; r < size_; ++r)
+    TORCH_CHECK_VALUE(v[5 * r + 4] == 0, "gpuops::dist::", op, ": rank ", r, " refused its arguments (its own error "
+                      "says why); nothing was sent");
   const auto describe = [&](int r) {
-    const int64_t* c = v + 4 * r;
+    const int64_t* c = v + 5 * r;
     const std::string called = c[0] >= 0 && c[0] < 3 ? kCollectives[c[0]] : "another call";
     return fmt::format("{} of {} elements of {}{}", called, c[1], c10::toString(static_cast<at::ScalarType>(c[2])),
                        called == "all_gather" ? "" : fmt::format(" ({})", reduce_op_name(static_cast<ReduceOp>(c[3]))));
   };
   for (int r = 1; r < size_; ++r)
-    TORCH_CHECK_VALUE(std::equal(v, v + 4, v + 4 * r), "gpuops::dist::", op, ": the ranks call different collectives: "
+    TORCH_CHECK_VALUE(std::equal(v, v + 4, v + 5 * r), "gpuops::dist::", op, ": the ranks call different collectives: "
                       "rank 0 calls ", describe(0), ", rank ", r, " calls ", describe(r), "; every rank must call "
                       "the same collective with the same sizes and dtypes (nothing was sent)");
 }
@@ -324,14 +342,24 @@ void Communicator::count(TrafficCount& c, const at::Tensor& payload, int64_t rin
 }
 
 Work Communicator::reduce_scatter(const at::Tensor& buffer, ReduceOp op) {
-  check_tensor("reduce_scatter", "buffer", buffer);
-  TORCH_CHECK_VALUE(buffer.numel() % size_ == 0, "gpuops::dist::reduce_scatter: buffer's numel ", buffer.numel(),
-                    " is not divisible by the communicator's size ", size_,
-                    " (pad the flat buffer to a multiple of the world size)");
-  return reduce_scatter(buffer, shard(buffer), op);
+  const bool flat = buffer.defined() && buffer.is_contiguous() && buffer.numel() % size_ == 0;
+  const at::Tensor output = flat ? shard(buffer) : at::Tensor();
+  agree_on_call("reduce_scatter", buffer, op, [&] {
+    check_tensor("reduce_scatter", "buffer", buffer);
+    TORCH_CHECK_VALUE(buffer.numel() % size_ == 0, "gpuops::dist::reduce_scatter: buffer's numel ", buffer.numel(),
+                      " is not divisible by the communicator's size ", size_,
+                      " (pad the flat buffer to a multiple of the world size)");
+    check_reduce_scatter(buffer, output, op);
+  });
+  return launch_reduce_scatter(buffer, output, op);
 }
 
 Work Communicator::reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op) {
+  agree_on_call("reduce_scatter", input, op, [&] { check_reduce_scatter(input, output, op); });
+  return launch_reduce_scatter(input, output, op);
+}
+
+void Communicator::check_reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op) const {
   check_tensor("reduce_scatter", "input", input);
   check_tensor("reduce_scatter", "output", output);
   TORCH_CHECK_VALUE(op == ReduceOp::Sum || op == ReduceOp::Average,
@@ -346,7 +374,9 @@ Work Communicator::reduce_scatter(const at::Tensor& input, const at::Tensor& out
                     output.device(), " but input on ", input.device());
   TORCH_CHECK_VALUE(op != ReduceOp::Average || at::isFloatingType(input.scalar_type()),
                     "gpuops::dist::reduce_scatter: avg needs a floating dtype, got ", input.scalar_type());
-  check_same_call("reduce_scatter", input, op);
+}
+
+Work Communicator::launch_reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op) {
   at::NoGradGuard no_grad;
   at::Tensor in = input.view({-1}), out = output.view({-1});
   c10d::ReduceScatterOptions o;
@@ -366,14 +396,24 @@ Work Communicator::reduce_scatter(const at::Tensor& input, const at::Tensor& out
 }
 
 Work Communicator::all_gather(const at::Tensor& buffer) {
-  check_tensor("all_gather", "buffer", buffer);
-  TORCH_CHECK_VALUE(buffer.numel() % size_ == 0, "gpuops::dist::all_gather: buffer's numel ", buffer.numel(),
-                    " is not divisible by the communicator's size ", size_,
-                    " (pad the flat buffer to a multiple of the world size)");
-  return all_gather(shard(buffer), buffer);
+  const bool flat = buffer.defined() && buffer.is_contiguous() && buffer.numel() % size_ == 0;
+  const at::Tensor input = flat ? shard(buffer) : at::Tensor();
+  agree_on_call("all_gather", input, ReduceOp::Sum, [&] {
+    check_tensor("all_gather", "buffer", buffer);
+    TORCH_CHECK_VALUE(buffer.numel() % size_ == 0, "gpuops::dist::all_gather: buffer's numel ", buffer.numel(),
+                      " is not divisible by the communicator's size ", size_,
+                      " (pad the flat buffer to a multiple of the world size)");
+    check_all_gather(input, buffer);
+  });
+  return launch_all_gather(input, buffer);
 }
 
 Work Communicator::all_gather(const at::Tensor& input, const at::Tensor& output) {
+  agree_on_call("all_gather", input, ReduceOp::Sum, [&] { check_all_gather(input, output); });
+  return launch_all_gather(input, output);
+}
+
+void Communicator::check_all_gather(const at::Tensor& input, const at::Tensor& output) const {
   check_tensor("all_gather", "input", input);
   check_tensor("all_gather", "output", output);
   TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "gpuops::dist::all_gather: output's numel ",
@@ -382,7 +422,9 @@ Work Communicator::all_gather(const at::Tensor& input, const at::Tensor& output)
                     output.scalar_type(), " differs from input's ", input.scalar_type());
   TORCH_CHECK_VALUE(output.device() == input.device(), "gpuops::dist::all_gather: output is on ", output.device(),
                     " but input on ", input.device());
-  check_same_call("all_gather", input, ReduceOp::Sum);
+}
+
+Work Communicator::launch_all_gather(const at::Tensor& input, const at::Tensor& output) {
   at::NoGradGuard no_grad;
   at::Tensor in = input.view({-1}), out = output.view({-1});
   c10d::AllgatherOptions o;
@@ -393,10 +435,11 @@ Work Communicator::all_gather(const at::Tensor& input, const at::Tensor& output)
 }
 
 Work Communicator::all_reduce(const at::Tensor& buffer, ReduceOp op) {
-  check_tensor("all_reduce", "buffer", buffer);
-  TORCH_CHECK_VALUE(op != ReduceOp::Average || at::isFloatingType(buffer.scalar_type()),
-                    "gpuops::dist::all_reduce: avg needs a floating dtype, got ", buffer.scalar_type());
-  check_same_call("all_reduce", buffer, op);
+  agree_on_call("all_reduce", buffer, op, [&] {
+    check_tensor("all_reduce", "buffer", buffer);
+    TORCH_CHECK_VALUE(op != ReduceOp::Average || at::isFloatingType(buffer.scalar_type()),
+                      "gpuops::dist::all_reduce: avg needs a floating dtype, got ", buffer.scalar_type());
+  });
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> tensors{buffer};
   c10d::AllreduceOptions o;

@@ -197,6 +197,7 @@ void ZeroOptimizer<Base>::load_agreed(const std::string& what, const std::functi
   // Shard files saved after a load carry a new id: files of saves before and after it never pass for one save.
   agreement.propose("optimizer id", dist::random_id());
   const std::string id = agreement.exchange(zero_shards.communicator()).at(0).second;
+  TORCH_INTERNAL_ASSERT(loaded.has_value(), what, ": the agreement passed without this rank's load");
   // Every rank read and checked its part: the swap (nothing here fails on checked input).
   zero_shards.install_loaded(loaded->masters, id, loaded->steps);
   const auto& shards = zero_shards.shard_params();

@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <fmt/format.h>
@@ -356,7 +357,11 @@ void ZeroShards::finish_oldest() {
   }
 }
 
-bool ZeroShards::pass_abandoned() const { return pass_active_ && pass_token_.expired(); }
+bool ZeroShards::pass_abandoned() const {
+  // Outside any backward a pass still active is dead (a pass that ends runs finish_pass before backward()
+  // returns); inside one, the token tells a dead pass from the one running (a nested backward's included).
+  return pass_active_ && (pass_token_.expired() || torch::autograd::get_current_graph_task_id() == -1);
+}
 
 void ZeroShards::abandon_pass() {
   for (auto& [k, work] : pending_) {  // the reductions it launched still complete (every rank's collectives)

@@ -21,7 +21,7 @@ std::string shard_file_name(int rank) {
   return name;
 }
 
-std::string save_sharded_state(const StateStore& store, int64_t step, const std::string& writer,
+std::string save_sharded_state(const StateStore* store, int64_t step, const std::string& writer,
                                optim::ShardedOptimizer& optimizer,
                                const std::function<void(const std::string& path)>& write_main,
                                const std::string& local_error) {
@@ -33,15 +33,15 @@ std::string save_sharded_state(const StateStore& store, int64_t step, const std:
   // 1. Every rank's own checks and the step; rank 0 opens the pending state and proposes its folder.
   PendingState pending;
   dist::Agreement start(what);
-  if (!local_error.empty()) start.fail(local_error);
+  if (!local_error.empty() || !store) start.fail(local_error.empty() ? "no state store" : local_error);
   start.field("step", std::to_string(step));
-  if (rank == 0) start.check([&] { pending = store.begin(step, files, writer); });
+  if (rank == 0) start.check([&] { pending = store->begin(step, files, writer); });
   start.propose("folder", pending.folder);
   const auto abort_on_failure = [&](const dist::Agreement& agreement) {
     try {
       return agreement.exchange(comm);
     } catch (...) {
-      if (!pending.folder.empty() && rank == 0) store.abort(pending);  // nothing stays behind
+      if (!pending.folder.empty() && rank == 0) store->abort(pending);  // nothing stays behind
       throw;
     }
   };
@@ -61,7 +61,7 @@ std::string save_sharded_state(const StateStore& store, int64_t step, const std:
   abort_on_failure(written);
   std::string path;
   dist::Agreement committed(what);
-  if (rank == 0) committed.check([&] { path = store.commit(pending).path; });  // removes the folder on failure
+  if (rank == 0) committed.check([&] { path = store->commit(pending).path; });  // removes the folder on failure
   committed.propose("path", path);
   return committed.exchange(comm).at(0).second;
 }

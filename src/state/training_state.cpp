@@ -248,20 +248,26 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 
 std::string TrainingState::save(const TrainingProgress& progress, const TrainingObjects& objects) {
   // The checks of this rank; with several ranks they are agreed before anyone writes (sharded_state.h).
-  const std::string local_error =
+  std::string local_error =
       progress.step >= 0 ? "" : "TrainingState::save: step must be >= 0, got " + std::to_string(progress.step);
-  const StateStore store(directory_, options_.keep);
+  std::optional<StateStore> store;
+  try {
+    store.emplace(directory_, options_.keep);
+  } catch (const std::exception& e) {
+    if (local_error.empty()) local_error = first_line(e.what());
+  }
   if (auto* sharded = dynamic_cast<optim::ShardedOptimizer*>(objects.optimizer)) {
     sharded->wait_for_parameters();  // overlap_param_gather: the model is saved as the step left it
     // One file per rank (sharded_state.h); state.pt holds the rest, written by rank 0.
     TrainingObjects rest = objects;
     rest.optimizer = nullptr;
-    return save_sharded_state(store, progress.step, "cpp", *sharded,
+    return save_sharded_state(store ? &*store : nullptr, progress.step, "cpp", *sharded,
                               [&](const std::string& file) { make_archive(progress, rest).save_to(file); },
                               local_error);
   }
   const auto write = [&] {
-    const PendingState pending = store.begin(progress.step, {kStateFile}, "cpp");
+    TORCH_CHECK(store, local_error);  // (rank 0 alone reaches here, and only when it had no error)
+    const PendingState pending = store->begin(progress.step, {kStateFile}, "cpp");
     try {
       const std::string file = pending.file_path(kStateFile);
       try {
@@ -270,10 +276,10 @@ std::string TrainingState::save(const TrainingProgress& progress, const Training
         TORCH_CHECK(false, "TrainingState::save: cannot write ", file, " (", first_line(e.what_without_backtrace()), ")");
       }
     } catch (...) {
-      store.abort(pending);
+      store->abort(pending);
       throw;
     }
-    return store.commit(pending).path;
+    return store->commit(pending).path;
   };
   if (!options_.process_group) {
     TORCH_CHECK_VALUE(local_error.empty(), local_error);
@@ -357,10 +363,14 @@ std::optional<StoredState> newest_good(const StateStore& store, const std::strin
 
 std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, bool restore_rng, bool allow_reshard) {
   auto* sharded = dynamic_cast<optim::ShardedOptimizer*>(objects.optimizer);
-  const StateStore store(directory_, options_.keep);
   Payload payload;
   std::string search_error;
-  const std::optional<StoredState> state = newest_good(store, directory_, payload, search_error);
+  std::optional<StoredState> state;
+  try {
+    state = newest_good(StateStore(directory_, options_.keep), directory_, payload, search_error);
+  } catch (const std::exception& e) {
+    search_error = "TrainingState::load: " + first_line(e.what());
+  }
   // With several ranks, they agree on the state (or on none) before anyone loads (sharded_state.h).
   std::optional<dist::Communicator> comm;
   if (sharded) {

@@ -53,7 +53,7 @@ def _raises(what, rank, expected, fn, seconds=10.0):
         missing = [s for s in expected if s not in message]
         assert not missing, f"{what}: rank {rank} raised {message!r}, missing {missing}"
         assert time.monotonic() - began < seconds, f"{what}: rank {rank} took {time.monotonic() - began:.1f} s"
-        print(f"rank {rank}, {what}: {message}", flush=True)
+        print(f"rank {rank}, {what}: {message}".encode("utf-8", "backslashreplace").decode(), flush=True)
         return message
     raise AssertionError(f"{what}: rank {rank} did not raise")
 
@@ -84,6 +84,16 @@ def _agreement(comm, rank):
             lambda: comm.all_reduce(torch.ones(4, dtype=torch.float64 if rank else torch.float32)).wait())
     _raises("collectives differ", rank, ["the ranks call different collectives", "all_gather of 4 elements"],
             lambda: (comm.all_reduce(torch.ones(4)) if rank else comm.all_gather(torch.ones(8))).wait())
+    # A rank whose own arguments are refused raises with the others, not alone (they waited in the check).
+    expected = ["is not divisible"] if rank == 1 else ["rank 1 refused its arguments"]
+    _raises("arguments refused on one rank", rank, expected, lambda: comm.all_gather(torch.zeros(4 - rank)).wait())
+    # Errors that begin with a line break, or carry bytes that are not UTF-8, still reach the other ranks.
+    _raises("a leading line break", rank, ["boom"], lambda: comm.agree("probe", error="\nboom" if rank else ""))
+    if rank == 1:
+        _raises("a lone surrogate", rank, ["bad"],
+                lambda: gpuops.dist.fail_together(comm, "probe", ValueError("bad \udcff path")))
+    else:
+        _raises("a lone surrogate", rank, ["rank 1 failed: ValueError: bad \\udcff path"], lambda: comm.agree("probe"))
     buffer = torch.full((4,), float(rank + 1))
     comm.all_reduce(buffer).wait()  # the group went on
     assert buffer.tolist() == [3.0] * 4
@@ -209,6 +219,9 @@ def _loads(comm, rank, folder):
             lambda: opt.load_shards(missing))
     good = after  # (rank 0's view) nothing of the failed loads stuck
     unchanged("failed shard loads")
+    expected = ["allow_reshard must be a bool"] if rank == 1 else ["load_shards: rank 1 failed", "allow_reshard"]
+    _raises("allow_reshard not a bool on one rank", rank, expected,
+            lambda: opt.load_shards([folder / "first-0.pt", folder / "first-1.pt"], allow_reshard="yes" if rank else False))
     bad_to = 5 if rank == 1 else 0
     _raises("consolidate to", rank, ["to must be a rank in [0, 2)"], lambda: opt.consolidate_state_dict(bad_to))
     opt.load_shards([folder / "first-0.pt", folder / "first-1.pt"])  # every rank, one save: loads
