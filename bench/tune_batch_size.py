@@ -3,8 +3,8 @@
 For each target memory - each catalog GPU the GPU at hand can emulate with a memory cap, or CPU memory
 budgets when there is no GPU - it finds the largest batch with gpuops.find_max_batch_size, then times a
 ladder of batch sizes (1, 2, 4, ..., the maximum). Results go to bench/results/<target>.json; a Markdown
-table (docs/batch_tuning.md) and one plot per target (docs/batch_tuning/<target>.png: throughput and peak
-memory against the batch) are rendered from them.
+table (batch_tuning.md) and one plot per target (batch_tuning/<target>.png: throughput and peak memory against
+the batch) are rendered from them into bench/results too (--docs; docs/ gets them by a deliberate copy).
 
     # the built-in GPT-2-style model written with LibTorch (bench/tune_batch_size.cpp):
     .venv/bin/python bench/tune_batch_size.py --budgets 128MiB,512MiB
@@ -107,7 +107,7 @@ def tune_python_module(factory: Callable, targets: List[tuple], out: Path, steps
 
 
 def render(results: List[Path], docs: Path) -> Path:
-    """docs/batch_tuning.md (one row per target) and docs/batch_tuning/<target>.png."""
+    """<docs>/batch_tuning.md (one row per target) and <docs>/batch_tuning/<target>.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,8 +144,8 @@ def render(results: List[Path], docs: Path) -> Path:
     table = docs / "batch_tuning.md"
     caveats = sorted({json.loads(p.read_text())["caveats"] for p in results})
     table.write_text(
-        "# Batch-size tuning results\n\nWritten by `bench/tune_batch_size.py` from `bench/results/*.json`; plots in "
-        "`docs/batch_tuning/`.\n\n| target | MiB | model | max batch | recommended | trials | best samples/s "
+        "# Batch-size tuning results\n\nWritten by `bench/tune_batch_size.py` from its results' JSON; plots in "
+        "`batch_tuning/` beside this file.\n\n| target | MiB | model | max batch | recommended | trials | best samples/s "
         "| date |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\nCaveats: " + "; ".join(caveats) +
         ".\n")
     return table
@@ -159,7 +159,8 @@ def main() -> None:
                         help="memory targets (default: the catalog GPUs on a GPU, 128MiB,512MiB on the CPU)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per batch size")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    parser.add_argument("--docs", type=Path, default=ROOT / "docs")
+    parser.add_argument("--docs", type=Path, default=ROOT / "bench" / "results",
+                        help="where the table and plots go (default: beside the results, not docs/)")
     parser.add_argument("--survive", type=int, default=0, help="with --module: this many more steps at the "
                         "largest batch, counting those that run before an out-of-memory error")
     parser.add_argument("--json", help="also write each target's headline figures here (scripts/gpu-run)")

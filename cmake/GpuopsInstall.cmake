@@ -24,6 +24,7 @@ install(TARGETS gpuops EXPORT gpuopsTargets
 install(DIRECTORY include/gpuops DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT gpuopsTargets NAMESPACE gpuops:: DESTINATION ${GPUOPS_CMAKE_DIR})
 
+set(GPUOPS_BUILT_TORCH_DIR "${Torch_DIR}")  # the LibTorch this build used: its consumers find the same one
 configure_package_config_file(cmake/gpuopsConfig.cmake.in ${PROJECT_BINARY_DIR}/gpuopsConfig.cmake
   INSTALL_DESTINATION ${GPUOPS_CMAKE_DIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/gpuopsConfigVersion.cmake COMPATIBILITY SameMajorVersion)

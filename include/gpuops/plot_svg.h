@@ -41,6 +41,10 @@ std::string estimate_svg(const estimator::ModelSpec& model, const estimator::Tra
                          const estimator::DeviceProfile& device, const estimator::GpuModel* memory_line,
                          const estimator::CudaRuntime& runtime = estimator::CudaRuntime{});
 
+/// Whether `path` names an SVG file (ends in ".svg", any case): what --plot and plot_estimate accept, since the
+/// picture is SVG text and nothing else is written.
+bool is_svg_name(std::string_view path);
+
 /// Writes `text` to `path` through a temporary file in the same folder, renamed over it (a symlink is
 /// followed: its target is replaced). An existing path that is not a regular file (a directory, a device,
 /// a FIFO) is refused. std::system_error with the errno on failure; no temporary file is left behind.

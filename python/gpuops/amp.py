@@ -16,6 +16,7 @@ runs on the device: ``torch.ops.gpuops.unscale_and_check_`` and ``torch.ops.gpuo
 from __future__ import annotations
 
 import enum
+import warnings
 from collections import abc, defaultdict
 from typing import Any, Dict, Iterable, Optional, Union
 
@@ -182,6 +183,10 @@ class GradScaler:
             growth_interval=growth_interval, hysteresis=hysteresis, min_scale=min_scale, max_scale=max_scale))
         self._device = torch.device(device).type
         self._enabled = enabled
+        if self._device == "cuda" and enabled and not torch.cuda.is_available():  # as torch's GradScaler does
+            warnings.warn("gpuops.GradScaler is enabled, but CUDA is not available. Disabling. (GradScaler('cpu') "
+                          "scales on the CPU.)")
+            self._enabled = False
         self._init_scale = float(init_scale)
         self._growth_factor = float(growth_factor)
         self._backoff_factor = float(backoff_factor)

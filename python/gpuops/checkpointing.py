@@ -18,6 +18,7 @@ grad there); what gpuops adds for them is the choice of layers. ``apply_checkpoi
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional, Sequence, Union
 
@@ -35,7 +36,7 @@ def _module_of(fn) -> Optional[torch.nn.Module]:
     return owner if isinstance(owner, torch.nn.Module) else None
 
 
-def checkpoint(fn: Callable, *args, use_reentrant: bool = True, preserve_rng_state: bool = True,
+def checkpoint(fn: Callable, *args, use_reentrant: Optional[bool] = None, preserve_rng_state: bool = True,
                buffers: Sequence[torch.Tensor] = (), **kwargs):
     """``fn(*args, **kwargs)`` without saving its activations; they are recomputed in the backward.
 
@@ -49,7 +50,15 @@ def checkpoint(fn: Callable, *args, use_reentrant: bool = True, preserve_rng_sta
     grad; the backward raises a RuntimeError when no recomputed output requires grad; and it works with
     ``backward()``, not ``torch.autograd.grad(..., inputs)`` (a ValueError says so). ``use_reentrant=False``
     delegates to torch.utils.checkpoint's non-reentrant implementation, which has none of these limits.
+    Without ``use_reentrant`` it warns, as torch's checkpoint does, and runs the reentrant engine.
     """
+    if use_reentrant is None:
+        warnings.warn("gpuops.checkpoint: pass use_reentrant explicitly, as torch.utils.checkpoint asks: True (the "
+                      "default here) runs the reentrant C++ engine, with the limits of torch's reentrant checkpoint; "
+                      "False runs torch's non-reentrant one", stacklevel=2)
+        use_reentrant = True
+    if not isinstance(use_reentrant, bool):
+        raise TypeError(f"gpuops.checkpoint: use_reentrant must be True or False, got {use_reentrant!r}")
     if not callable(fn):
         raise TypeError(f"gpuops.checkpoint: fn must be callable, got {type(fn).__name__}")
     if not isinstance(preserve_rng_state, bool):

@@ -271,6 +271,9 @@ py::dict advice_dict(const Advice& a, const GpuModel& gpu) {
 // write_file_atomically with its failure as OSError(errno, message, path).
 void write_file(py::bytes path, const std::string& text) {
   const std::string p = path;
+  if (!is_svg_name(p))
+    throw ArgumentError(fmt::format("path '{}': the picture is SVG; give a name ending in .svg (no PNG or other "
+                                    "format is written)", printable(p)));
   try {
     write_file_atomically(p, text);
   } catch (const std::system_error& e) {

@@ -172,8 +172,11 @@ cli::Run make_run(std::string label, const est::ModelSpec& model, const est::Tra
   r.setup = setup;
   r.device = o.device;
   const est::CudaRuntime runtime = build_runtime(o);
-  // The breakdown's CUDA profile: the --gpu's, else an H100's (torch 2.11's CUDA 13 by default).
-  const est::DeviceProfile cuda = gpu_given ? est::device_of(est::find_gpu(o.gpu), runtime) : est::cuda_device(90, runtime);
+  // The breakdown's CUDA profile: the --gpu's, else the --advise GPU's (so that its note and "as given" are that
+  // GPU's), else an H100's (torch 2.11's CUDA 13 by default).
+  const est::DeviceProfile cuda = gpu_given            ? est::device_of(est::find_gpu(o.gpu), runtime)
+                                  : !o.advise.empty() ? est::device_of(find_advise_gpu(o.advise), runtime)
+                                                      : est::cuda_device(90, runtime);
   r.breakdown = est::estimate_memory(model, setup, o.device == "cuda" ? cuda : est::cpu_device());
   r.recommend = o.recommend;
   r.gpus = o.recommend ? est::recommend(model, setup, runtime) : est::fit_catalog(model, setup, runtime);
@@ -387,6 +390,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
     GPUOPS_CHECK_ARG(plot_option->count() == 0 || !o.plot.empty(), "--plot '' is not a file name; accepted: a path "
                      "such as estimate.svg");
+    GPUOPS_CHECK_ARG(plot_option->count() == 0 || is_svg_name(o.plot), "--plot '{}': the picture is SVG; give a "
+                     "name ending in .svg (no PNG or other format is written)", est::printable(o.plot));
     GPUOPS_CHECK_ARG(profile_option->count() == 0 || !o.device_profile.empty(), "--device-profile '' is not a file "
                      "name; accepted: the path of a device-profile.json");
     GPUOPS_CHECK_ARG(advise_option->count() == 0 || !o.advise.empty(), "--advise '' is not a GPU; accepted: a name "

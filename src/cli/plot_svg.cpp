@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -266,6 +267,13 @@ std::string render_estimate_svg(const std::vector<EstimatePlot>& plots) {
 std::string estimate_svg(const est::ModelSpec& model, const est::TrainingSetup& setup, const est::DeviceProfile& device,
                          const est::GpuModel* memory_line, const est::CudaRuntime& runtime) {
   return render_estimate_svg({make_estimate_plot(model, setup, device, memory_line, runtime)});
+}
+
+bool is_svg_name(std::string_view path) {
+  if (path.size() < 4) return false;
+  std::string suffix(path.substr(path.size() - 4));
+  for (char& c : suffix) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return suffix == ".svg";
 }
 
 void write_file_atomically(const std::string& path, std::string_view text) {

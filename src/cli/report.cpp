@@ -122,7 +122,8 @@ void print_advice(const Run& r, std::ostream& out) {
   const int64_t given = r.advise_given.total();
   const bool fits = est::fits_on(r.advise_given, g);
   fmt::print(out, "\nAdvice for {} ({:.2f} GiB): as given, {:.2f} GiB (CUDA estimate) {}", g.name, gib(g.memory_bytes),
-             gib(given), fits ? fmt::format("fits, {:.2f} GiB headroom.\n", gib(g.memory_bytes - r.advise_given.total_high()))
+             gib(given), fits ? fmt::format("fits, {:.2f} GiB headroom (memory minus the band's top).\n",
+                                            gib(g.memory_bytes - r.advise_given.total_high()))
                               : std::string("does not fit.\n"));
   if (r.advice.empty()) {
     fmt::print(out, "  no change of checkpointing, attention, micro-batch, ZeRO, optimizer or LoRA lowers it\n");
@@ -200,8 +201,9 @@ void print_runs(const std::vector<Run>& runs, std::ostream& out) {
     print_breakdown(r, out);
 
     fmt::print(out, "{}\n", r.recommend ? "GPUs that fit, cheapest first (each on its own CUDA profile; fits = the "
-                                          "top of the band fits):"
-                                        : "Fit per GPU (each on its own CUDA profile; fits = the top of the band fits):");
+                                          "top of the band fits; headroom = memory minus the band's top):"
+                                        : "Fit per GPU (each on its own CUDA profile; fits = the top of the band fits; "
+                                          "headroom = memory minus the band's top):");
     if (r.gpus.empty()) fmt::print(out, "  none of the catalog GPUs fits this setup\n");
     else
       fmt::print(out, "  {:<10} {:>10} {:>5} {:>10} {:>13} {:>16} {:>7}  {}\n", "GPU", "memory GiB", "fits",

@@ -182,3 +182,13 @@ def test_a_segment_failing_in_its_recomputation_leaves_the_rng_state_and_buffers
     assert len(calls) == 2
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(buffer, buffer_before)
+
+
+def test_without_use_reentrant_it_warns_as_torchs_checkpoint_does():
+    x = torch.randn(3, requires_grad=True)
+    with pytest.warns(UserWarning, match="pass use_reentrant explicitly"):
+        out = gpuops.checkpoint(torch.sin, x)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.cos(x.detach()))
+    with pytest.raises(TypeError, match="use_reentrant must be True or False"):
+        gpuops.checkpoint(torch.sin, x, use_reentrant="yes")

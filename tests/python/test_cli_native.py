@@ -33,7 +33,9 @@ def test_the_installed_command_is_an_elf_binary_that_loads_no_torch():
     assert "not found" not in listing, listing
     names = {os.path.basename(line.split()[0]) for line in listing.splitlines() if line.strip()}
     assert names <= SYSTEM_LIBRARIES, names - SYSTEM_LIBRARIES
-    assert not re.search(r"torch|c10|python|cuda", listing, re.IGNORECASE), listing
+    # Library names and paths only: a load address such as (0x00007fc10...) holds "c10" in 1 run in 60.
+    paths = " ".join(part for line in listing.splitlines() for part in line.split() if not part.startswith("(0x"))
+    assert not re.search(r"torch|c10|python|cuda", paths, re.IGNORECASE), listing
 
 
 def test_a_copy_runs_anywhere_with_an_empty_environment(tmp_path):

@@ -41,6 +41,24 @@ def test_examples_build_against_the_installed_package(tmp_path):
         tmp_path)
 
 
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+def test_the_readme_recipe_configures_with_a_clean_path(tmp_path):
+    """The README's C++ recipe as a new user runs it: no venv on PATH, no Python hint. The package finds the
+    LibTorch gpuops was built against (beside it in site-packages), not whatever Python is on PATH."""
+    import torch.utils
+
+    clean = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
+    configure = subprocess.run(
+        [shutil.which("cmake"), "-S", str(ROOT / "examples" / "cpp"), "-B", str(tmp_path / "build"), "-G", "Ninja",
+         f"-DCMAKE_MAKE_PROGRAM={shutil.which('ninja')}", f"-DCMAKE_PREFIX_PATH={gpuops.cmake_prefix_path}"],
+        capture_output=True, text=True, env=clean, cwd=tmp_path)
+    assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
+    cache = (tmp_path / "build" / "CMakeCache.txt").read_text()
+    library = next(line.split("=", 1)[1] for line in cache.splitlines() if line.startswith("TORCH_LIBRARY:"))
+    torch_root = Path(torch.utils.cmake_prefix_path).parents[1]  # .../site-packages/torch
+    assert Path(library).resolve().is_relative_to(torch_root.resolve()), library
+
+
 def test_cpp_zero_example_resumes_at_another_world_size(tmp_path):
     """examples/cpp/train_zero.cpp (built by the test above) as 2 processes with torchrun-style variables:
     preempted by a SIGTERM on rank 1 (both save the same step, exit 0), resumed as 1 process (resharded)."""

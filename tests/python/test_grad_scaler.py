@@ -205,3 +205,14 @@ def test_smaller_torch_behaviours():
     with pytest.raises(TypeError, match="_growth_tracker must be a real number, got None"):
         scaler.load_state_dict(dict(state, scale=1.0, _growth_tracker=None))
     assert scaler.state_dict() == state
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine without CUDA")
+def test_the_default_cuda_scaler_disables_itself_without_cuda_as_torchs_does():
+    with pytest.warns(UserWarning, match="CUDA is not available. Disabling"):
+        ours = gpuops.GradScaler()
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        theirs = torch.amp.GradScaler()
+    assert not ours.is_enabled() and not theirs.is_enabled()
+    loss = torch.ones((), requires_grad=True)
+    assert ours.scale(loss) is loss  # a disabled scaler passes the loss through, as torch's

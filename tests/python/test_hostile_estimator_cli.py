@@ -231,3 +231,28 @@ def test_python_main_takes_str_and_bytes(capfdbinary):
     assert main(["estimate", b"--model", "\udcff"]) == 2
     captured = capfdbinary.readouterr()
     assert captured.out == b"" and captured.err.startswith(b"gpuops: error: model '\\xff'")
+
+
+# ---- issue 21: what a new user trips on --------------------------------------------------------------
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("name", ["out.png", "out.PDF", "out", "svg"])
+def test_a_plot_name_that_is_not_svg_is_refused(command, name, tmp_path):
+    """--plot out.png wrote SVG bytes into a .png and exited 0."""
+    assert_one_error_line(run(command, "estimate", "--model", "gpt2", "--plot", str(tmp_path / name)),
+                          b"the picture is SVG; give a name ending in .svg")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="give a name ending in .svg"):
+        gpuops.plot_estimate(tmp_path / name, "gpt2")
+    assert run(command, "estimate", "--model", "gpt2", "--plot", str(tmp_path / "out.SVG")).returncode == 0
+
+
+def test_advice_uses_the_advised_gpus_profile_throughout():
+    """--advise RTX-4090 printed an H100's "context on sm_90" and two different totals "as given"."""
+    result = run(COMMANDS[0].values[0], "estimate", "--model", "llama-2-7b", "--advise", "RTX-4090")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout.decode()
+    assert "context on sm_89" in text and "sm_90" not in text
+    total = re.search(r"total\s+([\d.]+)\s+device used", text).group(1)
+    assert f"as given, {total} GiB" in text  # the breakdown and the advice's "as given" are one estimate
+    assert "headroom = memory minus the band's top" in text

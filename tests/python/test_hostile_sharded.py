@@ -100,7 +100,7 @@ def test_paths_with_a_nul_byte_are_refused_where_they_cross_into_cpp(world1, tmp
     with pytest.raises(ValueError, match="holds a NUL byte"):
         gpuops.TrainingState(str(tmp_path / "states") + "\0elsewhere")
     with pytest.raises(OSError, match="NUL byte"):
-        gpuops.plot_estimate(str(tmp_path / "plot.svg") + "\0.txt", "gpt2")
+        gpuops.plot_estimate(str(tmp_path / "plot") + "\0.svg", "gpt2")
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing landed anywhere
 
 
