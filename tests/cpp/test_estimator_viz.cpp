@@ -253,13 +253,16 @@ TEST(CliPlot, WritesTheSvgAtomically) {
 
 TEST(CliPlot, UnwritablePathIsOneLineNamingPlotAndExitsOne) {
   const std::string folder = temp_folder();
-  for (const std::string& path : {std::string("/nonexistent-gpuops-folder/p.svg"), folder, folder + "/"}) {
+  const std::string directory = folder + "/a-folder.svg";  // named as a picture, but a directory
+  ::mkdir(directory.c_str(), 0777);
+  for (const std::string& path : {std::string("/nonexistent-gpuops-folder/p.svg"), directory}) {
     const auto r = run_cli({"estimate", "--model", "gpt2", "--plot", path});
     EXPECT_EQ(r.code, 1) << path;
     EXPECT_TRUE(r.out.empty()) << r.out;  // nothing printed before the plot failed
     EXPECT_EQ(count(r.err, "\n"), 1u) << r.err;
     EXPECT_EQ(r.err.rfind("gpuops: error: --plot '", 0), 0u) << r.err;
   }
+  ::rmdir(directory.c_str());  // (empty: no temporary file stayed in it either)
   EXPECT_TRUE(files_in(folder).empty());
   const auto empty = run_cli({"estimate", "--model", "gpt2", "--plot", ""});
   EXPECT_EQ(empty.code, 2);
@@ -407,7 +410,8 @@ TEST(CliAdvise, ASetupThatFitsSaysSoWithItsHeadroom) {
   }();
   const int64_t total = est::estimate_memory(est::preset("gpt2"), s, est::device_of(est::find_gpu("H200"))).total_high();
   const std::string expected =
-      fmt::format("fits, {:.2f} GiB headroom.", static_cast<double>(143771 * MiB - total) / (1024.0 * MiB));
+      fmt::format("fits, {:.2f} GiB headroom (memory minus the band's top).",
+                  static_cast<double>(143771 * MiB - total) / (1024.0 * MiB));
   EXPECT_NE(r.out.find(expected), std::string::npos) << r.out;
   const auto j = run_cli({"estimate", "--model", "gpt2", "--seq", "256", "--advise", "H200", "--json"});
   EXPECT_TRUE(json::parse(j.out)["runs"][0]["advice_for"]["fits"].get<bool>());
