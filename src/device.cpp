@@ -35,14 +35,23 @@ std::string proc_field(const char* path, const std::string& key) {
   return "";
 }
 
+}  // namespace
+
+int64_t available_host_memory_bytes() {
+  const std::string available_kib = proc_field("/proc/meminfo", "MemAvailable");  // "123456 kB"
+  return available_kib.empty() ? static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE)
+                               : std::atoll(available_kib.c_str()) * 1024;
+}
+
+namespace {
+
 DeviceInfo cpu_info() {
   DeviceInfo info;
   info.type = "cpu";
   info.name = proc_field("/proc/cpuinfo", "model name");
   if (info.name.empty()) info.name = "cpu";
   info.total_memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
-  const std::string available_kib = proc_field("/proc/meminfo", "MemAvailable");  // "123456 kB"
-  info.free_memory_bytes = available_kib.empty() ? info.total_memory_bytes : std::atoll(available_kib.c_str()) * 1024;
+  info.free_memory_bytes = available_host_memory_bytes();
   info.multiprocessors = static_cast<int>(std::thread::hardware_concurrency());
   return info;
 }

@@ -1,6 +1,8 @@
 // MemoryBudget: argument checks and the choice of the CPU or CUDA scope.
 #include "gpuops/memory_budget.h"
 
+#include "gpuops/device.h"
+
 #include <c10/util/Exception.h>
 
 #include "memory/memory_scope.h"
@@ -38,6 +40,11 @@ int64_t memory_headroom_bytes(c10::Device device) {
   TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "memory_headroom_bytes: device must be cpu or cuda, got ",
                     device.str());
   return device.is_cpu() ? memory::cpu_headroom_bytes() : memory::cuda_headroom_bytes(device);
+}
+
+int64_t default_search_limit(c10::Device device) {
+  if (!device.is_cpu() || memory::cpu_headroom_bytes() >= 0) return MemoryBudget::kUnlimited;
+  return available_host_memory_bytes() / 10 * 9;
 }
 
 }  // namespace gpuops

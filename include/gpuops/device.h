@@ -25,6 +25,9 @@ struct DeviceInfo {
 /// selects, else device 0; the CPU when no CUDA device is visible (or the build has no CUDA).
 DeviceInfo device_info(std::optional<int> index = std::nullopt);
 
+/// The host memory available now (Linux's MemAvailable; the physical memory where it is unknown).
+int64_t available_host_memory_bytes();
+
 /// Parses a LOCAL_RANK value (nullopt: unset); throws c10::ValueError when it is malformed.
 std::optional<int> parse_local_rank(const std::optional<std::string>& text);
 

@@ -74,4 +74,10 @@ class UnbudgetedScope {
 /// what the caching allocator holds unused, within its memory fraction (a MemoryBudget cap).
 int64_t memory_headroom_bytes(c10::Device device = c10::Device(c10::kCPU));
 
+/// The memory a batch search's trials may use when nothing bounds them: on the CPU with no MemoryBudget limit
+/// active, 90% of the host memory available now (the search then runs under that budget, so that an overflow
+/// is an OutOfMemoryError, not the kernel's OOM killer); otherwise MemoryBudget::kUnlimited (an active budget,
+/// or the GPU's own memory, bounds them).
+int64_t default_search_limit(c10::Device device = c10::Device(c10::kCPU));
+
 }  // namespace gpuops

@@ -172,7 +172,7 @@ def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high:
                         max_seconds: Optional[float] = None, cache_file: Optional[str] = None,
                         cache_key: Optional[str] = None, restore: Iterable = (), process_group=None,
                         device: Union[str, torch.device, None] = None,
-                        headroom_bytes: Optional[int] = None) -> BatchSearchResult:
+                        headroom_bytes: Optional[int] = None, verbose: bool = True) -> BatchSearchResult:
     """The largest batch size ``step_fn(batch)`` runs at without running out of memory.
 
     ``high``: the largest batch tried; by default the memory the trials may use in bytes (a batch of b samples
@@ -183,7 +183,9 @@ def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high:
     and is put back outside any budget, also when the search fails (its error is the one raised).
     ``process_group``: a torch.distributed group; every trial's outcome is agreed (the minimum) before the
     next, so all ranks return the same result. ``headroom_bytes``: the memory the trials may use, for the
-    profile seed (default: the active memory_budget on the CPU, free memory on CUDA).
+    profile seed (default: the active memory_budget on the CPU, free memory on CUDA). On the CPU without an
+    active memory_budget the trials run under one of 90% of the memory available now, with a warning (nothing
+    else would stop them before the kernel's OOM killer). ``verbose``: one line per trial on stderr.
     Returns max_batch, recommended (after ``margin`` and ``multiple_of``), trials (batch, ok, peak_bytes,
     seconds, phase), the memory profile used, and whether it came from ``cache_file``.
     """
@@ -206,13 +208,21 @@ def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high:
         raise ValueError(f"find_max_batch_size: cache_file must be a path, got {cache_file!r}")
     if cache_key is not None and not isinstance(cache_key, str):
         raise ValueError(f"find_max_batch_size: cache_key must be a str, got {cache_key!r}")
+    if not isinstance(verbose, bool):
+        raise ValueError(f"find_max_batch_size: verbose must be True or False, got {verbose!r}")
     device = _device("find_max_batch_size", device)
+    limit = _C.default_search_limit(str(device))  # gpuops::default_search_limit: one rule for C++ and Python
+    if limit > 0:
+        warnings.warn(f"find_max_batch_size: no memory budget is active on the CPU, so the trials may use "
+                      f"{limit / 2**30:.1f} GiB (90% of the memory available now); give one with "
+                      "gpuops.memory_budget(bytes) to stand for a GPU", stacklevel=2)
     options = _C.BatchSearchOptions()
+    options.verbose = verbose
     options.low, options.high, options.multiple_of, options.margin = low, high, multiple_of, margin
     options.steps_per_trial = steps_per_trial
     options.max_trials = 0 if max_trials is None else max_trials
     options.max_seconds = 0.0 if max_seconds is None else max_seconds
-    options.headroom_bytes = _headroom(device) if headroom_bytes is None else headroom_bytes
+    options.headroom_bytes = (limit if limit > 0 else _headroom(device)) if headroom_bytes is None else headroom_bytes
     options.profile_seed = seed == "profile"
     if isinstance(seed, MemoryProfile):
         options.seed = max(1, seed.max_batch_for(options.headroom_bytes))
@@ -223,7 +233,7 @@ def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high:
         options.cache_key = cache_key if cache_key is not None else ""
     snapshot = StateSnapshot(list(restore)) if restore else None
     try:
-        with memory_budget(None, device) as counter:
+        with memory_budget(limit if limit > 0 else None, device) as counter:
             result = _C.search_max_batch(_trial_runner(step_fn, validate, steps_per_trial, counter), options,
                                          _agreement(process_group, device))
     except BaseException as error:

@@ -85,7 +85,12 @@ void bind_batch_search(py::module_& m) {
       .def_readwrite("max_trials", &BatchSearchOptions::max_trials)
       .def_readwrite("max_seconds", &BatchSearchOptions::max_seconds)
       .def_readwrite("cache_file", &BatchSearchOptions::cache_file)
-      .def_readwrite("cache_key", &BatchSearchOptions::cache_key);
+      .def_readwrite("cache_key", &BatchSearchOptions::cache_key)
+      .def_readwrite("verbose", &BatchSearchOptions::verbose);
+  m.def(
+      "default_search_limit", [](const std::string& device) { return default_search_limit(c10::Device(device)); },
+      py::arg("device"),
+      "gpuops::default_search_limit: on the CPU without an active budget, 90% of the available memory; else -1.");
 
   // run(batch) -> (ok, peak_bytes, seconds, trace); agree_min(value) -> the minimum over ranks, or None.
   m.def("search_max_batch",

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "../state/posix_files.h"
@@ -19,6 +20,12 @@ namespace gpuops {
 namespace {
 
 using json = nlohmann::json;
+
+// "3.10 GiB" or "212.4 MiB": a trial's peak as a person reads it.
+std::string readable_bytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  return b >= (1 << 30) ? fmt::format("{:.2f} GiB", b / (1 << 30)) : fmt::format("{:.1f} MiB", b / (1 << 20));
+}
 
 // Saturating arithmetic: batch sizes near INT64_MAX (a user's high) must not wrap around.
 int64_t sat_mul(int64_t a, int64_t b) {
@@ -196,6 +203,10 @@ class Search {
                       " reported peak_bytes ", outcome.peak_bytes, "; accepted: >= 0");
     const bool ok = agree(outcome.ok ? 1 : 0) == 1;
     result.trials.push_back({batch, ok, outcome.peak_bytes, outcome.seconds, phase});
+    if (o_.verbose)
+      fmt::print(stderr, "find_max_batch_size: batch {}: {}, {:.1f} s ({})\n", batch,
+                 ok ? "runs, peak " + readable_bytes(outcome.peak_bytes) : std::string("out of memory"),
+                 outcome.seconds, phase);
     if (ok) {
       best_ok_k = k;
       ok_peaks_[k] = outcome.peak_bytes;

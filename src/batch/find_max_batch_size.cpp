@@ -78,8 +78,15 @@ AgreeMin over(const c10::intrusive_ptr<c10d::Backend>& group) {
 BatchSearchResult find_max_batch_size(const TrainingStep& step, const FindBatchOptions& options) {
   TORCH_CHECK_VALUE(static_cast<bool>(step), "find_max_batch_size: step must be a function");
   BatchSearchOptions search = options;
-  if (search.headroom_bytes < 0) search.headroom_bytes = memory_headroom_bytes(options.device);
-  MemoryBudget counter(MemoryBudget::kUnlimited, options.device);
+  // Nothing bounds the trials on a CPU without a budget: they get one, said aloud (a search doubled up to
+  // the OOM killer before).
+  const int64_t limit = default_search_limit(options.device);
+  if (limit != MemoryBudget::kUnlimited)
+    TORCH_WARN("find_max_batch_size: no memory budget is active on the CPU, so the trials may use ", limit >> 20,
+               " MiB (90% of the memory available now); give one with gpuops::MemoryBudget to stand for a GPU");
+  if (search.headroom_bytes < 0)
+    search.headroom_bytes = limit != MemoryBudget::kUnlimited ? limit : memory_headroom_bytes(options.device);
+  MemoryBudget counter(limit, options.device);
   const TrialRunner run = [&](int64_t batch) {
     return run_trial(step, options.validate, batch, options.steps_per_trial, counter);
   };

@@ -3,6 +3,7 @@
 // that propagate or explain, ranks agreeing on the minimum, the result cache, and the profiled estimator.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <thread>
@@ -14,6 +15,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "gpuops/batch_search.h"
+#include "gpuops/device.h"
 #include "gpuops/memory_budget.h"
 #include "gpuops/optimizers.h"
 #include "thread_backend.h"
@@ -180,6 +182,23 @@ TEST(FindMaxBatchSize, OtherErrorsPropagateAndTheSmallestBatchFailingIsExplained
   } catch (const c10::OutOfMemoryError& e) {
     EXPECT_NE(std::string(e.what()).find("even the smallest batch, 1"), std::string::npos) << e.what();
   }
+}
+
+TEST(FindMaxBatchSize, WithoutABudgetOnTheCpuTheTrialsAreBoundedByNinetyPercentOfTheAvailableMemory) {
+  const int64_t limit = gpuops::default_search_limit();
+  ASSERT_GT(limit, 0);
+  EXPECT_LE(limit, gpuops::available_host_memory_bytes());
+  {
+    gpuops::MemoryBudget budget(1 << 30);
+    EXPECT_EQ(gpuops::default_search_limit(), gpuops::MemoryBudget::kUnlimited);
+  }
+  constexpr int64_t chunk = int64_t{1} << 26;  // 64 MiB a sample, never touched: only the count grows
+  gpuops::FindBatchOptions o;
+  o.profile_seed = false;
+  o.verbose = false;
+  const auto result = gpuops::find_max_batch_size([&](int64_t b) { at::empty({b * chunk}, at::kByte); }, o);
+  EXPECT_NEAR(static_cast<double>(result.max_batch), static_cast<double>(limit / chunk),
+              std::max(2.0, 0.05 * static_cast<double>(limit / chunk)));
 }
 
 TEST(ProfileMemory, PredictsALargerBatchAndFlagsNonLinearMemory) {

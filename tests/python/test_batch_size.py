@@ -5,6 +5,7 @@ the optimizer step, errors, several Gloo ranks with different budgets, the cache
 import math
 import os
 import socket
+import warnings
 
 import pytest
 import torch
@@ -302,3 +303,29 @@ def test_a_cache_that_is_a_folder_or_holds_bad_entries(tmp_path):
             assert not result.from_cache and result.max_batch == truth
             again = gpuops.find_max_batch_size(step, cache_file=cache, cache_key="k")
             assert again.from_cache and again.max_batch == truth
+
+
+def test_without_a_budget_on_the_cpu_the_search_is_bounded_said_aloud_and_logged(capfd):
+    chunk = 1 << 26  # 64 MiB a sample, allocated and never touched: only the budget's count grows
+    limit = gpuops._C.default_search_limit("cpu")
+    available = gpuops.device_info().free_memory_bytes if gpuops.device_info().type == "cpu" else None
+    if available is not None:
+        assert 0.8 * available < limit <= 0.95 * available
+    with gpuops.memory_budget(1 << 30):
+        assert gpuops._C.default_search_limit("cpu") == -1  # an active budget is the bound
+    capfd.readouterr()
+    with pytest.warns(UserWarning, match=r"no memory budget is active on the CPU.*GiB.*memory_budget"):
+        found = gpuops.find_max_batch_size(lambda b: torch.empty(b * chunk, dtype=torch.uint8), seed=None)
+    # Whatever MemAvailable said at the search's start, its 90% bounds the batch (it moves a little meanwhile).
+    assert abs(found.max_batch - limit // chunk) <= max(2, limit // chunk // 20)
+    log = capfd.readouterr().err.splitlines()
+    trial_lines = [line for line in log if line.startswith("find_max_batch_size: batch ")]
+    assert len(trial_lines) == len(found.trials)
+    assert any("out of memory" in line for line in trial_lines) and any("runs, peak" in line for line in trial_lines)
+    with gpuops.memory_budget(10 * chunk):  # a budget given: no warning, and verbose=False logs nothing
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            quiet = gpuops.find_max_batch_size(lambda b: torch.empty(b * chunk, dtype=torch.uint8), verbose=False)
+    assert quiet.max_batch in (9, 10) and "find_max_batch_size: batch" not in capfd.readouterr().err
+    with pytest.raises(ValueError, match="verbose must be True or False"):
+        gpuops.find_max_batch_size(lambda b: None, verbose=1)
