@@ -128,8 +128,14 @@ class ZeroShards {
   /// over each rank's samples divided by it are the mean over every rank's samples.
   at::Tensor global_divisor(const at::Tensor& divisor);
   /// Before the fused step: a 16-bit master follows its parameters where something else wrote them since the
-  /// last step (a model load, an EMA swap) and the master no longer rounds to them.
+  /// last step (a model load, an EMA swap) and the master no longer rounds to them. Warns (check_gradients).
   void before_step();
+  /// Warns, once per optimizer and kind, when the model's gradients went through something ZeroOptimizer does
+  /// not see: written in place after backward (torch::nn::utils::clip_grad_norm_ on the model's parameters
+  /// clips each rank by its own norm before the reduction, or is lost after it) or reduced by another C++
+  /// reducer's hook (DistributedDataParallel's: every gradient reduced twice). reduce_gradients and
+  /// before_step call it.
+  void check_gradients(bool reduced) const;
   /// After the fused step: masters rounded into the 16-bit shards, every buffer all-gathered (waited, unless
   /// overlap_param_gather). Collective.
   void after_step();
@@ -205,6 +211,10 @@ class ZeroShards {
   at::Tensor data_shard(size_t k) const;
   void install_shard_grads();
   void record_versions(size_t k) const;
+  /// The versions of the parameters' .grad in bucket k as ZeroOptimizer or backward's accumulation left them.
+  void record_grad_versions(size_t k) const;
+  /// The accumulator of a parameter of bucket k, slot i, holds another library's C++ post hook (DDP's).
+  bool foreign_reducer_hook(size_t k, size_t i) const;
   void wait_for_bucket(size_t k) const;
   void reduce_in_fp32(size_t k, const at::Tensor& out);
   // reduce_in_backward: a parameter's gradient arrived; a bucket launched, finished; the end of a pass.
@@ -227,13 +237,17 @@ class ZeroShards {
   std::vector<std::pair<size_t, size_t>> slot_of_param_;  ///< params[i] -> (buffer, slot)
   std::vector<std::vector<size_t>> param_of_slot_;         ///< (buffer, slot) -> i
   mutable std::vector<std::vector<uint32_t>> versions_;   ///< 16-bit buffers: each slot's parameter version
+  /// Per bucket and slot: the version of the parameter's .grad after our last write or backward's last
+  /// accumulation (-1 while it has none); anything else moved it.
+  mutable std::vector<std::vector<int64_t>> grad_versions_;
+  mutable bool warned_changed_before_ = false, warned_changed_after_ = false, warned_reducer_ = false;
   mutable std::vector<std::optional<dist::Work>> gathers_;  ///< overlap_param_gather: per bucket, not waited yet
   std::unordered_map<const c10::TensorImpl*, size_t> bucket_of_;  ///< a parameter's bucket
   bool reduced_grads_ = false;  ///< the gradients of this step are reduced
   bool stepped_ = false;  ///< stepped since the last zero_grad: the gradients are spent
   bool reattached_ = false;  ///< parameters were copied back in (FlatParams::reattach): masters follow them
+  std::vector<HookKey> hooks_;  ///< one per parameter: records its .grad's version (reduce_in_backward: reduces)
   // reduce_in_backward only
-  std::vector<HookKey> hooks_;
   std::vector<size_t> ready_;              ///< per bucket: gradients arrived in this pass
   size_t next_launch_ = 0;                 ///< buckets launch in order: every rank runs the same collectives
   bool pass_active_ = false;               ///< a backward pass is running (its end callback is queued)

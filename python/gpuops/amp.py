@@ -163,6 +163,24 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
     return total_norm
 
 
+def clip_sharded_grad_norm_(optimizer, max_norm: float) -> torch.Tensor:
+    """Clips a sharded optimizer's gradients (gpuops.ZeroOptimizer's) by their global L2 norm: reduced first,
+    the norm over every rank's shard, each shard clipped in place (as the C++ scaler's disabled path). Returns
+    the total norm. What ZeroOptimizer.clip_grad_norm_ and a disabled GradScaler's clip_grad_norm_ run."""
+    grads = _grads_by_device(optimizer)  # reduces first
+    norms = []
+    for device, device_grads in grads.items():
+        ones = torch.ones(1, dtype=torch.float32, device=device)
+        norms.append(torch.ops.gpuops.unscaled_grad_norm_(_norm_readable(device_grads), ones,
+                                                          torch.zeros(1, dtype=torch.float32, device=device)))
+    total_norm = torch.stack(norms).square().sum().sqrt() if len(norms) > 1 else norms[0].reshape(())
+    total_norm = optimizer._gpuops_global_grad_norm(total_norm)
+    clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0).float().reshape(1)
+    for device, device_grads in grads.items():
+        torch.ops.gpuops.unscale_and_check_(device_grads, torch.zeros(1, device=device), clip_coef.to(device))
+    return total_norm
+
+
 # The scaler's loop methods run eagerly under torch.compile (a graph break at each call), as torch's GradScaler does
 # (dynamo skips torch.amp.grad_scaler): they keep Python state (stages per optimizer, lazily made tensors) and
 # hand the optimizer its scale and flag as attributes, which dynamo cannot replay. Their work is a few fused ops.
@@ -364,7 +382,7 @@ class GradScaler:
         max_norm = float(max_norm)
         if not self._enabled:
             if getattr(optimizer, "_gpuops_global_grad_norm", None) is not None:
-                return self._clip_sharded(optimizer, max_norm)
+                return clip_sharded_grad_norm_(optimizer, max_norm)
             return clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], max_norm)
         state = self._per_optimizer[id(optimizer)]
         if state["stage"] is not _Stage.READY:
@@ -398,23 +416,6 @@ class GradScaler:
             for device, device_grads in grads.items():
                 torch.ops.gpuops.unscale_and_check_(device_grads, torch.zeros(1, device=device), factor.to(device))
             state["stage"] = _Stage.UNSCALED
-        return total_norm
-
-    @staticmethod
-    def _clip_sharded(optimizer, max_norm: float) -> torch.Tensor:
-        """A disabled scaler's clip_grad_norm_ for a sharded optimizer: reduced gradients, the global norm, and
-        the shard clipped in place (as the C++ scaler's disabled path)."""
-        grads = _grads_by_device(optimizer)  # reduces first
-        norms = []
-        for device, device_grads in grads.items():
-            ones = torch.ones(1, dtype=torch.float32, device=device)
-            norms.append(torch.ops.gpuops.unscaled_grad_norm_(_norm_readable(device_grads), ones,
-                                                              torch.zeros(1, dtype=torch.float32, device=device)))
-        total_norm = torch.stack(norms).square().sum().sqrt() if len(norms) > 1 else norms[0].reshape(())
-        total_norm = optimizer._gpuops_global_grad_norm(total_norm)
-        clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0).float().reshape(1)
-        for device, device_grads in grads.items():
-            torch.ops.gpuops.unscale_and_check_(device_grads, torch.zeros(1, device=device), clip_coef.to(device))
         return total_norm
 
     @_eager

@@ -36,6 +36,7 @@ import torch
 
 from . import _C
 from . import dist as _dist
+from .amp import clip_sharded_grad_norm_
 
 _KIND_NAMES = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}
 
@@ -177,6 +178,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
         changed = {k: group[k] for k in current if k in group and group[k] != current[k]}
         if changed:
             self._impl.set_options(changed)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clips the gradients by their global L2 norm, over every rank's shard (FSDP's and DeepSpeed's
+        ``clip_grad_norm_``); call it after backward (and after ``scaler.unscale_(opt)`` with a GradScaler),
+        before ``step``. It reduces the gradients first. ``torch.nn.utils.clip_grad_norm_(model.parameters())``
+        would see this rank's gradients only: ZeroOptimizer warns when it finds them changed. Returns the total
+        norm (a tensor, as torch's). Collective."""
+        if isinstance(norm_type, bool) or not isinstance(norm_type, (int, float)) or float(norm_type) != 2.0:
+            raise ValueError(f"gpuops.ZeroOptimizer.clip_grad_norm_: norm_type must be 2 (the L2 norm), got "
+                             f"{norm_type!r}")
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not 0 < max_norm < float("inf"):
+            raise ValueError(f"gpuops.ZeroOptimizer.clip_grad_norm_: max_norm must be a number > 0, got {max_norm!r}")
+        return clip_sharded_grad_norm_(self, float(max_norm))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the flat gradients (stage 2: allocates them again) for the next backward."""

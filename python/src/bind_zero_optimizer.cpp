@@ -8,6 +8,7 @@
 
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>  // torch::PyWarningHandler
 #include <torch/csrc/utils/pybind.h>  // torch.Tensor <-> at::Tensor
 
 #include "bindings.h"
@@ -27,6 +28,19 @@ using optim::ShardedOptimizer;
 std::optional<at::Tensor> optional_tensor(const std::string& where, const std::string& name, const py::handle& v) {
   if (v.is_none()) return std::nullopt;
   return tensor_arg(where, name, v);
+}
+
+// Runs a collective without the GIL; its TORCH_WARNs (ZeroShards::check_gradients) become Python UserWarnings.
+template <class Fn>
+void warning_call(Fn&& fn) {
+  torch::PyWarningHandler warnings;
+  try {
+    py::gil_scoped_release release;
+    fn();
+  } catch (...) {
+    warnings.set_in_exception();
+    throw;
+  }
 }
 
 bool bool_arg(const std::string& where, const std::string& name, const py::handle& v) {
@@ -219,14 +233,14 @@ void bind_zero_optimizer(py::module_& m) {
             const std::string where = "ZeroOptimizer.step";
             auto gs = optional_tensor(where, "grad_scale", grad_scale);
             auto fi = optional_tensor(where, "found_inf", found_inf);
-            py::gil_scoped_release release;
-            z.optimizer().prepare_gradients();
-            z.optimizer().step_scaled(gs, fi);
+            warning_call([&] {
+              z.optimizer().prepare_gradients();
+              z.optimizer().step_scaled(gs, fi);
+            });
           },
           py::arg("grad_scale") = py::none(), py::arg("found_inf") = py::none())
       .def("zero_grad", [](ShardedOptimizer& z) { z.zero_grad(); })
-      .def("prepare_gradients", [](ShardedOptimizer& z) { z.optimizer().prepare_gradients(); },
-           py::call_guard<py::gil_scoped_release>())
+      .def("prepare_gradients", [](ShardedOptimizer& z) { warning_call([&] { z.optimizer().prepare_gradients(); }); })
       .def("global_found_inf", [](ShardedOptimizer& z, const at::Tensor& f) { return z.optimizer().global_found_inf(f); },
            py::call_guard<py::gil_scoped_release>())
       .def("global_grad_norm", [](ShardedOptimizer& z, const at::Tensor& n) { return z.optimizer().global_grad_norm(n); },

@@ -160,23 +160,29 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
   ready_.assign(flats_.size(), 0);
   accumulated_.assign(flats_.size(), false);
   reduced_.resize(flats_.size());
-  if (options_.reduce_in_backward) {
-    if (options_.stage == 2)
-      for (auto& f : flats_) f->release_grads();  // a bucket's gradient exists from its first gradient on
-    for (size_t k = 0; k < flats_.size(); ++k) {
-      for (size_t i = 0; i < bucket(k).slots.size(); ++i) {
-        auto accumulator = torch::autograd::impl::grad_accumulator(bucket(k).slots[i].param);
-        const uintptr_t key = accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-            [this, k, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-              on_gradient(k, i);
-              return outputs;
-            }));
-        hooks_.push_back({std::move(accumulator), key});
-      }
+  if (options_.reduce_in_backward && options_.stage == 2)
+    for (auto& f : flats_) f->release_grads();  // a bucket's gradient exists from its first gradient on
+  grad_versions_.resize(flats_.size());
+  for (size_t k = 0; k < flats_.size(); ++k) {
+    for (size_t i = 0; i < bucket(k).slots.size(); ++i) {
+      // After backward's accumulation into a gradient: reduce_in_backward's reduction, and the gradient's
+      // version, which tells later writes by anyone else (check_gradients).
+      auto accumulator = torch::autograd::impl::grad_accumulator(bucket(k).slots[i].param);
+      const uintptr_t key = accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, k, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            if (options_.reduce_in_backward) on_gradient(k, i);
+            const at::Tensor& grad = bucket(k).slots[i].param.grad();
+            grad_versions_[k][i] = grad.defined() ? grad._version() : -1;
+            return outputs;
+          }));
+      hooks_.push_back({std::move(accumulator), key});
     }
   }
   install_shard_grads();
-  for (size_t k = 0; k < flats_.size(); ++k) record_versions(k);
+  for (size_t k = 0; k < flats_.size(); ++k) {
+    record_versions(k);
+    record_grad_versions(k);
+  }
 }
 
 ZeroShards::~ZeroShards() {
@@ -210,6 +216,66 @@ void ZeroShards::record_versions(size_t k) const {
   versions_[k].clear();
   if (!is_master(k)) return;
   for (const auto& slot : bucket(k).slots) versions_[k].push_back(slot.param._version());
+}
+
+void ZeroShards::record_grad_versions(size_t k) const {
+  grad_versions_[k].clear();
+  for (const auto& slot : bucket(k).slots)
+    grad_versions_[k].push_back(slot.param.grad().defined() ? slot.param.grad()._version() : -1);
+}
+
+bool ZeroShards::foreign_reducer_hook(size_t k, size_t i) const {
+  const auto accumulator = torch::autograd::impl::try_get_grad_accumulator(bucket(k).slots[i].param);
+  if (!accumulator) return false;
+  for (const auto& hook : accumulator->post_hooks()) {
+    const auto key = reinterpret_cast<uintptr_t>(hook.get());
+    const bool ours = std::any_of(hooks_.begin(), hooks_.end(), [key](const HookKey& h) { return h.key == key; });
+    if (!ours && dynamic_cast<const torch::autograd::utils::LambdaPostHook*>(hook.get()) != nullptr) return true;
+  }
+  return false;
+}
+
+void ZeroShards::check_gradients(bool reduced) const {
+  const bool several = comm_.size() > 1;
+  if (several && !warned_reducer_) {
+    for (size_t k = 0; k < flats_.size() && !warned_reducer_; ++k) {
+      if (!foreign_reducer_hook(k, 0)) continue;
+      warned_reducer_ = warned_changed_before_ = warned_changed_after_ = true;  // the writes below are its own
+      TORCH_WARN("ZeroOptimizer: the gradient of ", describe(k, 0), " also goes through another C++ reducer's "
+                 "hook, as DistributedDataParallel's: DDP all-reduces every gradient, then ZeroOptimizer "
+                 "reduces it again (the same result for twice the traffic and DDP's own copy of the gradients). "
+                 "Train the model without the DDP wrapper: ZeroOptimizer reduces the gradients itself (during "
+                 "backward, as DDP does, with reduce_in_backward=True).");
+    }
+  }
+  bool& warned = reduced ? warned_changed_after_ : warned_changed_before_;
+  if (warned) return;
+  size_t changed = 0;
+  std::string first;
+  for (size_t k = 0; k < flats_.size(); ++k) {
+    // Before the reduction a change is this rank's alone; after it, it is lost where the step reads a separate
+    // shard (stage 2, 16-bit, reduce_in_backward) and lands in part elsewhere (this rank's shard of the flat one).
+    if (!several && !(reduced && shard_grads_[k].defined())) continue;
+    const auto& slots = bucket(k).slots;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const at::Tensor& grad = slots[i].param.grad();
+      if ((grad.defined() ? grad._version() : -1) == grad_versions_[k][i]) continue;
+      if (changed++ == 0) first = describe(k, i);
+    }
+  }
+  if (changed == 0) return;
+  warned = true;
+  const std::string then = reduced ? "after ZeroOptimizer reduced them (GradScaler.unscale_ and clip_grad_norm_ "
+                                     "reduce first), so the step reads the reduced shards: the change is lost, or "
+                                     "kept in this rank's shard only"
+                                   : "before ZeroOptimizer reduced them, so it saw this rank's gradients only "
+                                     "(a clip by this rank's norm, a different one on every rank)";
+  TORCH_WARN("ZeroOptimizer: the gradients of ", changed, " parameters (the first: ", first, ") were changed in "
+             "place after backward, ", then, ". Clipping them with torch.nn.utils.clip_grad_norm_(model."
+             "parameters(), max_norm) does this; clip with the optimizer's clip_grad_norm_(max_norm) or a GradScaler's "
+             "clip_grad_norm_(optimizer, max_norm), which use the global norm over every rank's shard. (A change "
+             "that is the same on every rank before the reduction, such as a division by the accumulation "
+             "steps, is safe.)");
 }
 
 void ZeroShards::wait_for_bucket(size_t k) const {
@@ -249,6 +315,7 @@ void ZeroShards::zero_grad() {
     for (auto& f : flats_) f->zero_grad();  // stage 2: allocates the flat gradients again
   }
   install_shard_grads();
+  for (size_t k = 0; k < flats_.size(); ++k) record_grad_versions(k);
   reduced_grads_ = false;
   stepped_ = false;
 }
@@ -284,6 +351,7 @@ void ZeroShards::reduce_gradients() {
     reduced_grads_ = true;
     return;
   }
+  check_gradients(false);
   bool ours = true;
   for (const at::Tensor& shard : shards_) ours = ours && shard.grad().defined();
   for (const auto& f : flats_) ours = ours && f->intact();
@@ -304,6 +372,7 @@ void ZeroShards::reduce_gradients() {
     if (is_master(k)) reduce_in_fp32(k, shard_grads_[k]);
   if (options_.stage == 2)
     for (auto& f : flats_) f->release_grads();  // only the shards are kept
+  for (size_t k = 0; k < flats_.size(); ++k) record_grad_versions(k);
   reduced_grads_ = true;
 }
 
@@ -324,7 +393,9 @@ void ZeroShards::on_gradient(size_t k, size_t slot) {
     torch::autograd::Engine::get_default_engine().queue_callback([this, token] { finish_pass(); });
   }
   // Stage 2 frees a bucket's gradient once reduced: autograd then made this one on its own. Bring it in.
+  const bool fresh = !bucket(k).grad.defined();
   flats_[k]->adopt_grad(0, slot);
+  if (fresh) record_grad_versions(k);  // every slot's .grad is a new view
   if (++ready_[k] == bucket(k).slots.size())
     while (next_launch_ < flats_.size() && ready_[next_launch_] == bucket(next_launch_).slots.size()) launch(next_launch_++);
 }
@@ -352,6 +423,7 @@ void ZeroShards::finish_oldest() {
   reduced_[k].reset();
   if (options_.stage == 2) {
     flats_[k]->release_grads();
+    record_grad_versions(k);
   } else {
     bucket(k).grad.zero_();
   }
@@ -407,6 +479,8 @@ at::Tensor ZeroShards::global_divisor(const at::Tensor& divisor) {
 
 void ZeroShards::before_step() {
   wait_for_parameters();
+  check_gradients(true);
+  for (size_t k = 0; k < flats_.size(); ++k) record_grad_versions(k);
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < shards_.size(); ++k) {
     if (!is_master(k)) continue;

@@ -1,0 +1,172 @@
+"""torch habits that go silently wrong under gpuops.ZeroOptimizer are caught (issue 21, item 3), on 2 real Gloo
+ranks (this file run as a script, one per rank; multiprocess_launch.py) and at world size 1 in this process:
+
+- ``torch.nn.utils.clip_grad_norm_(model.parameters(), c)`` clips each rank by its own norm before the reduction,
+  or is lost after it (``scaler.unscale_(opt)`` reduces): a warning naming the right call, once per optimizer
+  (stage 2 after its reduction leaves the model no gradients at all: torch's clip then finds nothing, and
+  nothing can tell; the docs say so);
+- that right call, ``opt.clip_grad_norm_(c)``, trains exactly as torch's AdamW with torch's clipping on the
+  whole batch, without a warning;
+- a DistributedDataParallel wrapper reduces every gradient a second time: a warning naming DDP, same result.
+"""
+
+import datetime
+import os
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gpuops
+from multiprocess_launch import launch
+
+WORLD = 2
+STEPS = 3
+MAX_NORM = 1e-2  # far below the gradients' norm: every step clips
+
+
+def test_torch_habits_under_zero_on_two_ranks():
+    for rank, (code, out) in enumerate(launch(__file__, "pitfalls", WORLD, 120)):
+        assert code == 0, f"rank {rank}:\n{out}"
+        assert "pitfalls ok" in out, out
+
+
+@pytest.mark.parametrize("reduce_in_backward", [False, True])
+def test_at_world_size_one_only_a_lost_change_is_reported(reduce_in_backward):
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        model = _model()
+        opt = gpuops.ZeroOptimizer(model.parameters(), stage=1, lr=1e-2, reduce_in_backward=reduce_in_backward)
+        caught = _steps(model, opt, lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM), seed=0)
+        # One rank: a clip before the reduction is the global one (right); after reduce_in_backward reduced the
+        # gradients into separate shards it is lost.
+        assert len(caught) == (1 if reduce_in_backward else 0), caught
+        if reduce_in_backward:
+            assert "after ZeroOptimizer reduced them" in caught[0] and "clip_grad_norm_(max_norm)" in caught[0]
+    finally:
+        import gc
+
+        gc.collect()
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+def _model():
+    torch.manual_seed(3)  # the same initial weights on every rank
+    return torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.Tanh(), torch.nn.Linear(32, 5))
+
+
+def _batch(seed, rank):
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    return torch.randn(16, 12, generator=g), torch.randn(16, 5, generator=g)
+
+
+def _steps(model, opt, between, seed, scaler=None, forward=None):
+    """STEPS steps on this rank's batches, `between()` after backward; the warnings ZeroOptimizer gave."""
+    rank = dist.get_rank()
+    forward = forward or model
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(STEPS):
+            opt.zero_grad()
+            x, y = _batch(seed + step, rank)
+            loss = torch.nn.functional.mse_loss(forward(x), y)
+            (scaler.scale(loss) if scaler else loss).backward()
+            between()
+            scaler.step(opt) if scaler else opt.step()
+            if scaler:
+                scaler.update()
+    return [str(w.message) for w in caught if "ZeroOptimizer" in str(w.message)]
+
+
+def _reference(seed, world):
+    """torch's AdamW with torch's clipping on the gradient averaged over every rank's batch."""
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(STEPS):
+        opt.zero_grad()
+        sum(torch.nn.functional.mse_loss(model(x), y) / world
+            for x, y in (_batch(seed + step, r) for r in range(world))).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def _expect(condition, message):
+    if not condition:
+        raise AssertionError(message)
+
+
+def _pitfalls():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for stage in (1, 2):
+        for in_backward in (False, True):
+            where = f"stage {stage}, reduce_in_backward={in_backward}"
+            # The torch habit: a warning that names the right call, once for three steps.
+            model = _model()
+            opt = gpuops.ZeroOptimizer(model.parameters(), stage=stage, lr=1e-2, reduce_in_backward=in_backward)
+            grads_seen = []
+            caught = _steps(model, opt, lambda: grads_seen.append(
+                sum(p.grad is not None for p in model.parameters()) +
+                0 * torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)), 0)
+            if stage == 2 and in_backward:  # backward reduced and freed every gradient: torch's clip finds none
+                _expect(not caught and grads_seen == [0] * STEPS, f"{where}: {caught}, {grads_seen}")
+            else:
+                _expect(len(caught) == 1 and grads_seen == [4] * STEPS, f"{where}: {caught}, {grads_seen}")
+                when = "after ZeroOptimizer reduced them" if in_backward else "before ZeroOptimizer reduced them"
+                _expect(all(s in caught[0] for s in (when, "torch.nn.utils.clip_grad_norm_",
+                                                     "clip_grad_norm_(max_norm)")), f"{where}: {caught[0]}")
+            wrong = [(got.detach() - want).abs().max().item() for got, want in zip(model.parameters(), _reference(0, world))]
+            _expect(max(wrong) > 1e-4, f"{where}: the habit trained as the reference did ({wrong}): no pitfall")
+            # The right call: exact against torch, silent.
+            model = _model()
+            opt = gpuops.ZeroOptimizer(model.parameters(), stage=stage, lr=1e-2, reduce_in_backward=in_backward)
+            norms = []
+            caught = _steps(model, opt, lambda: norms.append(opt.clip_grad_norm_(MAX_NORM)), 0)
+            _expect(not caught, f"{where}: {caught}")
+            _expect(all(n > MAX_NORM for n in norms), f"{where}: the norms {norms} did not need a clip")
+            for got, want in zip(model.parameters(), _reference(0, world)):
+                torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
+    # With a GradScaler: unscale_ reduces, so torch's clip afterwards lands in this rank's shard only (stage 1).
+    model = _model()
+    opt = gpuops.ZeroOptimizer(model.parameters(), stage=1, lr=1e-2)
+    scaler = gpuops.GradScaler("cpu", init_scale=2.0**8)
+    caught = _steps(model, opt, lambda: (scaler.unscale_(opt),
+                                         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)), 0, scaler)
+    _expect(len(caught) == 1 and "after ZeroOptimizer reduced them" in caught[0], f"scaler: {caught}")
+    # The right call with a scaler: silent and exact.
+    model = _model()
+    opt = gpuops.ZeroOptimizer(model.parameters(), stage=2, lr=1e-2)
+    scaler = gpuops.GradScaler("cpu", init_scale=2.0**8)
+    caught = _steps(model, opt, lambda: scaler.clip_grad_norm_(opt, MAX_NORM), 0, scaler)
+    _expect(not caught, f"scaler.clip_grad_norm_: {caught}")
+    for got, want in zip(model.parameters(), _reference(0, world)):
+        torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
+    # DDP around the model: named, and (averaging twice) the same result.
+    for wrap_first in (True, False):
+        model = _model()
+        if wrap_first:
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+            opt = gpuops.ZeroOptimizer(ddp.parameters(), stage=1, lr=1e-2)
+        else:
+            opt = gpuops.ZeroOptimizer(model.parameters(), stage=1, lr=1e-2)
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+        caught = _steps(model, opt, lambda: opt.clip_grad_norm_(MAX_NORM), 0, forward=ddp)
+        _expect(len(caught) == 1 and "DistributedDataParallel" in caught[0] and "without the DDP wrapper" in caught[0],
+                f"DDP (wrapped first: {wrap_first}): {caught}")
+        for got, want in zip(model.parameters(), _reference(0, world)):
+            torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
+        del ddp
+    print(f"rank {rank}: pitfalls ok", flush=True)
+
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    try:
+        {"pitfalls": _pitfalls}[sys.argv[1]]()
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
