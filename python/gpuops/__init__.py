@@ -18,7 +18,7 @@ from .accumulate import GradAccumulator
 from .amp import GradScaler, clip_grad_norm_
 from .batch_size import find_max_batch_size, profile_memory
 from .checkpointing import apply_checkpointing, checkpoint, remove_checkpointing
-from .estimator import Breakdown, estimate, gpu_catalog, presets
+from .estimator import Breakdown, GpuFit, estimate, fit_table, gpu_catalog, presets
 from .estimator import Advice, advise, estimate_svg, plot_estimate  # pictures and advice
 from .training_state import TrainingState
 from .zero import ZeroOptimizer  # the sharded optimizer (issue 13, part 2)
@@ -48,6 +48,8 @@ __all__ = [
     "cmake_prefix_path",
     "device_info",
     "estimate",
+    "fit_table",
+    "GpuFit",
     "find_max_batch_size",
     "profile_memory",
     "gpu_catalog",

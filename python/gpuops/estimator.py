@@ -6,7 +6,9 @@ import inspect
 import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import torch
 
 from . import _C
 
@@ -71,15 +73,39 @@ class Breakdown:
                 "total": self.total_bytes, "total_low": self.total_low, "total_high": self.total_high}
 
 
+def _is_hf_config(value) -> bool:
+    """A transformers PretrainedConfig (by its class's lineage: transformers need not be imported here)."""
+    return any(c.__name__ == "PretrainedConfig" for c in type(value).__mro__) and hasattr(value, "to_json_string")
+
+
 def _model_spec(model, config, params) -> _C.ModelSpec:
+    if model is not None and not isinstance(model, str):  # a live object: its config, or its size
+        if _is_hf_config(model):
+            model, config = None, model
+        elif isinstance(model, torch.nn.Module):
+            own = getattr(model, "config", None)
+            if _is_hf_config(own):  # a Hugging Face model: its config.json gives the architecture
+                model, config = None, own
+            else:  # any other module: its size only (parameters and buffers, meta tensors included)
+                count = sum(t.numel() for t in model.parameters()) + sum(t.numel() for t in model.buffers())
+                if params is not None or config is not None:
+                    raise ValueError("estimate: give exactly one of model, config or params; got 2")
+                if count == 0:
+                    raise ValueError(f"model: the {type(model).__name__} has no parameters or buffers to count")
+                model, params = None, count
+        else:
+            raise TypeError("model must be a preset name or Hugging Face Hub id (str), a transformers "
+                            f"PretrainedConfig or a torch.nn.Module, got {type(model).__name__}")
     given = [x is not None for x in (model, config, params)]
     if sum(given) != 1:
-        raise ValueError("estimate: give exactly one of model (a preset name), config (a config.json path or dict) "
-                         f"or params (a parameter count); got {sum(given)}")
+        raise ValueError("estimate: give exactly one of model (a preset name, Hub id, config or module), config (a "
+                         f"config.json path or dict) or params (a parameter count); got {sum(given)}")
     if model is not None:
-        return _C.model_from_preset(model)
+        return _C.model_by_name(model)
     if params is not None:
         return _C.model_from_params(params)
+    if _is_hf_config(config):
+        config = json.loads(config.to_json_string(use_diff=False))
     if isinstance(config, Mapping):
         try:
             text = json.dumps(dict(config), allow_nan=False)
@@ -90,12 +116,18 @@ def _model_spec(model, config, params) -> _C.ModelSpec:
                              "was reached); give the fields of a config.json") from None
         return _C.model_from_config_json(text, "config")
     if not isinstance(config, (str, bytes, os.PathLike)):
-        raise TypeError(f"config must be a path or a dict, got {type(config).__name__} {config!r}")
+        raise TypeError(f"config must be a path, a dict or a transformers PretrainedConfig, got {type(config).__name__}")
     return _C.model_from_config_file(os.fsencode(config))  # bytes: any file name reaches open()
 
 
+# The command line's names for four of estimate()'s keywords, accepted as they are: gpuops estimate --batch 4
+# is estimate(..., batch=4) or estimate(..., micro_batch=4).
+_CLI_SPELLINGS = {"batch": "micro_batch", "seq": "seq_len", "gpus": "num_gpus", "zero": "zero_stage"}
+_CLI_DEFAULTS = {"micro_batch": 1, "num_gpus": 1, "zero_stage": 0}  # seq_len: _C.default_seq_len(spec)
+
+
 def estimate(
-    model: Optional[str] = None,
+    model: Union[str, "torch.nn.Module", Any, None] = None,
     *,
     config: Union[str, os.PathLike, Mapping, None] = None,
     params: Union[int, str, None] = None,
@@ -103,15 +135,15 @@ def estimate(
     amp: str = "autocast",
     optimizer: str = "adamw",
     optimizer_impl: str = "default",
-    zero_stage: int = 0,
-    num_gpus: int = 1,
+    zero_stage: Optional[int] = None,
+    num_gpus: Optional[int] = None,
     checkpointing: str = "none",
     attention: str = "sdpa",
     lora_rank: int = 0,
     lora_targets: Sequence[str] = ("q", "v"),
     base_dtype: str = "bf16",
-    micro_batch: int = 1,
-    seq_len: int = 512,
+    micro_batch: Optional[int] = None,
+    seq_len: Optional[int] = None,
     grad_accum: int = 1,
     zero_grad: str = "none",
     zero_reduce: str = "backward",
@@ -133,15 +165,30 @@ def estimate(
     allocator: str = "default",
     context_bytes: Optional[int] = None,
     device_profile: Union[str, os.PathLike, None] = None,
+    batch: Optional[int] = None,
+    seq: Optional[int] = None,
+    gpus: Optional[int] = None,
+    zero: Optional[int] = None,
 ) -> Breakdown:
-    """Peak memory of one training step, per GPU (``device="cuda"``) or on the CPU (``device="cpu"``).
+    """Peak memory of one training step, per GPU (``device="cuda"``) or on the CPU (``device="cpu"``): the
+    engine and the defaults of ``gpuops estimate``, so the same model and options give the same bytes.
 
-    The architecture is a preset name (``gpuops.presets()``), a Hugging Face ``config.json`` (path or
-    dict: gpt2, bert or any decoder-only model, MoE included; an unknown ``model_type`` is read Llama-style and
-    the assumptions are listed in ``gpuops._C.model_from_config_json(...).assumptions``) or a bare parameter
-    count (``7_000_000_000`` or ``"7B"``). The options are those of
-    ``gpuops estimate``; a value of the wrong type raises ``TypeError`` and a bad value ``ValueError``, each
-    naming the argument (integers must be ints: ``micro_batch=2.5`` or ``"2"`` is a TypeError; a setup whose
+    The architecture (one of): ``model``, a preset name (``gpuops.presets()``), a Hugging Face Hub id whose
+    config.json is in the local Hub cache (``"meta-llama/Llama-3.2-1B"``; nothing is downloaded), a
+    ``transformers`` ``PretrainedConfig``, or a live ``torch.nn.Module`` (a Hugging Face model by its
+    ``config``; any other module by its parameter and buffer count, meta tensors included, as a bare count);
+    ``config``, a ``config.json`` path or dict (gpt2, bert or any decoder-only model, MoE included; an unknown
+    ``model_type`` is read Llama-style and the assumptions are listed in
+    ``gpuops._C.model_from_config_json(...).assumptions``) or a ``PretrainedConfig``; ``params``, a bare
+    parameter count (``7_000_000_000`` or ``"7B"``).
+
+    The options are those of ``gpuops estimate``, with the same defaults (``seq_len`` 2048, or a learned
+    position table's length if shorter; micro-batch 1; one GPU; no ZeRO; ``None`` for any of these four
+    takes its default). Four have longer names here, and
+    the command line's are accepted too: ``micro_batch`` (``batch``, ``--batch``), ``seq_len`` (``seq``),
+    ``num_gpus`` (``gpus``), ``zero_stage`` (``zero``); the others map ``--lora-rank`` to ``lora_rank``. A
+    value of the wrong type raises ``TypeError`` and a bad value ``ValueError``, each naming the argument
+    (integers must be ints: ``micro_batch=2.5`` or ``"2"`` is a TypeError; a setup whose
     bytes would pass 2**63 is a ValueError naming the size that is too large). ``lora_targets`` is a sequence
     of names or one comma list (``"q,v"``). ``amp`` says where mixed
     precision keeps its weights: ``"autocast"`` (torch.autocast: fp32 weights) or ``"master-copy"`` (16-bit
@@ -192,18 +239,10 @@ def estimate(
     by ``bench/estimator_validation/calibrate_device.py`` (its context and workspaces replace the table's for
     GPUs of its compute capability; ``context_bytes`` wins over it).
     """
-    spec = _model_spec(model, config, params)
+    keywords = {k: v for k, v in locals().items() if k != "model"}
+    spec, device, setup = _estimate_inputs("estimate", model, keywords, keep_gpu=True)
     # Types and ranges are checked in C++ (gpuops._C), each error naming its argument.
-    items, phase, off_device = _C.estimate_memory(
-        spec, device, precision=precision, amp=amp, optimizer=optimizer, optimizer_impl=optimizer_impl,
-        zero_stage=zero_stage, num_gpus=num_gpus, checkpointing=checkpointing, attention=attention,
-        lora_rank=lora_rank, lora_targets=lora_targets, base_dtype=base_dtype, micro_batch=micro_batch,
-        seq_len=seq_len, grad_accum=grad_accum, zero_grad=zero_grad, zero_reduce=zero_reduce,
-        zero_bucket_bytes=zero_bucket_bytes, sharding=sharding, reshard_after_forward=reshard_after_forward,
-        reduce_dtype=reduce_dtype,
-        offload_optimizer=offload_optimizer, quantize_lm_head=quantize_lm_head, bnb_version=bnb_version, loss=loss, lora_dropout=lora_dropout,
-        compile=compile, held_logits=held_logits, gpu=gpu, cuda=cuda, module_loading=module_loading, allocator=allocator,
-        context_bytes=context_bytes, device_profile=_path_or_none("device_profile", device_profile))
+    items, phase, off_device = _C.estimate_memory(spec, device, **setup)
     return Breakdown(**dict(items), peak_phase=phase, **off_device)
 
 
@@ -212,7 +251,7 @@ def _path_or_none(name: str, path) -> Optional[bytes]:
     if path is None:
         return None
     if not isinstance(path, (str, bytes, os.PathLike)):
-        raise TypeError(f"{name} must be a path or None, got {type(path).__name__} {path!r}")
+        raise TypeError(f"{name} must be a path or None, got {type(path).__name__}")
     return os.fsencode(path)
 
 
@@ -234,20 +273,65 @@ def gpu_catalog() -> list:
 # --plot` and `--advise` through gpuops._C, so Python draws the same SVG and gives the same advice.
 
 
-def _estimate_inputs(caller: str, model, keywords: dict):
+def _estimate_inputs(caller: str, model, keywords: dict, keep_gpu: bool = False):
     """The model spec, the device and the setup keywords of an estimate() call with ``keywords``: estimate()'s
-    own keywords and defaults, so these functions take exactly what estimate() takes."""
+    own keywords and defaults, so these functions take exactly what estimate() takes; the command line's
+    spellings (batch, seq, gpus, zero) become estimate()'s names, and the defaults are the command line's."""
     params = inspect.signature(estimate).parameters
     defaults = {n: p.default for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
     for name in keywords:
         if name not in defaults:
             raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
     merged = {**defaults, **keywords}
+    for cli_name, name in _CLI_SPELLINGS.items():
+        value = merged.pop(cli_name)
+        if value is not None and merged[name] is not None:
+            raise TypeError(f"{caller}(): {name} and {cli_name} (its command-line spelling) are the same setting; "
+                            "give one")
+        if value is not None:
+            merged[name] = value
     spec = _model_spec(model, merged.pop("config"), merged.pop("params"))
+    for name, value in _CLI_DEFAULTS.items():
+        merged[name] = value if merged[name] is None else merged[name]
+    if merged["seq_len"] is None:
+        merged["seq_len"] = _C.default_seq_len(spec)
     device = merged.pop("device")
-    merged.pop("gpu")  # the callers take gpu themselves
+    if not keep_gpu:
+        merged.pop("gpu")  # the callers take gpu themselves
     merged["device_profile"] = _path_or_none("device_profile", merged["device_profile"])
     return spec, device, merged
+
+
+def fit_table(model=None, *, recommend: bool = False, **keywords) -> list:
+    """The GPU table of ``gpuops estimate``: for every catalog GPU (``recommend=True``: only those that fit,
+    cheapest first), estimated on its own CUDA profile, a :class:`GpuFit` with whether the setup fits (the top of
+    the uncertainty band), the bytes used, the headroom, the largest micro-batch that fits (None for a bare
+    parameter count) and the price. Takes the arguments of :func:`estimate`; ``gpu`` keeps that GPU's row only,
+    as ``--gpu`` does."""
+    if not isinstance(recommend, bool):
+        raise TypeError(f"recommend must be a bool (True or False), got {type(recommend).__name__}")
+    spec, _device, setup = _estimate_inputs("fit_table", model, keywords, keep_gpu=True)
+    only = setup.pop("gpu")
+    rows = [GpuFit(**row) for row in json.loads(_C.fit_table_json(spec, recommend, **setup))]
+    if only is not None:
+        name = _C.find_gpu_name(only)  # a catalog name, ValueError listing them otherwise
+        rows = [r for r in rows if r.name == name]
+    return rows
+
+
+@dataclass(frozen=True)
+class GpuFit:
+    """One row of :func:`fit_table` (the ``gpus`` entries of ``gpuops estimate --json``)."""
+
+    name: str
+    memory_bytes: int
+    fits: bool                 #: the top of the uncertainty band fits, at the requested micro-batch
+    precision_supported: bool  #: False for bf16 on a GPU without it
+    total_bytes: int
+    total_high_bytes: int
+    headroom_bytes: int        #: memory minus total_high_bytes
+    max_micro_batch: Optional[int]  #: the largest that fits (0: not even 1); None without an architecture
+    spot_price_usd_per_hour: float
 
 
 def estimate_svg(model: Optional[str] = None, *, gpu: Optional[str] = None, **keywords) -> str:
@@ -266,7 +350,7 @@ def plot_estimate(path: Union[str, bytes, os.PathLike], model: Optional[str] = N
     renamed over it) and returns the path. ``OSError`` when it cannot be written (a missing folder, a
     directory, no permission); ``path`` must be a str, bytes or os.PathLike (``TypeError``)."""
     if not isinstance(path, (str, bytes, os.PathLike)):
-        raise TypeError(f"path must be a str, bytes or os.PathLike, got {type(path).__name__} {path!r}")
+        raise TypeError(f"path must be a str, bytes or os.PathLike, got {type(path).__name__}")
     svg = estimate_svg(model, gpu=gpu, **keywords)
     _C.write_file_atomically(os.fsencode(path), svg)
     return os.fsdecode(path)

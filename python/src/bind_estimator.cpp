@@ -20,9 +20,11 @@ namespace {
 
 using namespace gpuops::estimator;
 
+// "float 2.5": the type, and the value where its repr is short (a config object's would fill the screen).
 std::string describe(py::handle value) {
-  return fmt::format("{} {}", py::str(py::type::of(value).attr("__name__")).cast<std::string>(),
-                     printable(py::repr(value).cast<std::string>()));
+  const std::string type = py::str(py::type::of(value).attr("__name__")).cast<std::string>();
+  const std::string repr = printable(py::repr(value).cast<std::string>());
+  return repr.size() <= 60 ? type + " " + repr : type;
 }
 
 // A Python int (or an object with __index__, as numpy's integers), not a bool, float or str.
@@ -304,8 +306,10 @@ void bind_estimator(py::module_& m) {
       .def("__repr__", [](const ModelSpec& s) {
         return "ModelSpec(name='" + printable(s.name) + "', parameters=" + std::to_string(parameter_count(s)) + ")";
       });
-  m.def("model_from_preset", [](py::object name) { return preset(str_arg(name, "model", "llama-2-7b")); },
-        py::arg("name"));
+  m.def("model_by_name", [](py::object name) { return model_by_name(str_arg(name, "model", "llama-2-7b")); },
+        py::arg("name"), "A preset, or a Hugging Face Hub id whose config.json is in the local Hub cache.");
+  m.def("default_seq_len", &default_seq_len, py::arg("model"),
+        "The sequence length `gpuops estimate` uses without --seq: 2048, or a learned position table's length.");
   m.def("model_from_config_json", &model_from_hf_config, py::arg("json_text"), py::arg("name"));
   m.def("model_from_config_file", [](py::object path) { return model_from_hf_config_file(path_arg(path)); },
         py::arg("path"));
@@ -327,6 +331,18 @@ void bind_estimator(py::module_& m) {
       "Peak of one step; the setup as keywords precision, amp, optimizer, optimizer_impl, zero_stage, num_gpus, "
       "checkpointing, attention, lora_rank, lora_targets, base_dtype, micro_batch, seq_len, grad_accum, zero_reduce, zero_bucket_bytes, sharding, "
       "reshard_after_forward, reduce_dtype, offload_optimizer, quantize_lm_head, bnb_version, held_logits.");
+
+  m.def(
+      "fit_table_json",
+      [](const ModelSpec& model, bool recommend, py::kwargs setup) {
+        return fit_table_json(model, make_setup(setup), runtime_arg(setup), recommend);
+      },
+      py::arg("model"), py::arg("recommend"),
+      "The GPU table of `gpuops estimate --json` (its \"gpus\" array, as JSON text); the setup as estimate_memory's "
+      "keywords.");
+
+  m.def("find_gpu_name", [](py::object name) { return gpu_arg(name, "gpu", false)->name; }, py::arg("name"),
+        "The catalog name of a GPU (ignoring case, spaces, '-' and '_'); ValueError listing the names otherwise.");
 
   m.attr("CUDA_CONTEXT_BYTES") = cuda_device().cuda_context_bytes;  // what the estimator assumes
 

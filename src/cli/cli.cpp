@@ -27,7 +27,6 @@ namespace est = gpuops::estimator;
 
 constexpr int kFailure = 1;
 constexpr int kBadInput = 2;
-constexpr int64_t kDefaultSeq = 2048;
 
 // A --plot file that could not be written (exit 1, like output that cannot be written).
 struct PlotWriteError : std::runtime_error {
@@ -41,7 +40,7 @@ struct EstimateOptions {
   std::string precision = "bf16-mixed", amp = "autocast", optimizer = "adamw", optimizer_impl = "default";
   std::string checkpointing = "none", attention = "sdpa";
   std::string base_dtype = "bf16", bnb_version = "0.45.0", device = "cuda", gpu;
-  std::string zero = "0", gpus = "1", lora_rank = "0", batch = "1", seq = std::to_string(kDefaultSeq),
+  std::string zero = "0", gpus = "1", lora_rank = "0", batch = "1", seq = std::to_string(est::kDefaultSeqLen),
               grad_accum = "1", zero_grad = "none", zero_reduce = "backward", zero_bucket_bytes = "0";
   std::vector<std::string> lora_targets = {"q", "v"};
   bool recommend = false, json = false;
@@ -95,8 +94,7 @@ est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& m
   s.lora.base = est::parse_base_dtype(o.base_dtype);
   s.lora.bnb_version = est::parse_bnb_version(o.bnb_version);
   s.micro_batch = parse_integer("--batch", o.batch);
-  s.seq_len = parse_integer("--seq", o.seq);
-  if (!seq_given && model.learned_positions) s.seq_len = std::min(s.seq_len, model.max_positions);
+  s.seq_len = seq_given ? parse_integer("--seq", o.seq) : est::default_seq_len(model);
   s.grad_accum = parse_integer("--grad-accum", o.grad_accum);
   s.grads_set_to_none = est::parse_zero_grad(o.zero_grad);
   s.zero_reduce_at_step = est::parse_zero_reduce(o.zero_reduce);
@@ -229,7 +227,7 @@ std::vector<cli::Run> default_runs(const EstimateOptions& o, bool gpu_given) {
   lora.lora.targets = {"q", "k", "v", "o"};
   lora.lora.base = est::BaseWeightDtype::Bf16;
   lora.micro_batch = 1;
-  lora.seq_len = kDefaultSeq;
+  lora.seq_len = est::kDefaultSeqLen;
   est::TrainingSetup full = lora;
   full.lora = est::LoraSetup{};
   return {make_run("default example 1/2: LoRA fine-tune of llama-2-7b (rank 16 on q,k,v,o, bf16 frozen base, "
@@ -256,6 +254,13 @@ int finish(int code, std::ostream& out, std::ostream& err) {
 
 }  // namespace
 
+std::string fit_table_json(const estimator::ModelSpec& model, const estimator::TrainingSetup& setup,
+                           const estimator::CudaRuntime& runtime, bool recommend) {
+  const auto fits = recommend ? est::recommend(model, setup, runtime) : est::fit_catalog(model, setup, runtime);
+  return cli::fits_json(fits, model.family == est::ModelFamily::ParamsOnly)
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   CLI::App app{"gpuops: estimate the GPU memory of training a model, and which GPUs fit it", "gpuops"};
   app.require_subcommand(1);
@@ -263,7 +268,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   EstimateOptions o;
   CLI::App* estimate = app.add_subcommand(
       "estimate", "Estimate peak memory per GPU of one training step; no options: a 7B LoRA and full fine-tune");
-  CLI::Option* model = estimate->add_option("--model", o.model, "Built-in preset (see `gpuops presets`)");
+  CLI::Option* model = estimate->add_option("--model", o.model, "Built-in preset (see `gpuops presets`), or a Hugging Face Hub id (org/name) whose config.json is in the local Hub cache (no download)");
   CLI::Option* config = estimate->add_option("--config", o.config,
                                                 "Hugging Face config.json: gpt2, bert or any decoder-only model "
                                                 "(Llama, Gemma-2, Phi-3, Mixtral, Qwen-MoE, DeepSeek, ...)");
@@ -409,7 +414,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       } else if (params->count() > 0) {
         spec = est::params_only_model(est::parse_param_count(o.params), o.params);
       } else if (model->count() > 0) {
-        spec = est::preset(o.model);
+        spec = est::model_by_name(o.model);
       } else {
         spec = est::preset("llama-2-7b");
         note = "no --model, --config or --params given: using llama-2-7b";

@@ -221,22 +221,27 @@ void print_runs(const std::vector<Run>& runs, std::ostream& out) {
   }
 }
 
+json fits_json(const std::vector<est::GpuFit>& fits, bool params_only) {
+  json gpus = json::array();
+  for (const auto& f : fits) {
+    gpus.push_back({{"name", f.gpu->name},
+                    {"memory_bytes", f.gpu->memory_bytes},
+                    {"fits", f.fits},
+                    {"precision_supported", f.precision_ok},
+                    {"total_bytes", f.at_requested.total()},
+                    {"total_high_bytes", f.at_requested.total_high()},
+                    {"headroom_bytes", f.gpu->memory_bytes - f.at_requested.total_high()},
+                    {"max_micro_batch", params_only ? json(nullptr) : json(f.max_micro_batch)},
+                    {"spot_price_usd_per_hour", f.gpu->spot_price_usd_per_hour}});
+  }
+  return gpus;
+}
+
 json runs_json(const std::vector<Run>& runs) {
   json list = json::array();
   for (const Run& r : runs) {
     const json breakdown = breakdown_json(r.breakdown);
-    json gpus = json::array();
-    for (const auto& f : r.gpus) {
-      gpus.push_back({{"name", f.gpu->name},
-                      {"memory_bytes", f.gpu->memory_bytes},
-                      {"fits", f.fits},
-                      {"precision_supported", f.precision_ok},
-                      {"total_bytes", f.at_requested.total()},
-                      {"total_high_bytes", f.at_requested.total_high()},
-                      {"headroom_bytes", f.gpu->memory_bytes - f.at_requested.total_high()},
-                      {"max_micro_batch", params_only(r) ? json(nullptr) : json(f.max_micro_batch)},
-                      {"spot_price_usd_per_hour", f.gpu->spot_price_usd_per_hour}});
-    }
+    const json gpus = fits_json(r.gpus, params_only(r));
     list.push_back({{"label", r.label},
                     {"model", model_json(r.model, r.setup)},
                     {"setup", setup_json(r.setup)},

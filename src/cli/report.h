@@ -32,6 +32,9 @@ struct Run {
 
 /// The breakdown and the GPU table of every run.
 void print_runs(const std::vector<Run>& runs, std::ostream& out);
+/// The GPU table as JSON: per GPU its name, memory, fit, precision support, used bytes and band top, headroom,
+/// largest micro-batch (null without an architecture) and price.
+nlohmann::json fits_json(const std::vector<estimator::GpuFit>& fits, bool params_only);
 /// {"runs": [...]} with bytes as integers.
 nlohmann::json runs_json(const std::vector<Run>& runs);
 

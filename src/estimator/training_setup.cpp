@@ -329,4 +329,9 @@ void validate(const TrainingSetup& s, const ModelSpec& m) {
   }
 }
 
+int64_t default_seq_len(const ModelSpec& model) {
+  return model.learned_positions && model.max_positions > 0 ? std::min(kDefaultSeqLen, model.max_positions)
+                                                             : kDefaultSeqLen;
+}
+
 }  // namespace gpuops::estimator

@@ -2,7 +2,9 @@
 // Mixtral, Qwen2-MoE, DeepSeek-V2 (MLA), and model types the parser has not seen. Parameter counts are
 // checked against transformers; MoE activation terms against hand arithmetic written out here.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -344,3 +346,31 @@ TEST(ModelFamilies, CliPrintsTheAssumptionsAndJsonHasThem) {
 }
 
 }  // namespace
+
+// A model by name: a preset, else a Hub id from the local Hugging Face cache (refs/main's snapshot), never a
+// path out of it; the default sequence is 2048 or the learned position table when shorter.
+TEST(ModelFamilies, ByNameReadsPresetsAndTheLocalHubCache) {
+  namespace fs = std::filesystem;
+  const fs::path cache = fs::temp_directory_path() / ("gpuops-hub-" + std::to_string(::getpid()));
+  const fs::path repo = cache / "models--org--tiny";
+  fs::create_directories(repo / "refs");
+  std::ofstream(repo / "refs" / "main") << "abc123\n";
+  for (const char* revision : {"abc123", "zzz999"}) {  // zzz999 is newer on disk; refs/main still wins
+    fs::create_directories(repo / "snapshots" / revision);
+    std::ofstream(repo / "snapshots" / revision / "config.json")
+        << R"({"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
+              "num_attention_heads": 4, "max_position_embeddings": 777, "num_hidden_layers": )"
+        << (std::string(revision) == "abc123" ? 3 : 1) << "}";
+  }
+  ::setenv("HF_HUB_CACHE", cache.c_str(), 1);
+  const est::ModelSpec tiny = est::model_by_name("org/tiny");
+  EXPECT_EQ(tiny.num_layers, 3);
+  EXPECT_EQ(tiny.name, "org/tiny");
+  EXPECT_EQ(est::default_seq_len(tiny), est::kDefaultSeqLen);  // rotary: 777 positions do not bound it
+  EXPECT_EQ(est::default_seq_len(est::model_by_name("llama-3.2-1b")), est::kDefaultSeqLen);
+  EXPECT_EQ(est::default_seq_len(est::model_by_name("gpt2")), 1024);
+  for (const char* bad : {"org/absent", "../tiny", "org/../org/tiny", "a/b/c", ""})
+    EXPECT_NE(error_of([&] { est::model_by_name(bad); }).find("nor a Hugging Face Hub id"), std::string::npos) << bad;
+  ::unsetenv("HF_HUB_CACHE");
+  fs::remove_all(cache);
+}

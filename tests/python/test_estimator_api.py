@@ -1,5 +1,6 @@
 """gpuops.estimate and the `gpuops` console script, from Python."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -51,7 +52,7 @@ def test_estimate_breakdown_adds_up_and_reacts_to_the_setup():
 def test_amp_layout_and_optimizer_implementation_move_the_bytes():
     autocast = gpuops.estimate("llama-2-7b", precision="bf16-mixed", amp="autocast", device="cpu")
     master = gpuops.estimate("llama-2-7b", precision="bf16-mixed", amp="master-copy", device="cpu")
-    params = gpuops._C.model_from_preset("llama-2-7b").parameter_count
+    params = gpuops._C.model_by_name("llama-2-7b").parameter_count
     assert autocast.master_weights == 0 and master.master_weights == 4 * params
     assert master.weights < autocast.weights  # 16-bit weights instead of fp32
     kwargs = dict(model="llama-2-7b", precision="bf16-mixed", micro_batch=1, seq_len=128)
@@ -120,3 +121,116 @@ def test_gpus_lists_the_catalog():
     assert result.returncode == 0
     names = {row["name"] for row in json.loads(result.stdout)["gpus"]}
     assert {g["name"] for g in gpuops.gpu_catalog()} == names
+
+
+def cli_total(*args):
+    result = run("estimate", "--json", *args)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["runs"][0]
+
+
+@pytest.mark.parametrize("python, cli", [
+    (dict(model="llama-3.2-1b", lora_rank=16), ["--model", "llama-3.2-1b", "--lora-rank", "16"]),
+    (dict(model="gpt2"), ["--model", "gpt2"]),  # a learned position table of 1024: the default sequence is 1024
+    (dict(model="tinyllama-1.1b", batch=3, seq=300, gpus=2, zero=2),
+     ["--model", "tinyllama-1.1b", "--batch", "3", "--seq", "300", "--gpus", "2", "--zero", "2"]),
+])
+def test_python_and_the_command_line_give_the_same_estimate_with_the_same_defaults(python, cli):
+    """One set of defaults and names (the CLI's spellings accepted from Python too): the same totals."""
+    ours = gpuops.estimate(**python)
+    theirs = cli_total(*cli)
+    assert ours.total_bytes == theirs["breakdown"]["total"]
+    assert ours.total_high == theirs["breakdown"]["total_high"]
+    assert theirs["setup"]["seq_len"] == (1024 if python["model"] == "gpt2" else python.get("seq", 2048))
+
+
+def test_each_command_line_spelling_is_its_long_name_and_not_both():
+    pairs = [("micro_batch", "batch", 4), ("seq_len", "seq", 512), ("num_gpus", "gpus", 4), ("zero_stage", "zero", 1)]
+    for long_name, short_name, value in pairs:
+        extra = {"num_gpus": 4} if long_name == "zero_stage" else {}
+        long_ = gpuops.estimate("llama-3.2-1b", **{long_name: value}, **extra)
+        short = gpuops.estimate("llama-3.2-1b", **{short_name: value}, **extra)
+        assert long_ == short != gpuops.estimate("llama-3.2-1b", **extra)
+        with pytest.raises(TypeError, match=f"{long_name} and {short_name}"):
+            gpuops.estimate("llama-3.2-1b", **{long_name: value, short_name: value})
+    assert gpuops.estimate("gpt2", micro_batch=None) == gpuops.estimate("gpt2", micro_batch=1)  # None: the default
+
+
+@pytest.mark.parametrize("python, cli", [
+    (dict(), []),
+    (dict(recommend=True, lora_rank=8), ["--recommend", "--lora-rank", "8"]),
+    (dict(gpu="a100-80gb", micro_batch=2), ["--gpu", "a100-80gb", "--batch", "2"]),
+])
+def test_the_fit_table_from_python_is_the_command_lines(python, cli):
+    rows = gpuops.fit_table("llama-3.2-1b", **python)
+    theirs = cli_total("--model", "llama-3.2-1b", *cli)["gpus"]
+    assert [dataclasses.asdict(r) for r in rows] == theirs
+    assert rows and all(isinstance(r, gpuops.GpuFit) for r in rows)
+    if python.get("recommend"):
+        assert all(r.fits for r in rows)
+        prices = [r.spot_price_usd_per_hour for r in rows]
+        assert prices == sorted(prices)
+    if "gpu" in python:
+        assert len(rows) == 1 and rows[0].max_micro_batch >= 2
+    fitting = [r for r in gpuops.fit_table("llama-3.2-1b") if r.fits and r.precision_supported]
+    assert fitting and all(r.headroom_bytes == r.memory_bytes - r.total_high_bytes for r in fitting)
+
+
+def test_a_pretrained_config_or_a_live_model_is_estimated_as_its_config_json():
+    config = transformers.LlamaConfig(vocab_size=3000, hidden_size=192, intermediate_size=512, num_hidden_layers=3,
+                                      num_attention_heads=6, num_key_value_heads=2)
+    from_dict = gpuops.estimate(config=config.to_dict(), seq_len=256)
+    assert gpuops.estimate(config, seq_len=256) == from_dict == gpuops.estimate(config=config, seq_len=256)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    assert gpuops.estimate(model, seq_len=256) == from_dict
+
+
+def test_any_other_module_counts_its_parameters_and_buffers():
+    model = torch.nn.Sequential(torch.nn.Linear(30, 20), torch.nn.BatchNorm1d(20), torch.nn.Linear(20, 5))
+    count = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    assert count > sum(p.numel() for p in model.parameters())  # the running statistics count too
+    assert gpuops.estimate(model) == gpuops.estimate(params=count)
+    with pytest.raises(ValueError, match="exactly one"):
+        gpuops.estimate(model, params=count)
+    with pytest.raises(ValueError, match="model: the ReLU has no parameters or buffers"):
+        gpuops.estimate(torch.nn.ReLU())
+
+
+def test_an_error_names_the_type_not_the_whole_object():
+    big = {f"key{i}": list(range(50)) for i in range(100)}
+    with pytest.raises(TypeError) as error:
+        gpuops.estimate(big)
+    assert "dict" in str(error.value) and len(str(error.value)) < 200
+    with pytest.raises(TypeError) as error:
+        gpuops.estimate("gpt2", micro_batch=list(range(10_000)))
+    assert "micro_batch" in str(error.value) and len(str(error.value)) < 300
+
+
+def fake_hub_cache(root, repo_id, config, revision="0123abcd"):
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(config))
+    old = repo / "snapshots" / "ffff0000"  # another revision, newer on disk: refs/main wins as from_pretrained's
+    old.mkdir()
+    (old / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+
+
+def test_a_hub_id_is_read_from_the_local_hugging_face_cache_by_python_and_the_command_line(tmp_path, monkeypatch):
+    config = transformers.LlamaConfig(vocab_size=3000, hidden_size=192, intermediate_size=512, num_hidden_layers=3,
+                                      num_attention_heads=6, num_key_value_heads=2).to_dict()
+    fake_hub_cache(tmp_path, "some-org/tiny-llama", config)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    ours = gpuops.estimate("some-org/tiny-llama", seq_len=128)
+    assert ours == gpuops.estimate(config=config, seq_len=128)
+    theirs = cli_total("--model", "some-org/tiny-llama", "--seq", "128")
+    assert theirs["breakdown"]["total"] == ours.total_bytes
+    assert any("local Hugging Face Hub cache" in note for note in theirs["notes"]), theirs["notes"]
+    for missing in ("some-org/absent", "../escape", "a/b/c"):
+        with pytest.raises(ValueError, match="not a preset .* nor a Hugging Face Hub id"):
+            gpuops.estimate(missing)
+        result = run("estimate", "--model", missing)
+        assert result.returncode == 2 and str(tmp_path) in result.stderr

@@ -99,11 +99,11 @@ def test_parameter_count_matches_transformers(name):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_presets_are_the_same_models(name):
     _, expected, _ = transformers_count(CONFIGS[name])
-    assert gpuops._C.model_from_preset(name).parameter_count == expected
+    assert gpuops._C.model_by_name(name).parameter_count == expected
 
 
 def test_moe_spec_and_the_assumptions_of_an_unknown_model_type():
-    mixtral = gpuops._C.model_from_preset("mixtral-8x7b")
+    mixtral = gpuops._C.model_by_name("mixtral-8x7b")
     assert (mixtral.model_type, mixtral.num_experts, mixtral.experts_per_token) == ("mixtral", 8, 2)
     assert mixtral.assumptions == []
     foo = gpuops._C.model_from_config_json(json.dumps(dict(

@@ -69,20 +69,23 @@ def test_plot_estimate_writes_atomically_and_reports_os_errors(tmp_path):
     assert mode == 0o666 & ~umask
     with pytest.raises(OSError):
         gpuops.plot_estimate(tmp_path / "missing" / "p.svg", "gpt2", seq_len=128)
+    (tmp_path / "d.svg").mkdir()
     with pytest.raises(OSError):
-        gpuops.plot_estimate(tmp_path, "gpt2", seq_len=128)  # a directory
+        gpuops.plot_estimate(tmp_path / "d.svg", "gpt2", seq_len=128)  # a directory
     with pytest.raises(TypeError):
         gpuops.plot_estimate(3, "gpt2")
-    assert sorted(os.listdir(tmp_path)) == ["p.svg"]
+    assert sorted(os.listdir(tmp_path)) == ["d.svg", "p.svg"]
 
 
 def test_keywords_are_estimates(tmp_path):
-    with pytest.raises(TypeError, match=r"estimate_svg\(\) got an unexpected keyword argument 'batch'"):
-        gpuops.estimate_svg("gpt2", batch=2)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'batch'"):
-        gpuops.plot_estimate(tmp_path / "p.svg", "gpt2", batch=2)
-    with pytest.raises(TypeError, match=r"advise\(\) got an unexpected keyword argument 'batch'"):
-        gpuops.advise("H100-80GB", "gpt2", batch=2)
+    with pytest.raises(TypeError, match=r"estimate_svg\(\) got an unexpected keyword argument 'batch_size'"):
+        gpuops.estimate_svg("gpt2", batch_size=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'batch_size'"):
+        gpuops.plot_estimate(tmp_path / "p.svg", "gpt2", batch_size=2)
+    with pytest.raises(TypeError, match=r"advise\(\) got an unexpected keyword argument 'batch_size'"):
+        gpuops.advise("H100-80GB", "gpt2", batch_size=2)
+    # the command line's spellings are estimate()'s too
+    assert gpuops.estimate_svg("gpt2", batch=2, seq=256) == gpuops.estimate_svg("gpt2", micro_batch=2, seq_len=256)
     assert not os.listdir(tmp_path)
     # every estimate() keyword is accepted (with its default value)
     keywords = {n: p.default for n, p in inspect.signature(gpuops.estimate).parameters.items()

@@ -208,7 +208,7 @@ def test_smaller_torch_behaviours():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine without CUDA")
-def test_the_default_cuda_scaler_disables_itself_without_cuda_as_torchs_does():
+def test_the_default_scaler_disables_itself_on_a_machine_without_a_gpu_as_torchs_does():
     with pytest.warns(UserWarning, match="CUDA is not available. Disabling"):
         ours = gpuops.GradScaler()
     with pytest.warns(UserWarning, match="CUDA is not available"):

@@ -90,7 +90,7 @@ struct TrainingSetup {
   AttentionKind attention = AttentionKind::Sdpa;
   LoraSetup lora;
   int64_t micro_batch = 1;     ///< sequences per GPU per forward/backward
-  int64_t seq_len = 512;       ///< tokens per sequence
+  int64_t seq_len = 512;       ///< tokens per sequence (gpuops estimate and gpuops.estimate(): default_seq_len)
   int64_t grad_accum = 1;      ///< micro-batches per optimizer step (> 1 keeps gradients alive in backward)
   /// zero_grad(set_to_none=...): true (torch >= 2.0's default) frees the gradients between steps; false
   /// (torch < 2.0's default, and the Hugging Face Trainer on it) keeps them allocated, zeroed.
@@ -179,6 +179,11 @@ bool parse_zero_grad(std::string_view text);
 
 /// True for fp16-mixed and bf16-mixed.
 bool is_mixed(Precision p);
+
+/// The sequence length `gpuops estimate` and gpuops.estimate() use when none is given: kDefaultSeqLen, or the
+/// model's maximum when a learned position table makes it shorter (GPT-2: 1024).
+inline constexpr int64_t kDefaultSeqLen = 2048;
+int64_t default_seq_len(const ModelSpec& model);
 
 /// True when the model itself runs in 16 bits: pure bf16, or mixed precision with a master copy.
 bool runs_in_16_bits(const TrainingSetup& setup);
