@@ -1,4 +1,4 @@
-"""The AMP step, torch's pipeline against ours, in the same process (design §4, issue: mixed precision).
+"""The AMP step, torch's pipeline against ours, in the same process (issue: mixed precision).
 
 (a) the AdamW step: torch.optim.AdamW(fused=True) vs gpuops.optim.AdamW;
 (b) the whole AMP step: torch's scaler.unscale_ + clip_grad_norm_ + fused AdamW + update vs

@@ -21,7 +21,7 @@ struct StepScalars {
 };
 
 /// Multiplies every element of the tensors by *inv_scale in place and sets *found_inf to 1 when any
-/// element was inf or nan. One launch covers many tensors (pointer tables, design §3); all tensors share
+/// element was inf or nan. One launch covers many tensors (pointer tables); all tensors share
 /// `dtype` and live on the current device. Deterministic: found_inf is only ever set to 1.
 void launch_unscale_and_check(const std::vector<void*>& data, const std::vector<int64_t>& numel, GradDtype dtype,
                               const float* inv_scale, float* found_inf, cudaStream_t stream);

@@ -1,5 +1,5 @@
 #pragma once
-// Multi-tensor launches (design §3, after apex's multi_tensor_apply): one kernel launch covers many
+// Multi-tensor launches (after apex's multi_tensor_apply): one kernel launch covers many
 // tensors. The host packs up to kMaxTensors tensors (each a tuple of Depth pointers: grad, param,
 // states...) and up to kMaxBlocks chunks into a table passed by value; each block handles one chunk.
 #include <cstdint>

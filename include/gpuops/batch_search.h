@@ -1,5 +1,5 @@
 #pragma once
-// OOM-safe batch-size search (design §8) and the profiled memory estimator. The search finds the exact
+// OOM-safe batch-size search and the profiled memory estimator. The search finds the exact
 // largest batch that runs, in few real trials, in-process. By default it profiles two small batches and then
 // goes, trial by trial, to the batch that a model fitted on the two largest batches that ran says fills the
 // memory: per allocation when the trials report their memory traces (every allocation's bytes-in-use is

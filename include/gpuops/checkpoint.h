@@ -1,6 +1,6 @@
 #pragma once
 // Activation checkpointing for LibTorch C++ (which has none: pytorch/pytorch issue 52744), reentrant
-// design (design §9): the forward of a segment runs without grad and keeps only its inputs; the backward
+// design: the forward of a segment runs without grad and keeps only its inputs; the backward
 // restores the RNG states (CPU and every CUDA device, not touching streams) and the autocast state of the
 // forward, recomputes the segment with grad and back-propagates through it.
 

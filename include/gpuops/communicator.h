@@ -1,5 +1,5 @@
 #pragma once
-// The communicator (design §6, issue 13 part 1): the collectives a sharded optimizer needs, over any
+// The communicator (issue 13 part 1): the collectives a sharded optimizer needs, over any
 // c10d::ProcessGroup (Gloo on CPU, NCCL or any other backend handed in from Python), each returning a
 // waitable handle so that communication overlaps computation, each bounded by a timeout.
 //

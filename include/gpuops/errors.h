@@ -1,5 +1,5 @@
 #pragma once
-// Error reporting shared by every layer (design §10).
+// Error reporting shared by every layer.
 //
 // Two families, one per dependency level:
 //  - GPUOPS_CHECK_ARG: throws gpuops::ArgumentError (a std::invalid_argument). Used by the torch-free

@@ -1,5 +1,5 @@
 #pragma once
-// Umbrella header of the torch-free VRAM estimator (design §7).
+// Umbrella header of the torch-free VRAM estimator.
 
 #include "gpuops/estimator/activations.h"
 #include "gpuops/estimator/advise.h"

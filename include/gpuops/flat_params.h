@@ -1,5 +1,5 @@
 #pragma once
-// FlatParams (design §3): parameters gathered by (device, dtype) into one contiguous buffer each, every
+// FlatParams: parameters gathered by (device, dtype) into one contiguous buffer each, every
 // parameter an alias of its slice, and gradients in a matching flat buffer (every .grad an alias: made with
 // set_, not an autograd view, so that optimizers' zero_grad, which detaches in place, works on them). Unscale,
 // the overflow check, the norm and an optimizer step can then run once per buffer, and a ZeRO shard is a

@@ -39,7 +39,7 @@ void adam_step_(at::TensorList params, at::TensorList grads, at::TensorList exp_
                 at::TensorList max_exp_avg_sqs, at::TensorList steps, const AdamStepOptions& options,
                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
 
-/// The same step for float16 or bfloat16 parameters with an fp32 master copy (design §4): grads in the
+/// The same step for float16 or bfloat16 parameters with an fp32 master copy: grads in the
 /// parameters' dtype; master_params, exp_avgs, exp_avg_sqs (and max_exp_avg_sqs) float32 with the
 /// parameters' shapes. The update runs in float32 on the master, which is then rounded to nearest even
 /// into the parameter. Same grad_scale / found_inf contract; bad arguments raise c10::ValueError before

@@ -1,5 +1,5 @@
 #pragma once
-// MemoryBudget (design §5): counts the bytes a scope allocates and makes an allocation past a byte
+// MemoryBudget: counts the bytes a scope allocates and makes an allocation past a byte
 // limit fail with c10::OutOfMemoryError, exactly where a GPU would run out. On the CPU it installs a
 // counting allocator in front of c10's; on CUDA it reads the caching allocator's statistics and caps
 // it with a memory fraction.

@@ -165,7 +165,7 @@ struct AdamWParamState : public torch::optim::OptimizerCloneableParamState<AdamW
 using AdamParamState = AdamWParamState;  ///< Adam keeps the same tensors
 
 /// What Adam and AdamW share: the fused step (fp32 dense parameters, or float16/bfloat16 ones on an fp32
-/// master copy, design §4, rounded back), one call per group and parameter dtype.
+/// master copy, rounded back), one call per group and parameter dtype.
 class AdamBase : public FusedOptimizer {
  public:
   using FusedOptimizer::FusedOptimizer;

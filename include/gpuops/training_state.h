@@ -1,5 +1,5 @@
 #pragma once
-// Preemption-safe training state for LibTorch C++ (design §9), the twin of gpuops.TrainingState: atomic,
+// Preemption-safe training state for LibTorch C++, the twin of gpuops.TrainingState: atomic,
 // checksummed states with a manifest, a LATEST pointer and keep-K, and a stop flag set by SIGTERM/SIGUSR1
 // that every rank agrees on before saving.
 //

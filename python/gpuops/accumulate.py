@@ -1,4 +1,4 @@
-"""Gradient accumulation normalised by the true count of a window (issue: accumulation, design §9).
+"""Gradient accumulation normalised by the true count of a window (issue: accumulation).
 
 A window of ``window`` micro-batches makes one optimizer step. Each micro-batch hands in the SUM of its
 per-sample (or per-token) losses and how many samples (tokens) that sum covers; the window's gradient is

@@ -1,4 +1,4 @@
-"""OOM-safe batch-size search and the profiled memory estimator (design §8), over the C++ engine.
+"""OOM-safe batch-size search and the profiled memory estimator, over the C++ engine.
 
     result = gpuops.find_max_batch_size(lambda b: train_step(b), restore=[model, optimizer])
     result.max_batch, result.recommended, result.trials

@@ -363,7 +363,9 @@ class Advice:
     description: str      #: the change in words
     options: str          #: the same as ``gpuops estimate`` options
     changes: int          #: 1, or 2 for a pair of changes
-    keeps_numerics: bool  #: False for LoRA, a quantised base and the 8-bit optimizer
+    keeps_numerics: bool  #: cost != "numerics"
+    cost: str             #: besides memory: "none", "recompute", "slower", "communication" or "numerics"
+    saved_bytes: int      #: the setup as given minus this one (total_bytes)
     fits: bool            #: on the GPU, by the catalog's criterion (the top of the uncertainty band)
     total_bytes: int      #: device memory used (Breakdown.total_bytes on the GPU's CUDA profile)
     total_high_bytes: int  #: the top of its uncertainty band (what must fit)
@@ -385,11 +387,14 @@ class AdviceList(list):
 
 
 def advise(gpu: str, model: Optional[str] = None, **keywords) -> AdviceList:
-    """What to change to fit on the catalog GPU ``gpu`` (``gpuops estimate --advise GPU``): the fused optimizer,
-    flash attention, activation checkpointing, a smaller micro-batch with more accumulation (same global
-    batch), a ZeRO stage (``num_gpus > 1``), the 8-bit optimizer, LoRA rank 16 on q,k,v,o with a bf16 or an
-    nf4 base; pairs of them when no single change fits. Each is estimated on the GPU's CUDA profile; the ones
-    that fit come first, then the least invasive (numerics-preserving changes before LoRA and quantisation).
+    """What to change to fit on the catalog GPU ``gpu`` (``gpuops estimate --advise GPU``): every lever the
+    estimator models (the fused optimizer, flash attention, a chunked or fused linear cross-entropy, logits not
+    held, gradients set to None, ZeRO reduction in the backward, torch.compile, activation checkpointing, a
+    smaller micro-batch with more accumulation, optimizer offload, a higher ZeRO stage, the 8-bit, paged or
+    Adafactor optimizer, an fp32 master copy, LoRA without dropout, LoRA or QLoRA rank 16 on q,k,v,o), one at a
+    time and in pairs when no single change fits, each estimated on the GPU's CUDA profile. Ranked: those that
+    fit first, then by ``cost`` (``"none"`` < ``"recompute"`` < ``"slower"`` < ``"communication"`` <
+    ``"numerics"``), single changes before pairs, then the most memory saved (``saved_bytes``).
     Takes the arguments of :func:`estimate` (``device`` must be ``"cuda"``). The list's attributes describe
     the setup as given (``.fits``, ``.headroom_bytes``, ...)."""
     spec, device, setup = _estimate_inputs("advise", model, keywords)
@@ -403,7 +408,8 @@ def advise(gpu: str, model: Optional[str] = None, **keywords) -> AdviceList:
     for a in items:
         breakdown = Breakdown(**dict(a["items"]), peak_phase=a["peak_phase"], **a["off_device"])
         out.append(Advice(description=a["description"], options=a["options"], changes=a["changes"],
-                          keeps_numerics=a["keeps_numerics"], fits=a["fits"], total_bytes=a["total_bytes"],
+                          keeps_numerics=a["keeps_numerics"], cost=a["cost"], saved_bytes=a["saved_bytes"],
+                          fits=a["fits"], total_bytes=a["total_bytes"],
                           total_high_bytes=a["total_high_bytes"], headroom_bytes=a["headroom_bytes"],
                           breakdown=breakdown, setup={**setup, **a["setup"]}))
     for name, value in given.items():

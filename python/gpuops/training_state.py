@@ -1,4 +1,4 @@
-"""Preemption-safe training state (design §9): atomic, checksummed checkpoints and a stop flag set by the
+"""Preemption-safe training state: atomic, checksummed checkpoints and a stop flag set by the
 signals schedulers send before killing a job.
 
     state = gpuops.TrainingState("ckpt", keep=3)

@@ -248,6 +248,12 @@ py::dict advised_keywords(const TrainingSetup& s) {
   d["zero_grad"] = s.grads_set_to_none ? "none" : "zeros";
   d["zero_reduce"] = s.zero_reduce_at_step ? "step" : "backward";
   d["zero_bucket_bytes"] = s.zero_bucket_bytes;
+  d["loss"] = loss_to_string(s);
+  d["held_logits"] = std::string(to_string(s.held_logits));
+  d["compile"] = s.compile;
+  d["offload_optimizer"] = s.offload_optimizer;
+  d["amp"] = std::string(to_string(s.amp));
+  d["lora_dropout"] = s.lora_dropout;
   return d;
 }
 
@@ -257,6 +263,8 @@ py::dict advice_dict(const Advice& a, const GpuModel& gpu) {
   d["options"] = a.options;
   d["changes"] = a.changes;
   d["keeps_numerics"] = a.keeps_numerics;
+  d["cost"] = std::string(to_string(a.cost));
+  d["saved_bytes"] = a.saved_bytes;
   d["fits"] = a.fits;
   d["total_bytes"] = a.breakdown.total();
   d["total_high_bytes"] = a.breakdown.total_high();

@@ -365,7 +365,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       "--plot", o.plot, "Also write an SVG picture: memory per moment of the step, largest micro-batch per GPU")
       ->type_name("FILE.svg");
   CLI::Option* advise_option = estimate->add_option(
-      "--advise", o.advise, "What to change to fit on this catalog GPU (checkpointing, micro-batch, ZeRO, LoRA...)")
+      "--advise", o.advise,
+      "What to change to fit on this catalog GPU: every modeled lever (loss, checkpointing, micro-batch, offload, "
+      "ZeRO, optimizer, LoRA...), cheapest first")
       ->type_name("GPU");
 
   bool gpus_json = false, presets_json = false;

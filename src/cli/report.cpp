@@ -126,15 +126,18 @@ void print_advice(const Run& r, std::ostream& out) {
                                             gib(g.memory_bytes - r.advise_given.total_high()))
                               : std::string("does not fit.\n"));
   if (r.advice.empty()) {
-    fmt::print(out, "  no change of checkpointing, attention, micro-batch, ZeRO, optimizer or LoRA lowers it\n");
+    fmt::print(out, "  no change the estimator models lowers it\n");
     return;
   }
   if (!fits && !r.advice.front().fits) fmt::print(out, "  no single change or pair of changes fits; closest:\n");
-  fmt::print(out, "  {:<4} {:>8} {:>9} {:<8} {}\n", "fits", "GiB", "headroom", "numerics", "change (options)");
+  fmt::print(out, "  {:<4} {:>8} {:>8} {:>9} {:<13} {}\n", "fits", "GiB", "saved", "headroom", "cost",
+             "change (options)");
   for (const est::Advice& a : r.advice)
-    fmt::print(out, "  {:<4} {:>8.2f} {:>9.2f} {:<8} {} ({})\n", a.fits ? "yes" : "no", gib(a.breakdown.total()),
-               gib(g.memory_bytes - a.breakdown.total_high()), a.keeps_numerics ? "same" : "changed", a.description,
-               a.options);
+    fmt::print(out, "  {:<4} {:>8.2f} {:>8.2f} {:>9.2f} {:<13} {} ({})\n", a.fits ? "yes" : "no",
+               gib(a.breakdown.total()), gib(a.saved_bytes), gib(g.memory_bytes - a.breakdown.total_high()),
+               est::to_string(a.cost), a.description, a.options);
+  fmt::print(out, "  (fits first, then by cost: none < recompute < slower < communication < numerics, then by the "
+             "memory saved; headroom: memory minus the band's top)\n");
 }
 
 json advice_json(const Run& r) {
@@ -144,6 +147,8 @@ json advice_json(const Run& r) {
                     {"options", a.options},
                     {"changes", a.changes},
                     {"keeps_numerics", a.keeps_numerics},
+                    {"cost", std::string(est::to_string(a.cost))},
+                    {"saved_bytes", a.saved_bytes},
                     {"fits", a.fits},
                     {"total_bytes", a.breakdown.total()},
                     {"total_high_bytes", a.breakdown.total_high()},

@@ -1,5 +1,6 @@
-// --advise: the usual memory levers applied to a setup, one at a time (and in pairs when none suffices),
-// each estimated with estimate_memory on the CUDA profile and judged with fits_on.
+// --advise: every memory lever the estimator models, applied to a setup one at a time (and in pairs when none
+// suffices), each estimated with estimate_memory on the CUDA profile, judged with fits_on and ranked by what it
+// costs, then by the memory it saves.
 #include "gpuops/estimator/advise.h"
 
 #include <algorithm>
@@ -22,9 +23,11 @@ struct Variant {
   TrainingSetup setup;
 };
 
-// A lever: its variants for a setup, from the least change to the most (none when it does not apply).
+// A lever: its variants for a setup, from the least change to the most (none when it does not apply). Levers
+// of the same nonzero group are alternatives to each other (two optimizers, two LoRA bases): never a pair.
 struct Lever {
-  bool keeps_numerics;
+  AdviceCost cost;
+  int group;
   std::vector<Variant> (*variants)(const ModelSpec&, const TrainingSetup&);
 };
 
@@ -56,6 +59,12 @@ std::vector<Variant> checkpointing(const ModelSpec& m, const TrainingSetup& s) {
     t.checkpoint_every_k = k;
     out.push_back({fmt::format("activation checkpointing of one block in {}", k),
                    fmt::format("--checkpointing every:{}", k), t});
+  }
+  if (s.checkpoint != CheckpointKind::Selective) {
+    TrainingSetup t = s;
+    t.checkpoint = CheckpointKind::Selective;
+    out.push_back({"selective activation checkpointing (every other matmul output recomputed)",
+                   "--checkpointing selective", t});
   }
   TrainingSetup t = s;
   t.checkpoint = CheckpointKind::Full;
@@ -103,6 +112,87 @@ std::vector<Variant> eight_bit_optimizer(const ModelSpec&, const TrainingSetup& 
   return {{"8-bit AdamW (bitsandbytes)", "--optimizer adamw-8bit", t}};
 }
 
+std::vector<Variant> offload_optimizer(const ModelSpec&, const TrainingSetup& s) {
+  if (!is_adam(s) || s.offload_optimizer) return {};
+  TrainingSetup t = s;
+  t.offload_optimizer = true;
+  return {{"optimizer states and step on the host (ZeRO-Offload)", "--offload-optimizer", t}};
+}
+
+std::vector<Variant> other_optimizer(const TrainingSetup& s, OptimizerKind kind, const char* description) {
+  if (!is_adam(s)) return {};
+  TrainingSetup t = s;
+  t.optimizer = kind;
+  return {{description, fmt::format("--optimizer {}", to_string(kind)), t}};
+}
+
+std::vector<Variant> paged_eight_bit_optimizer(const ModelSpec&, const TrainingSetup& s) {
+  return other_optimizer(s, OptimizerKind::PagedAdamW8bit, "paged 8-bit AdamW (bitsandbytes; large states on the host)");
+}
+
+std::vector<Variant> adafactor(const ModelSpec&, const TrainingSetup& s) {
+  return other_optimizer(s, OptimizerKind::Adafactor, "Adafactor (factored second moment, no first moment)");
+}
+
+// Two alternatives for the loss: chunked cross-entropy (torchtune, litgpt) and Liger's fused linear
+// cross-entropy (no full logits at all, one more dependency).
+std::vector<Variant> chunked_loss(const ModelSpec& m, const TrainingSetup& s) {
+  if (!has_architecture(m) || s.loss != LossKind::Standard) return {};
+  TrainingSetup t = s;
+  t.loss = LossKind::Chunked;
+  t.loss_chunks = 8;
+  return {{"cross-entropy in 8 token chunks (torchtune, litgpt)", "--loss chunked:8", t}};
+}
+
+std::vector<Variant> fused_linear_ce(const ModelSpec& m, const TrainingSetup& s) {
+  if (!has_architecture(m) || s.loss == LossKind::FusedLinearCe) return {};
+  TrainingSetup t = s;
+  t.loss = LossKind::FusedLinearCe;
+  return {{"fused linear cross-entropy (Liger kernel: no full logits)", "--loss fused-linear-ce", t}};
+}
+
+std::vector<Variant> drop_held_logits(const ModelSpec&, const TrainingSetup& s) {
+  if (s.held_logits == HeldLogits::None) return {};
+  TrainingSetup t = s;
+  t.held_logits = HeldLogits::None;
+  return {{"keep only the loss, not the logits, through the backward", "--held-logits none", t}};
+}
+
+std::vector<Variant> grads_to_none(const ModelSpec&, const TrainingSetup& s) {
+  if (s.grads_set_to_none) return {};
+  TrainingSetup t = s;
+  t.grads_set_to_none = true;
+  return {{"zero_grad(set_to_none=True): no gradients held through the forward", "--zero-grad none", t}};
+}
+
+std::vector<Variant> reduce_in_backward(const ModelSpec&, const TrainingSetup& s) {
+  if (s.zero_stage < 1 || s.zero_stage > 2 || s.num_gpus < 2 || !s.zero_reduce_at_step) return {};
+  TrainingSetup t = s;
+  t.zero_reduce_at_step = false;
+  return {{"gradients reduce-scattered during the backward", "--zero-reduce backward", t}};
+}
+
+std::vector<Variant> compiled(const ModelSpec& m, const TrainingSetup& s) {
+  if (!has_architecture(m) || s.compile || s.attention == AttentionKind::Eager) return {};
+  TrainingSetup t = s;
+  t.compile = true;
+  return {{"torch.compile the model (inductor saves fewer activations)", "--compile", t}};
+}
+
+std::vector<Variant> master_copy(const ModelSpec&, const TrainingSetup& s) {
+  if (!is_mixed(s.precision) || s.precision == Precision::Bf16Pure || s.amp == AmpLayout::MasterCopy) return {};
+  TrainingSetup t = s;
+  t.amp = AmpLayout::MasterCopy;
+  return {{"16-bit weights with an fp32 master copy (the model runs in 16 bits)", "--amp master-copy", t}};
+}
+
+std::vector<Variant> no_lora_dropout(const ModelSpec&, const TrainingSetup& s) {
+  if (s.lora.rank == 0 || s.lora_dropout == 0.0) return {};
+  TrainingSetup t = s;
+  t.lora_dropout = 0.0;
+  return {{"LoRA without dropout (no dropped copy of each adapter input)", "--lora-dropout 0", t}};
+}
+
 // LoRA rank 16 on those of q,k,v,o the model has.
 TrainingSetup with_lora(const ModelSpec& m, const TrainingSetup& s, BaseWeightDtype base) {
   TrainingSetup t = s;
@@ -136,13 +226,31 @@ std::vector<Variant> lora_nf4(const ModelSpec& m, const TrainingSetup& s) {
            lora_options(t), t}};
 }
 
-// Least invasive first: the first five keep the numerics of the step (checkpointing recomputes the same
-// values, ZeRO partitions the same update); the last three change what is trained or how it is stored.
+// Cheapest first (the order within a cost is the order of the table): levers that change nothing but memory,
+// then those that recompute, slow the step, add communication, and last those that change the numerics (what is
+// trained, how it is stored or rounded).
+constexpr int kLossGroup = 1, kOptimizerGroup = 2, kLoraGroup = 3;
 constexpr Lever kLevers[] = {
-    {true, fused_optimizer}, {true, flash_attention}, {true, checkpointing}, {true, smaller_micro_batch},
-    {true, zero_stage},      {false, eight_bit_optimizer}, {false, lora_bf16}, {false, lora_nf4},
+    {AdviceCost::None, 0, fused_optimizer},
+    {AdviceCost::None, 0, flash_attention},
+    {AdviceCost::None, kLossGroup, chunked_loss},
+    {AdviceCost::None, kLossGroup, fused_linear_ce},
+    {AdviceCost::None, 0, drop_held_logits},
+    {AdviceCost::None, 0, grads_to_none},
+    {AdviceCost::None, 0, reduce_in_backward},
+    {AdviceCost::None, 0, compiled},
+    {AdviceCost::Recompute, 0, checkpointing},
+    {AdviceCost::Slower, 0, smaller_micro_batch},
+    {AdviceCost::Slower, 0, offload_optimizer},
+    {AdviceCost::Communication, 0, zero_stage},
+    {AdviceCost::Numerics, kOptimizerGroup, eight_bit_optimizer},
+    {AdviceCost::Numerics, kOptimizerGroup, paged_eight_bit_optimizer},
+    {AdviceCost::Numerics, kOptimizerGroup, adafactor},
+    {AdviceCost::Numerics, 0, master_copy},
+    {AdviceCost::Numerics, 0, no_lora_dropout},
+    {AdviceCost::Numerics, kLoraGroup, lora_bf16},
+    {AdviceCost::Numerics, kLoraGroup, lora_nf4},
 };
-constexpr size_t kLoraBf16 = 6, kLoraNf4 = 7;  // alternatives to each other, never a pair
 
 struct Candidate {
   Variant variant;
@@ -168,12 +276,14 @@ std::optional<Candidate> pick(const ModelSpec& m, const std::vector<Variant>& va
   return best;
 }
 
-Advice to_advice(const Candidate& c, int changes, bool keeps_numerics) {
+Advice to_advice(const Candidate& c, int changes, AdviceCost cost, int64_t given) {
   Advice a;
   a.description = c.variant.description;
   a.options = c.variant.options;
   a.changes = changes;
-  a.keeps_numerics = keeps_numerics;
+  a.cost = cost;
+  a.keeps_numerics = cost != AdviceCost::Numerics;
+  a.saved_bytes = given - c.breakdown.total();
   a.setup = c.variant.setup;
   a.breakdown = c.breakdown;
   a.fits = c.fits;
@@ -199,14 +309,14 @@ std::vector<Advice> advise(const ModelSpec& m, const TrainingSetup& setup, const
       continue;
     }
     single_fits = single_fits || singles[i]->fits;
-    out.push_back(to_advice(*singles[i], 1, kLevers[i].keeps_numerics));
+    out.push_back(to_advice(*singles[i], 1, kLevers[i].cost, given));
   }
 
   if (!single_fits) {  // pairs: the first lever's pick, then the second lever searched on top of it
     std::vector<Advice> pairs;
     for (size_t i = 0; i < kCount; ++i) {
       for (size_t j = i + 1; j < kCount && singles[i]; ++j) {
-        if (!singles[j] || (i == kLoraBf16 && j == kLoraNf4)) continue;
+        if (!singles[j] || (kLevers[i].group != 0 && kLevers[i].group == kLevers[j].group)) continue;
         const std::optional<Candidate> second =
             pick(m, kLevers[j].variants(m, singles[i]->variant.setup), gpu, device);
         if (!second) continue;
@@ -215,7 +325,7 @@ std::vector<Advice> advise(const ModelSpec& m, const TrainingSetup& setup, const
         Candidate both = *second;
         both.variant.description = singles[i]->variant.description + " + " + second->variant.description;
         both.variant.options = singles[i]->variant.options + " " + second->variant.options;
-        pairs.push_back(to_advice(both, 2, kLevers[i].keeps_numerics && kLevers[j].keeps_numerics));
+        pairs.push_back(to_advice(both, 2, std::max(kLevers[i].cost, kLevers[j].cost), given));
       }
     }
     const bool pair_fits = std::any_of(pairs.begin(), pairs.end(), [](const Advice& a) { return a.fits; });
@@ -229,12 +339,25 @@ std::vector<Advice> advise(const ModelSpec& m, const TrainingSetup& setup, const
     }
     out.insert(out.end(), pairs.begin(), pairs.end());
   }
-  // Fitting first, then single changes before pairs; the lever order within each.
+  // Fitting first; then the cheapest; then single changes before pairs; then the most memory saved.
   std::stable_sort(out.begin(), out.end(), [](const Advice& a, const Advice& b) {
     if (a.fits != b.fits) return a.fits;
-    return a.changes < b.changes;
+    if (a.cost != b.cost) return a.cost < b.cost;
+    if (a.changes != b.changes) return a.changes < b.changes;
+    return a.saved_bytes > b.saved_bytes;
   });
   return out;
+}
+
+std::string_view to_string(AdviceCost c) {
+  switch (c) {
+    case AdviceCost::None: return "none";
+    case AdviceCost::Recompute: return "recompute";
+    case AdviceCost::Slower: return "slower";
+    case AdviceCost::Communication: return "communication";
+    case AdviceCost::Numerics: return "numerics";
+  }
+  return "?";
 }
 
 }  // namespace gpuops::estimator

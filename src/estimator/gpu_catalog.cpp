@@ -28,7 +28,7 @@ const std::vector<GpuModel>& gpu_catalog() {
   // Memory: the total nvidia-smi reports for each board. Bandwidth and dense 16-bit tensor TFLOPS: NVIDIA
   // datasheets (SXM parts for A100/H100/H200). Compute capability: NVIDIA's CUDA GPUs list
   // (developer.nvidia.com/cuda-gpus). Prices: typical 2026 spot prices per GPU-hour; T4, L4, A10G, A100
-  // 40GB and H100 follow ../shared/seeds (GPU selection table), the others are typical market rates.
+  // 40GB and H100 follow the GPU selection table the project started from, the others are typical market rates.
   // Prices move: treat them as a ranking aid, not a quote.
   //   name  memory  GB/s  TFLOPS  $/h  cc  nvlink  consumer
   static const std::vector<GpuModel> catalog = {

@@ -131,6 +131,62 @@ def test_advise_matches_the_command_line():
     assert run["advice_for"]["total_bytes"] == advice.total_bytes
 
 
+@pytest.mark.parametrize("args", [
+    ["--model", "llama-3-8b", "--lora-rank", "16", "--base-dtype", "nf4", "--batch", "4", "--seq", "4096",
+     "--checkpointing", "full", "--advise", "RTX-4090"],  # logits most of the peak: the loss options lead
+    ["--model", "llama-3.2-1b", "--batch", "4", "--held-logits", "fp32", "--zero-grad", "zeros", "--gpus", "2",
+     "--zero", "1", "--zero-reduce", "step", "--advise", "L4"],
+    ["--model", "llama-2-7b", "--lora-rank", "8", "--lora-dropout", "0.1", "--advise", "T4"],
+])
+def test_each_advice_is_what_its_options_give_on_the_command_line(args):
+    """What a user does with the advice: copy its options onto the command. The estimate that gives is the
+    advice's; the Python setup replays it too; and the ranking is fits, then cost, then memory saved."""
+    code, out, err = gpuops._C.run_cli(["estimate", *args, "--json"])
+    assert code == 0, err
+    run = json.loads(out)["runs"][0]
+    advice = run["advice"]
+    assert advice
+    costs = ["none", "recompute", "slower", "communication", "numerics"]
+    ranked = [(not a["fits"], costs.index(a["cost"]), a["changes"], -a["saved_bytes"]) for a in advice]
+    assert ranked == sorted(ranked)
+    for a in advice:
+        code, out, err = gpuops._C.run_cli(["estimate", *_with_options(args, a["options"].split()), "--json"])
+        assert code == 0, (a["options"], err)
+        assert json.loads(out)["runs"][0]["advice_for"]["total_bytes"] == a["total_bytes"], a["options"]
+        assert a["saved_bytes"] == run["advice_for"]["total_bytes"] - a["total_bytes"] > 0
+    model = args[1]
+    ours = gpuops.advise(args[-1], model, **_keywords(args[2:-2]))
+    assert [a.options for a in ours] == [a["options"] for a in advice]
+    for a in ours:
+        assert gpuops.estimate(model, device="cuda", gpu=args[-1], **a.setup).total_bytes == a.total_bytes
+
+
+def _options(cli):
+    """{option: value, or None for a flag} of a command line's options, in order."""
+    out = {}
+    for i, token in enumerate(cli):
+        if token.startswith("--"):
+            value = cli[i + 1] if i + 1 < len(cli) and not cli[i + 1].startswith("--") else None
+            out[token] = value
+    return out
+
+
+def _with_options(cli, changes):
+    """The command line with the advice's options in place of the same ones (an option is given once)."""
+    merged = {**_options(cli), **_options(changes)}
+    return [t for option, value in merged.items() for t in ([option] if value is None else [option, value])]
+
+
+def _keywords(cli):
+    """The command line's options as estimate()'s keywords."""
+    pairs = dict(zip(cli[::2], cli[1::2]))
+    out = {}
+    for option, value in pairs.items():
+        name = option[2:].replace("-", "_")
+        out[name] = int(value) if value.isdigit() else float(value) if name == "lora_dropout" else value
+    return out
+
+
 def test_a_setup_that_fits_says_so():
     advice = gpuops.advise("H200", "gpt2", seq_len=256)
     assert advice.fits and advice.headroom_bytes > 0

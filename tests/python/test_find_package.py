@@ -39,6 +39,11 @@ def test_examples_build_against_the_installed_package(tmp_path):
     check_preempted_run_resumes_exactly(
         lambda folder, steps, *stop_at: [str(build / "finetune"), str(folder), str(steps), *map(str, stop_at)],
         tmp_path)
+    # docs/guide.md's C++ program: a second run resumes after the last save instead of starting over.
+    first, second = (subprocess.run([str(build / "quickstart"), str(tmp_path / "quick")], capture_output=True,
+                                    text=True, env=env, timeout=300) for _ in range(2))
+    assert first.returncode == 0 and "step 49 loss" in first.stdout and "done at step 50" in first.stdout, first
+    assert second.returncode == 0 and second.stdout == "done at step 50\n", second
 
 
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")

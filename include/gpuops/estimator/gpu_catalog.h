@@ -1,5 +1,5 @@
 #pragma once
-// GPU models and the question "which of them fit this job, cheapest first" (design §7).
+// GPU models and the question "which of them fit this job, cheapest first".
 
 #include <cstdint>
 #include <string>

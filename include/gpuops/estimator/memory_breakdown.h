@@ -1,5 +1,5 @@
 #pragma once
-// The estimator's one result type (design §7): bytes per category at the peak of a training step.
+// The estimator's one result type: bytes per category at the peak of a training step.
 
 #include <cstdint>
 #include <string>

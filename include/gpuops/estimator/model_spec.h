@@ -1,6 +1,6 @@
 #pragma once
 // The architecture the estimator reasons about: the handful of config.json fields that decide the parameter
-// count and the activation sizes (design §7). Torch-free.
+// count and the activation sizes. Torch-free.
 
 #include <cstdint>
 #include <string>
