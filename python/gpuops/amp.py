@@ -16,6 +16,8 @@ runs on the device: ``torch.ops.gpuops.unscale_and_check_`` and ``torch.ops.gpuo
 from __future__ import annotations
 
 import enum
+import functools
+import inspect
 import warnings
 from collections import abc, defaultdict
 from typing import Any, Dict, Iterable, Optional, Union
@@ -65,6 +67,25 @@ def _check_optimizer(where: str, optimizer) -> None:
     if not hasattr(optimizer, "param_groups") or not callable(getattr(optimizer, "step", None)):
         raise TypeError(f"{where}: optimizer must be a torch.optim.Optimizer (param_groups and step()), got "
                         f"{type(optimizer).__name__}")
+
+
+@functools.lru_cache(maxsize=256)
+def _takes_grad_scaler(step) -> bool:
+    """Whether an optimizer's step declares ``grad_scaler``: torch's deprecated hand-off, in which the scaler
+    passes itself and the optimizer calls the scaler's private methods."""
+    try:
+        return "grad_scaler" in inspect.signature(step).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+
+
+def _refuse_the_old_hand_off(optimizer) -> None:
+    if _takes_grad_scaler(type(optimizer).step):
+        raise TypeError(f"GradScaler.step: {type(optimizer).__name__}.step takes grad_scaler=, torch's deprecated "
+                        "hand-off (torch warns FutureWarning), in which the optimizer calls torch.amp.GradScaler's "
+                        "private methods; gpuops.GradScaler does not make it, and the step would run without the "
+                        "scale. Read self.grad_scale and self.found_inf in step() (torch's current hand-off), or "
+                        "use torch.amp.GradScaler with this optimizer")
 
 
 def _grads_by_device(optimizer) -> Dict[torch.device, list]:
@@ -335,6 +356,7 @@ class GradScaler:
             raise RuntimeError("GradScaler.step() was already called for this optimizer since the last update(); "
                                "call update() to end the step")
         if getattr(optimizer, "_step_supports_amp_scaling", False):
+            _refuse_the_old_hand_off(optimizer)
             return self._step_on_device(optimizer, state, args, kwargs)
         if state["stage"] is _Stage.READY:
             self.unscale_(optimizer)

@@ -48,7 +48,7 @@ def checkpoint(fn: Callable, *args, use_reentrant: Optional[bool] = None, preser
     ``fn`` returns a value or a tuple/list of values, of which the tensors get gradients (as torch's).
     As torch's reentrant checkpoint: with no tensor argument requiring grad it warns and its outputs need no
     grad; the backward raises a RuntimeError when no recomputed output requires grad; and it works with
-    ``backward()``, not ``torch.autograd.grad(..., inputs)`` (a ValueError says so). ``use_reentrant=False``
+    ``backward()``, not ``torch.autograd.grad(..., inputs)`` (a RuntimeError says so, as torch's). ``use_reentrant=False``
     delegates to torch.utils.checkpoint's non-reentrant implementation, which has none of these limits.
     Without ``use_reentrant`` it warns, as torch's checkpoint does, and runs the reentrant engine.
     """

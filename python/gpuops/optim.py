@@ -20,6 +20,7 @@ import itertools
 from typing import Dict, Iterable, Optional, Tuple, Union
 
 import torch
+from torch.optim.sgd import sgd as _torch_sgd  # the functional step torch's SGD runs on sparse gradients
 
 from . import _C  # also loads libgpuops, which registers torch.ops.gpuops
 
@@ -88,6 +89,20 @@ def _is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
     return True
 
 
+def _stepped_pair(param: torch.Tensor) -> tuple:
+    """The parameter and gradient the fused step reads linearly: themselves in the common case. A parameter that
+    is not one dense block (a strided view, which torch steps) is stepped as a contiguous copy and written back
+    after the step; a gradient laid out otherwise than what is stepped is copied into that layout. Its state is
+    laid out as that copy: zeros_like(param, preserve_format) of a non-dense parameter is contiguous, as torch's."""
+    grad = param.grad
+    if param.is_contiguous() and grad.is_contiguous():
+        return param, grad
+    stepped = param if _is_non_overlapping_and_dense(param) else param.detach().contiguous()
+    if grad.stride() != stepped.stride() or not _is_non_overlapping_and_dense(grad):
+        grad = torch.empty_like(stepped).copy_(grad)
+    return stepped, grad
+
+
 def _lr_arguments(group: dict, device: torch.device) -> tuple:
     """(host lr, lr tensor on `device` or None) for the fused ops; a tensor lr replaces the host one. A tensor lr
     elsewhere (torch's tests give CUDA parameters a CPU one) is copied to the parameters' device at each step."""
@@ -103,6 +118,8 @@ def _wide_lr(group: dict, device: torch.device):
 
 class _FusedOptimizer(torch.optim.Optimizer):
     """What the fused optimizers share: the AMP hand-off and the per-device tensor lists of a group."""
+
+    _steps_sparse = False  # SGD steps sparse gradients (torch's own single-tensor step), as torch's SGD does
 
     _fp32_state_keys: Tuple[str, ...] = ()  # state kept in float32 for 16-bit parameters
     # A class attribute, so that copies (deepcopy, pickle) keep the sync-free hand-off to GradScaler.
@@ -210,14 +227,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
         for param in group["params"]:
             if param.grad is None:
                 continue
-            if param.grad.is_sparse:
+            if param.grad.is_sparse and not self._steps_sparse:
                 raise ValueError(f"{name}: param_groups[{index}] has a sparse gradient; "
-                                 "use a dense one (e.g. nn.Embedding(sparse=False))")
-            contiguous = param.is_contiguous() and param.grad.is_contiguous()  # the common case, checked in C++
-            if not contiguous and (not _is_non_overlapping_and_dense(param) or param.grad.stride() != param.stride()):
-                raise ValueError(f"{name}: param_groups[{index}] has a parameter of strides {param.stride()} with a "
-                                 f"gradient of strides {param.grad.stride()}; accepted: dense, non-overlapping "
-                                 "parameters (contiguous, channels_last, transposed) with gradients laid out alike")
+                                 "use a dense one (e.g. nn.Embedding(sparse=False)), or SGD, which steps it")
+            if param.grad.layout != torch.strided and not param.grad.is_sparse:
+                raise ValueError(f"{name}: param_groups[{index}] has a gradient of layout {param.grad.layout}; "
+                                 "accepted: strided (dense) gradients" + (", or sparse COO ones" if
+                                                                          self._steps_sparse else ""))
+            if param.grad.shape != param.shape:
+                raise ValueError(f"{name}: param_groups[{index}] has a parameter of shape {tuple(param.shape)} with a "
+                                 f"gradient of shape {tuple(param.grad.shape)}")
             if param.dtype not in _STEPPED_DTYPES or param.grad.dtype != param.dtype:
                 raise ValueError(f"{name}: param_groups[{index}] has a {param.dtype} parameter with a "
                                  f"{param.grad.dtype} gradient; accepted: float32, float16, bfloat16, float64, "
@@ -227,17 +246,21 @@ class _FusedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{name}: param_groups[{index}] has parameters on several devices "
                              f"({sorted(str(d) for d in devices)}); give each device's parameters their own optimizer")
 
-    def _lists_by_kind(self, group: dict) -> dict:
-        """{(device, dtype): [params, grads, *state lists]} for the parameters of a group that have a gradient;
-        dtype is the real dtype (complex tensors are listed as their real views); float16/bfloat16 parameters
-        step on an fp32 master copy."""
+    def _lists_by_kind(self, group: dict, staged: list) -> dict:
+        """{(device, dtype): [params, grads, *state lists]} for the parameters of a group that have a dense
+        gradient; dtype is the real dtype (complex tensors are listed as their real views); float16/bfloat16
+        parameters step on an fp32 master copy. A parameter stepped as a dense copy is added to ``staged`` as
+        (parameter, copy), to be written back."""
         lists: Dict[tuple, list] = {}
         seen = set()  # a parameter listed twice in a group (torch warns) is stepped once
         for param in group["params"]:
-            if param.grad is None or id(param) in seen:
+            if param.grad is None or param.grad.is_sparse or id(param) in seen:
                 continue
             seen.add(id(param))
-            values = [param, param.grad, *self._state_tensors(param, group)]
+            stepped, grad = _stepped_pair(param)
+            if stepped is not param:
+                staged.append((param, stepped))
+            values = [stepped, grad, *self._state_tensors(param, group)]
             if param.is_complex():  # torch steps a complex parameter (and its state) as its real view
                 values = [torch.view_as_real(v) if isinstance(v, torch.Tensor) and v.is_complex() else v
                           for v in values]
@@ -292,12 +315,25 @@ class _FusedOptimizer(torch.optim.Optimizer):
                                      f"group (param_groups[{group_of[id(param)]}] and [{index}]); each would be "
                                      "stepped twice")
         for group in self.param_groups:
-            for (device, dtype), lists in self._lists_by_kind(group).items():
+            staged: list = []
+            for (device, dtype), lists in self._lists_by_kind(group, staged).items():
                 if dtype == torch.float64:
                     self._wide_step(group, lists, *self._amp_inputs(device))
                 else:
                     self._fused_step(group, lists, dtype in _HALF_DTYPES, *self._amp_inputs(device))
+            self._write_back(staged)
+            if self._steps_sparse:
+                self._sparse_step(group)
         return loss
+
+    def _write_back(self, staged: list) -> None:
+        """The dense copies stepped for strided parameters, copied into them (their 16-bit versions recorded as
+        our own write, the copies forgotten)."""
+        versions = self.__dict__.setdefault("_master_versions", {})
+        for param, stepped in staged:
+            param.copy_(stepped)
+            versions.pop(stepped, None)
+        self._note_own_writes([param for param, _ in staged if param.dtype in _HALF_DTYPES])
 
 
 class Adam(_FusedOptimizer):
@@ -306,7 +342,7 @@ class Adam(_FusedOptimizer):
     _decoupled = False  # AdamW: always; Adam: with decoupled_weight_decay=True, as torch's
 
     def __init__(self, params: Iterable, lr: _Lr = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
+                 eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *,
                  foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
                  differentiable: bool = False, fused: Optional[bool] = None, decoupled_weight_decay: bool = False):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
@@ -403,16 +439,18 @@ class AdamW(Adam):
 
 
 class SGD(_FusedOptimizer):
-    """SGD with momentum, dampening, Nesterov and weight decay, fused. State: torch's ``momentum_buffer``
-    plus a ``step`` counter (the buffer starts from the first applied step's gradient)."""
+    """SGD with momentum, dampening, Nesterov and weight decay, fused; sparse gradients step as in torch's SGD.
+    State: torch's ``momentum_buffer`` plus a ``step`` counter (the buffer starts from the first applied step's
+    gradient); ``state_dict()`` is torch's SGD's (the buffer only), so that it cross-loads both ways."""
 
-    def __init__(self, params: Iterable, lr: _Lr = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+    def __init__(self, params: Iterable, lr: _Lr = 1e-3, momentum: float = 0, dampening: float = 0,
+                 weight_decay: float = 0, nesterov: bool = False, *, maximize: bool = False,
                  foreach: Optional[bool] = None, differentiable: bool = False, fused: Optional[bool] = None):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
                         maximize=maximize, foreach=foreach, differentiable=differentiable, fused=fused)
         self._check_options(type(self).__name__, defaults, read_tensor_lr=True)
         super().__init__(params, defaults)
+        self.register_state_dict_post_hook(SGD._as_torch_state, prepend=True)
 
     @staticmethod
     def _check_options(where: str, options: dict, read_tensor_lr: bool) -> None:
@@ -423,6 +461,47 @@ class SGD(_FusedOptimizer):
                              options["dampening"], options["weight_decay"], options["nesterov"])
 
     _fp32_state_keys = ("master_param", "momentum_buffer")
+    _steps_sparse = True
+
+    def _sparse_step(self, group: dict) -> None:
+        """Parameters with sparse gradients (nn.Embedding(sparse=True)): torch's own single-tensor SGD on the
+        same momentum_buffer state, as torch's SGD steps them. Under a GradScaler's hand-off the gradients are
+        divided by the scale and the step is skipped on overflow, which reads the flag on the host (a sync, as
+        torch's scaler makes for any optimizer without the device hand-off); dense parameters never wait for it."""
+        params = [p for p in group["params"] if p.grad is not None and p.grad.is_sparse]
+        if not params:
+            return
+        grad_scale, found_inf = self._amp_inputs(params[0].device)
+        if found_inf is not None and bool(found_inf.item()):
+            return
+        grads = [p.grad if grad_scale is None else p.grad / grad_scale.reshape(()) for p in params]
+        buffers = [self.state[p].get("momentum_buffer") if group["momentum"] != 0 else None for p in params]
+        lr = group["lr"]
+        _torch_sgd(params, grads, buffers, has_sparse_grad=True, foreach=False, fused=False,
+                            weight_decay=group["weight_decay"], momentum=group["momentum"],
+                            lr=float(lr) if isinstance(lr, torch.Tensor) else lr, dampening=group["dampening"],
+                            nesterov=group["nesterov"], maximize=group["maximize"])
+        if group["momentum"] != 0:
+            for param, buffer in zip(params, buffers):
+                self.state[param]["momentum_buffer"] = buffer
+
+    @staticmethod
+    def _as_torch_state(optimizer, state_dict: dict) -> dict:
+        """state_dict post-hook: the state as torch's SGD keeps it, so that state dicts cross-load both ways and
+        compare equal: a ``momentum_buffer`` once a step has applied one, and nothing else (our ``step`` counter,
+        which says whether the buffer has started, is rebuilt on load: a loaded buffer continues). A 16-bit
+        parameter's fp32 ``master_param`` stays."""
+        state = {}
+        for key, entry in state_dict["state"].items():
+            step = entry.get("step")
+            started = step is None or float(step) > 0  # a float64 parameter's state has no step (torch's kernel)
+            kept = {k: v for k, v in entry.items() if k not in ("step", "momentum_buffer")}  # a 16-bit master
+            if entry.get("momentum_buffer") is not None and started:
+                kept["momentum_buffer"] = entry["momentum_buffer"]
+            if kept:
+                state[key] = kept
+        state_dict["state"] = state
+        return state_dict
 
     def _state_tensors(self, param: torch.Tensor, group: dict) -> list:
         if _real_dtype(param) == torch.float64:  # torch's kernel, torch's state: a momentum buffer and no step

@@ -74,9 +74,12 @@ struct CheckpointBackward : public torch::autograd::Node {
     TORCH_CHECK(static_cast<bool>(fn), "gpuops::checkpoint: Trying to backward through the graph a second time; the "
                 "segment's saved inputs were freed by the first backward. Specify retain_graph=True if you need to "
                 "backward through the graph a second time");
-    TORCH_CHECK_VALUE(torch::autograd::Engine::get_default_engine().is_checkpoint_valid(),
-                      "gpuops::checkpoint: torch::autograd::grad with `inputs` cannot reach into a checkpointed "
-                      "segment (the reentrant recomputation accumulates into .grad); call backward() instead");
+    // A RuntimeError naming torch's phrase, as torch's reentrant checkpoint raises (its tests match on it).
+    TORCH_CHECK(torch::autograd::Engine::get_default_engine().is_checkpoint_valid(),
+                "gpuops::checkpoint: grad() with `inputs` (or backward(inputs=...)) cannot reach into a checkpointed "
+                "segment: the reentrant recomputation accumulates into .grad, as torch.utils.checkpoint is "
+                "incompatible with .grad() when use_reentrant=True. Call backward() without `inputs`, or (Python) "
+                "checkpoint with use_reentrant=False");
     std::vector<at::Tensor> leaves;
     for (size_t i = 0; i < inputs.size(); ++i) {
       at::Tensor x = inputs[i].unpack(shared_from_this());  // throws if modified in place

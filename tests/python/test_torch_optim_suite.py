@@ -362,3 +362,124 @@ def test_gradients_stay_scaled_after_a_scaled_step(name):
         scaler.step(optimizer)
         scaler.update()
         assert torch.equal(param.grad, torch.arange(4.0) * (1.0 if unscale_first else 1024.0))
+
+
+# ---- layouts and sparse gradients (torch's test_forloop_goes_right_direction with contiguous=False,
+# test_rosenbrock_sparse, test_state_dict_deterministic across the two libraries) ------------------------------
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+def test_strided_parameters_and_gradients_step_as_torchs(name, dtype):
+    """A parameter that is a strided view (strides (10, 2), not one dense block) and a gradient laid out
+    otherwise than its parameter: torch steps both; ours steps a dense copy and writes it back."""
+    kwargs = {"lr": 0.05, "weight_decay": 0.1, **({"amsgrad": True} if name != "SGD" else
+                                                  {"momentum": 0.9, "nesterov": True})}
+    base = torch.randn(10, 10, dtype=dtype)
+    mine, reference = (torch.nn.Parameter(base.clone()[..., ::2]) for _ in range(2))
+    assert mine.stride() == (10, 2)
+    opt, ref = ours(name)([mine], **kwargs), theirs(name)([reference], foreach=False, **kwargs)
+    for step in range(6):
+        grad = torch.randn(10, 5, dtype=dtype)
+        reference.grad = grad.clone()
+        mine.grad = grad.t().contiguous().t() if step % 2 else grad.clone()  # strides (1, 10) every other step
+        ref.step()
+        opt.step()
+    assert mine.stride() == (10, 2) and mine.data_ptr() - base.data_ptr() != 0  # still the user's view
+    torch.testing.assert_close(mine, reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(opt.state_dict()["state"], ref.state_dict()["state"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_strided_16_bit_parameter_steps_on_its_master_and_is_written_back():
+    base = torch.randn(8, 12)
+    mine = torch.nn.Parameter(base.to(torch.bfloat16)[:, ::3])
+    reference = torch.nn.Parameter(base.to(torch.bfloat16).float()[:, ::3].clone())  # what the master follows
+    opt, ref = gpuops.optim.AdamW([mine], lr=0.1), torch.optim.AdamW([reference], lr=0.1, foreach=False)
+    for _ in range(4):
+        grad = torch.randn(8, 4)
+        mine.grad, reference.grad = grad.to(torch.bfloat16), grad.to(torch.bfloat16).float()
+        opt.step()
+        ref.step()
+    torch.testing.assert_close(opt.state[mine]["master_param"], reference, rtol=1e-5, atol=1e-6)
+    assert torch.equal(mine, reference.to(torch.bfloat16))
+    assert len(opt.__dict__["_master_versions"]) == 1  # the stepped copies are not remembered
+
+
+@pytest.mark.parametrize("kwargs", [{"lr": 0.02}, {"lr": 0.02, "momentum": 0.9}, {"lr": 0.02, "momentum": 0.9,
+                                    "dampening": 0.3, "maximize": True}, {"lr": 0.02, "momentum": 0.5,
+                                                                          "nesterov": True}])
+def test_sparse_gradients_step_as_torchs_sgd(kwargs):
+    """Origin: test_rosenbrock_sparse. An Embedding(sparse=True) beside a dense layer, SGD side by side with
+    torch's; the state dicts equal. Adam and AdamW still refuse a sparse gradient (torch's too)."""
+    torch.manual_seed(random.randrange(2**31))
+    models = [torch.nn.ModuleDict({"emb": torch.nn.Embedding(30, 4, sparse=True), "out": torch.nn.Linear(4, 2)})]
+    models.append(copy.deepcopy(models[0]))
+    optimizers = [gpuops.optim.SGD(models[0].parameters(), foreach=False, **kwargs),
+                  torch.optim.SGD(models[1].parameters(), foreach=False, **kwargs)]
+    for _ in range(5):
+        index = torch.randint(0, 30, (7,))
+        for model, optimizer in zip(models, optimizers):
+            optimizer.zero_grad()
+            model["out"](model["emb"](index)).square().sum().backward()
+            optimizer.step()
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5)  # the dense layer: fused against for-loop rounding
+    torch.testing.assert_close(optimizers[0].state_dict(), optimizers[1].state_dict(), rtol=1e-5, atol=1e-5)
+    embedding = torch.nn.Embedding(5, 2, sparse=True)
+    embedding(torch.tensor([1])).sum().backward()
+    with pytest.raises(ValueError, match="sparse gradient"):
+        gpuops.optim.AdamW(embedding.parameters()).step()
+
+
+def test_sparse_gradients_follow_the_scaler_and_skip_on_overflow():
+    """Under a GradScaler the sparse step divides by the scale and is skipped on an inf, as torch's scaler
+    makes torch's SGD do (the dense parameters take the sync-free path)."""
+    models = [torch.nn.Embedding(12, 3, sparse=True)]
+    models.append(copy.deepcopy(models[0]))
+    optimizers = [gpuops.optim.SGD(models[0].parameters(), lr=0.1, momentum=0.9),
+                  torch.optim.SGD(models[1].parameters(), lr=0.1, momentum=0.9)]
+    scalers = [gpuops.GradScaler("cpu", init_scale=1024.0), torch.amp.GradScaler("cpu", init_scale=1024.0)]
+    for step in range(4):
+        index = torch.randint(0, 12, (5,))
+        for model, optimizer, scaler in zip(models, optimizers, scalers):
+            optimizer.zero_grad()
+            loss = model(index).square().sum() * (float("inf") if step == 1 else 1.0)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    assert scalers[0].get_scale() == scalers[1].get_scale() == 512.0 * 2 ** 0
+    torch.testing.assert_close(models[0].weight, models[1].weight)
+
+
+@pytest.mark.parametrize("kwargs", [{"lr": 0.01}, {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.01}])
+def test_sgd_state_dict_is_torchs_and_cross_loads_both_ways(kwargs):
+    """torch's SGD keeps a momentum_buffer and nothing else (no entry without momentum): ours shows the same
+    state_dict, so each loads the other's and the two then step alike and save equal state dicts."""
+    seed = random.randrange(2**31)
+    for first_cls, second_cls in ((ours("SGD"), theirs("SGD")), (theirs("SGD"), ours("SGD"))):
+        (a1, a2), (b1, b2) = model_and_copy(torch.float32, "cpu", seed)
+        first = first_cls([{"params": a1}, {"params": a2}], **kwargs)
+        reference = (second_cls if first_cls is ours("SGD") else first_cls)
+        twin = reference([{"params": b1}, {"params": b2}], **kwargs)
+        generator = torch.Generator().manual_seed(seed)
+        xs = [torch.randn(8, 4, generator=generator) for _ in range(6)]
+        for x in xs[:3]:
+            for optimizer, layers in ((first, (a1, a2)), (twin, (b1, b2))):
+                optimizer.zero_grad()
+                loss_of(layers, x).backward()
+                optimizer.step()
+        # the same form from both libraries (values within the fused step's rounding)
+        torch.testing.assert_close(first.state_dict(), twin.state_dict(), rtol=1e-5, atol=1e-5)
+        (c1, c2), _ = model_and_copy(torch.float32, "cpu", seed)
+        with torch.no_grad():
+            for p, q in zip(c1 + c2, a1 + a2):
+                p.copy_(q)
+        second = second_cls([{"params": c1}, {"params": c2}], **kwargs)
+        second.load_state_dict(copy.deepcopy(first.state_dict()))
+        for x in xs[3:]:
+            for optimizer, layers in ((first, (a1, a2)), (second, (c1, c2))):
+                optimizer.zero_grad()
+                loss_of(layers, x).backward()
+                optimizer.step()
+        torch.testing.assert_close(first.state_dict(), second.state_dict(), rtol=1e-5, atol=1e-5)
+        for p, q in zip(a1 + a2, c1 + c2):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5)

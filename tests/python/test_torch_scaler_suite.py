@@ -464,7 +464,7 @@ def test_the_scale_never_grows_to_inf(device):
 def test_an_amp_aware_optimizer_gets_grad_scale_and_found_inf(device):
     """test_grad_scaler_pass_itself, second half: an optimizer with _step_supports_amp_scaling sees grad_scale
     and found_inf tensors during its step, and neither afterwards. (The first half, torch's deprecated
-    step(grad_scaler=...) hand-off, is not supported: an intended difference.)"""
+    step(grad_scaler=...) hand-off, is refused: the next test.)"""
     seen = {}
 
     class AmpAware(torch.optim.Optimizer):
@@ -483,6 +483,36 @@ def test_an_amp_aware_optimizer_gets_grad_scale_and_found_inf(device):
     scaler.update()
     assert isinstance(seen["grad_scale"], torch.Tensor) and isinstance(seen["found_inf"], torch.Tensor)
     assert not hasattr(optimizer, "grad_scale") and not hasattr(optimizer, "found_inf")
+
+
+def test_the_deprecated_grad_scaler_hand_off_is_refused_before_anything_changes():
+    """test_grad_scaler_pass_itself, first half: an optimizer whose step takes grad_scaler= expects torch's
+    scaler to pass itself (torch warns FutureWarning) and calls its private methods; ours does not pass itself,
+    and stepping it would skip the unscale silently, so it is a TypeError naming the hand-off to use."""
+    calls = []
+
+    class OldStyle(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {})
+            self._step_supports_amp_scaling = True
+
+        def step(self, closure=None, *, grad_scaler=None):
+            calls.append(grad_scaler)
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = OldStyle(model.parameters())
+    scaler = gpuops.GradScaler("cpu", init_scale=2.0)
+    scaler.scale(model(torch.randn(4, 4)).mean()).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    with pytest.raises(TypeError, match="OldStyle.step takes grad_scaler=.*self.grad_scale and self.found_inf"):
+        scaler.step(optimizer)
+    assert calls == [] and not hasattr(optimizer, "grad_scale")
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))  # nothing was unscaled
+    with pytest.warns(FutureWarning, match="GradScaler is going to stop passing itself"):  # torch's, for contrast
+        theirs = torch.amp.GradScaler("cpu", init_scale=2.0)
+        theirs.scale(model(torch.randn(4, 4)).mean()).backward()
+        theirs.step(optimizer)
+    assert isinstance(calls[-1], torch.amp.GradScaler)
 
 
 @pytest.mark.parametrize("device", DEVICES)
