@@ -185,7 +185,7 @@ def main() -> None:
         written = tune_python_module(factory, targets, args.out, args.steps, args.module, args.survive)
     else:
         if not BUILTIN.exists():
-            sys.exit(f"{BUILTIN} is missing: run scripts/bootstrap (it builds the benchmarks)")
+            sys.exit(f"{BUILTIN} is missing: run scripts/bootstrap --all (it builds the benchmarks)")
         command = [str(BUILTIN), "--out", str(args.out), "--steps", str(args.steps), *builtin_args]
         if budgets:
             command += ["--budgets", ",".join(f"{b >> 20}MiB" for b in budgets)]
