@@ -230,6 +230,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if param.grad.is_sparse and not self._steps_sparse:
                 raise ValueError(f"{name}: param_groups[{index}] has a sparse gradient; "
                                  "use a dense one (e.g. nn.Embedding(sparse=False)), or SGD, which steps it")
+            if param.grad.is_sparse and group["weight_decay"] != 0:  # torch's SGD fails on it mid-step
+                raise ValueError(f"{name}: param_groups[{index}] has a sparse gradient and weight_decay "
+                                 f"{group['weight_decay']}; accepted: weight_decay 0 for sparse gradients (torch's "
+                                 "SGD cannot add a dense weight to a sparse gradient either)")
             if param.grad.layout != torch.strided and not param.grad.is_sparse:
                 raise ValueError(f"{name}: param_groups[{index}] has a gradient of layout {param.grad.layout}; "
                                  "accepted: strided (dense) gradients" + (", or sparse COO ones" if

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "gpuops/errors.h"
+#include "gpuops/estimator/printable.h"
 #include "gpuops/estimator/estimate.h"
 
 namespace gpuops::estimator {
@@ -72,7 +73,8 @@ const GpuModel& find_gpu(std::string_view name) {
     if (!key.empty() && key_of(g.name) == key) return g;
     names.push_back(g.name);
   }
-  throw ArgumentError(fmt::format("gpu '{}' is not in the catalog; accepted: {}", name, fmt::join(names, ", ")));
+  throw ArgumentError(
+      fmt::format("gpu '{}' is not in the catalog; accepted: {}", printable(name), fmt::join(names, ", ")));
 }
 
 // The top of the uncertainty band must fit: an under-estimate is the costly mistake (an OOM after paying).

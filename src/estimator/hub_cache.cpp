@@ -12,6 +12,7 @@
 #include "gpuops/errors.h"
 #include "gpuops/estimator/hf_config.h"
 #include "gpuops/estimator/presets.h"
+#include "gpuops/estimator/printable.h"
 
 namespace gpuops::estimator {
 namespace {
@@ -88,8 +89,8 @@ ModelSpec model_by_name(std::string_view name) {
     if (config.empty())
       throw ArgumentError(fmt::format(
           "model '{}' is not a preset ({}) nor a Hugging Face Hub id with a config.json in the local Hub cache ({}; "
-          "nothing is downloaded); give the config.json itself with --config / config=", name,
-          fmt::join(presets, ", "), hub_cache_dir()));
+          "nothing is downloaded); give the config.json itself with --config / config=", printable(name),
+          fmt::join(presets, ", "), printable(hub_cache_dir())));
     ModelSpec spec = model_from_hf_config_file(config);
     spec.name = std::string(name);
     spec.assumptions.push_back(fmt::format("read from the local Hugging Face Hub cache: {}", config));

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "gpuops/errors.h"
+#include "gpuops/estimator/printable.h"
 
 #include "preset_configs.h"
 
@@ -120,7 +121,7 @@ ModelSpec preset(std::string_view name) {
   const std::string key = lower(name);
   for (const auto& p : all_presets())
     if (p.name == key) return p;
-  throw ArgumentError(fmt::format("model '{}' is not a preset; accepted: {}", name,
+  throw ArgumentError(fmt::format("model '{}' is not a preset; accepted: {}", printable(name),
                                   fmt::join(preset_names(), ", ")));
 }
 

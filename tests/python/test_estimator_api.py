@@ -234,3 +234,14 @@ def test_a_hub_id_is_read_from_the_local_hugging_face_cache_by_python_and_the_co
             gpuops.estimate(missing)
         result = run("estimate", "--model", missing)
         assert result.returncode == 2 and str(tmp_path) in result.stderr
+
+
+def test_a_name_with_control_characters_is_echoed_escaped():
+    for name, shown in (("org/na\nme", "org/na\\x0ame"), ("\x00abc", "\\x00abc"), ("gpt\x1b[2J", "gpt\\x1b[2J")):
+        with pytest.raises(ValueError) as error:
+            gpuops.estimate(name)
+        assert f"model '{shown}'" in str(error.value) and "\x00" not in str(error.value)
+        result = run("estimate", "--model", name.replace("\x00", ""))
+        assert result.returncode == 2 and "\x1b" not in result.stderr
+    with pytest.raises(ValueError, match=r"gpu 'H\\x00100'"):
+        gpuops.fit_table("gpt2", gpu="H\x00100")

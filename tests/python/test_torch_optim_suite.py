@@ -428,6 +428,14 @@ def test_sparse_gradients_step_as_torchs_sgd(kwargs):
     embedding(torch.tensor([1])).sum().backward()
     with pytest.raises(ValueError, match="sparse gradient"):
         gpuops.optim.AdamW(embedding.parameters()).step()
+    # torch's SGD fails mid-step on a sparse gradient with weight decay; ours refuses it before any parameter
+    # (the dense one listed first here) has moved
+    dense = torch.nn.Parameter(torch.randn(3))
+    dense.grad = torch.randn(3)
+    before = dense.detach().clone()
+    with pytest.raises(ValueError, match="sparse gradient and weight_decay 0.1"):
+        gpuops.optim.SGD([dense, *embedding.parameters()], lr=0.1, weight_decay=0.1).step()
+    assert torch.equal(dense, before)
 
 
 def test_sparse_gradients_follow_the_scaler_and_skip_on_overflow():
