@@ -115,6 +115,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     False (the default) waits at the end of the step."""
 
     _step_supports_amp_scaling = True  # GradScaler hands over grad_scale and found_inf, no host sync
+    _reduced_for_scaler = False  # class default: copies and unpickled optimizers start without a pending check
 
     def __init__(self, params, optimizer_class=None, communicator=None, stage: int = 1, *,
                  reduce_in_backward: bool = False, bucket_bytes: int = 25 * 2**20,
@@ -166,8 +167,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        from_ours, self._reduced_for_scaler = self._reduced_for_scaler, False
+        if (grad_scale is not None or found_inf is not None) and not from_ours:
+            raise TypeError("ZeroOptimizer.step: a GradScaler other than gpuops.GradScaler (torch.amp.GradScaler, or "
+                            "one built on it) handed over its scale: it checked and unscaled this rank's shard of "
+                            "the unreduced gradients only, so ranks would skip on different steps and unscale_() "
+                            "would leave part of each gradient scaled. Use gpuops.GradScaler (the same API), which "
+                            "reduces the gradients first and agrees on one overflow flag; nothing was stepped")
         self._sync_options()
-        self._impl.step(getattr(self, "grad_scale", None), getattr(self, "found_inf", None))
+        self._impl.step(grad_scale, found_inf)
         return loss
 
     def _sync_options(self) -> None:
@@ -306,10 +315,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return getattr(unsharded, self.kind)(split, **self._impl.options)
 
     # GradScaler's hooks for sharded optimizers: reduce before the gradients are read; one flag, one norm.
+    # _reduced_for_scaler: our GradScaler called these since the last step, so a scale handed to step() is
+    # one it checked on the reduced gradients (torch's scaler calls neither).
     def _gpuops_prepare_gradients(self) -> None:
         self._impl.prepare_gradients()
+        self._reduced_for_scaler = True
 
     def _gpuops_global_found_inf(self, found_inf: torch.Tensor) -> torch.Tensor:
+        self._reduced_for_scaler = True
         return self._impl.global_found_inf(found_inf)
 
     def _gpuops_global_grad_norm(self, norm: torch.Tensor) -> torch.Tensor:

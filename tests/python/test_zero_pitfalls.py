@@ -7,7 +7,8 @@ ranks (this file run as a script, one per rank; multiprocess_launch.py) and at w
   nothing can tell; the docs say so);
 - that right call, ``opt.clip_grad_norm_(c)``, trains exactly as torch's AdamW with torch's clipping on the
   whole batch, without a warning;
-- a DistributedDataParallel wrapper reduces every gradient a second time: a warning naming DDP, same result.
+- a DistributedDataParallel wrapper reduces every gradient a second time: a warning naming DDP, same result;
+- torch.amp.GradScaler checks and unscales the unreduced shards: refused at the step, naming gpuops.GradScaler.
 """
 
 import datetime
@@ -160,6 +161,24 @@ def _pitfalls():
         for got, want in zip(model.parameters(), _reference(0, world)):
             torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
         del ddp
+    # torch.amp.GradScaler: it checks and unscales this rank's unreduced shard only (tried with the refusal
+    # bypassed: NaN parameters after an inf on one rank, scales 1024 vs 512 across ranks): refused on every rank,
+    # at the step, with the whole model as it was; with unscale_() first too.
+    for stage, unscale_first in ((1, False), (2, True)):
+        model = _model()
+        opt = gpuops.ZeroOptimizer(model.parameters(), stage=stage, lr=1e-2)
+        before = [p.detach().clone() for p in model.parameters()]
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+        x, y = _batch(5, rank)
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        if unscale_first:
+            scaler.unscale_(opt)
+        try:
+            scaler.step(opt)
+            _expect(False, f"stage {stage}: torch's GradScaler was not refused")
+        except TypeError as error:
+            _expect("Use gpuops.GradScaler" in str(error), str(error))
+        _expect(all(torch.equal(p, b) for p, b in zip(model.parameters(), before)), "a refused step moved weights")
     print(f"rank {rank}: pitfalls ok", flush=True)
 
 
