@@ -95,6 +95,22 @@ class FusedOptimizer : public torch::optim::Optimizer {
                           const std::optional<at::Tensor>& found_inf) = 0;
 
  private:
+  /// Parameters the fused step cannot read linearly, as torch's optimizers step them: one that is not a dense
+  /// block (a strided view) steps on a dense copy of its data (set_data: the parameter, and so its state, keep
+  /// their identity), written back after the step; a gradient laid out otherwise is copied into that layout.
+  class Staging {
+   public:
+    void stage(at::Tensor& param);
+    /// Puts every parameter's data and gradient back; `write_back`: the stepped values into the parameter.
+    void restore(bool write_back);
+
+   private:
+    struct Staged {
+      at::Tensor param, original, grad, dense;
+    };
+    std::vector<Staged> staged_;
+  };
+
   std::unordered_map<const c10::TensorImpl*, uint32_t> master_versions_;  ///< param version at its last step
 };
 
@@ -164,7 +180,7 @@ struct AdamWParamState : public torch::optim::OptimizerCloneableParamState<AdamW
 };
 using AdamParamState = AdamWParamState;  ///< Adam keeps the same tensors
 
-/// What Adam and AdamW share: the fused step (fp32 dense parameters, or float16/bfloat16 ones on an fp32
+/// What Adam and AdamW share: the fused step (fp32 parameters, or float16/bfloat16 ones on an fp32
 /// master copy, rounded back), one call per group and parameter dtype.
 class AdamBase : public FusedOptimizer {
  public:
@@ -254,7 +270,7 @@ struct SGDParamState : public torch::optim::OptimizerCloneableParamState<SGDPara
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
-/// SGD with momentum, dampening, Nesterov and weight decay, fused. Float32 dense parameters, or
+/// SGD with momentum, dampening, Nesterov and weight decay, fused. Float32 parameters (any layout), or
 /// float16/bfloat16 ones stepped on an fp32 master copy and rounded back.
 class SGD : public FusedOptimizer {
  public:

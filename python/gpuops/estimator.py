@@ -75,11 +75,14 @@ class Breakdown:
 
 def _is_hf_config(value) -> bool:
     """A transformers PretrainedConfig (by its class's lineage: transformers need not be imported here)."""
-    return any(c.__name__ == "PretrainedConfig" for c in type(value).__mro__) and hasattr(value, "to_json_string")
+    names = ("PretrainedConfig", "PreTrainedConfig")  # transformers 4, transformers 5
+    return any(c.__name__ in names for c in type(value).__mro__) and hasattr(value, "to_json_string")
 
 
 def _model_spec(model, config, params) -> _C.ModelSpec:
     if model is not None and not isinstance(model, str):  # a live object: its config, or its size
+        if config is not None or params is not None:
+            raise ValueError("estimate: give exactly one of model, config or params; got 2")
         if _is_hf_config(model):
             model, config = None, model
         elif isinstance(model, torch.nn.Module):
@@ -88,8 +91,6 @@ def _model_spec(model, config, params) -> _C.ModelSpec:
                 model, config = None, own
             else:  # any other module: its size only (parameters and buffers, meta tensors included)
                 count = sum(t.numel() for t in model.parameters()) + sum(t.numel() for t in model.buffers())
-                if params is not None or config is not None:
-                    raise ValueError("estimate: give exactly one of model, config or params; got 2")
                 if count == 0:
                     raise ValueError(f"model: the {type(model).__name__} has no parameters or buffers to count")
                 model, params = None, count

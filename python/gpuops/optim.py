@@ -93,14 +93,25 @@ def _stepped_pair(param: torch.Tensor) -> tuple:
     """The parameter and gradient the fused step reads linearly: themselves in the common case. A parameter that
     is not one dense block (a strided view, which torch steps) is stepped as a contiguous copy and written back
     after the step; a gradient laid out otherwise than what is stepped is copied into that layout. Its state is
-    laid out as that copy: zeros_like(param, preserve_format) of a non-dense parameter is contiguous, as torch's."""
+    laid out as that copy, as zeros_like(param) lays it out (loaded state too: _lay_out_state_like)."""
     grad = param.grad
     if param.is_contiguous() and grad.is_contiguous():
         return param, grad
-    stepped = param if _is_non_overlapping_and_dense(param) else param.detach().contiguous()
+    # empty_like lays the copy out as zeros_like(param) lays out its state (dense, in the parameter's order)
+    stepped = param if _is_non_overlapping_and_dense(param) else torch.empty_like(param).copy_(param.detach())
     if grad.stride() != stepped.stride() or not _is_non_overlapping_and_dense(grad):
         grad = torch.empty_like(stepped).copy_(grad)
     return stepped, grad
+
+
+def _lay_out_state_like(state: dict, param: torch.Tensor) -> None:
+    """Loaded state tensors of the parameter's shape laid out otherwise than the state we create for it
+    (zeros_like(param): torch's SGD momentum buffer takes its first gradient's layout instead) are copied into
+    that layout: the fused step reads them linearly beside what it steps."""
+    like = torch.empty_like(param, device="meta")
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor) and value.shape == param.shape and value.stride() != like.stride():
+            state[key] = torch.empty_like(param, dtype=value.dtype, device=value.device).copy_(value)
 
 
 def _lr_arguments(group: dict, device: torch.device) -> tuple:
@@ -211,6 +222,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def _adapt_loaded_state(self, param: torch.Tensor, saved: dict) -> None:
         state = self.state[param]
+        _lay_out_state_like(state, param)
         if "step" in state:
             state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(param.device).reshape(())
         if param.dtype in _HALF_DTYPES:
@@ -320,12 +332,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
                                      "stepped twice")
         for group in self.param_groups:
             staged: list = []
-            for (device, dtype), lists in self._lists_by_kind(group, staged).items():
-                if dtype == torch.float64:
-                    self._wide_step(group, lists, *self._amp_inputs(device))
-                else:
-                    self._fused_step(group, lists, dtype in _HALF_DTYPES, *self._amp_inputs(device))
-            self._write_back(staged)
+            try:
+                for (device, dtype), lists in self._lists_by_kind(group, staged).items():
+                    if dtype == torch.float64:
+                        self._wide_step(group, lists, *self._amp_inputs(device))
+                    else:
+                        self._fused_step(group, lists, dtype in _HALF_DTYPES, *self._amp_inputs(device))
+            finally:  # what was stepped reaches its parameter, whatever failed after it
+                self._write_back(staged)
             if self._steps_sparse:
                 self._sparse_step(group)
         return loss
@@ -455,6 +469,11 @@ class SGD(_FusedOptimizer):
         self._check_options(type(self).__name__, defaults, read_tensor_lr=True)
         super().__init__(params, defaults)
         self.register_state_dict_post_hook(SGD._as_torch_state, prepend=True)
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)  # torch's pickling drops hooks: a copy (deepcopy, pickle) gets ours back
+        if SGD._as_torch_state not in self._optimizer_state_dict_post_hooks.values():
+            self.register_state_dict_post_hook(SGD._as_torch_state, prepend=True)
 
     @staticmethod
     def _check_options(where: str, options: dict, read_tensor_lr: bool) -> None:

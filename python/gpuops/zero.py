@@ -170,6 +170,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         from_ours, self._reduced_for_scaler = self._reduced_for_scaler, False
         if (grad_scale is not None or found_inf is not None) and not from_ours:
+            self.__dict__.pop("grad_scale", None)  # torch's scaler removes them only after a step that returned
+            self.__dict__.pop("found_inf", None)
             raise TypeError("ZeroOptimizer.step: a GradScaler other than gpuops.GradScaler (torch.amp.GradScaler, or "
                             "one built on it) handed over its scale: it checked and unscaled this rank's shard of "
                             "the unreduced gradients only, so ranks would skip on different steps and unscale_() "
@@ -315,11 +317,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return getattr(unsharded, self.kind)(split, **self._impl.options)
 
     # GradScaler's hooks for sharded optimizers: reduce before the gradients are read; one flag, one norm.
-    # _reduced_for_scaler: our GradScaler called these since the last step, so a scale handed to step() is
-    # one it checked on the reduced gradients (torch's scaler calls neither).
-    def _gpuops_prepare_gradients(self) -> None:
+    # _reduced_for_scaler: our GradScaler combined its overflow flag over ranks since the last step (it does on
+    # every path), so a scale handed to step() is one it checked on the reduced gradients; torch's never does.
+    def _gpuops_prepare_gradients(self) -> None:  # (clip_grad_norm_ calls it too: not a scaler's mark)
         self._impl.prepare_gradients()
-        self._reduced_for_scaler = True
 
     def _gpuops_global_found_inf(self, found_inf: torch.Tensor) -> torch.Tensor:
         self._reduced_for_scaler = True

@@ -92,12 +92,10 @@ void FusedOptimizer::step_scaled(const std::optional<at::Tensor>& grad_scale, co
       TORCH_CHECK_VALUE(!device || *device == p.device(), name(), ": param_groups[", i,
                         "] has parameters on several devices (", *device, ", ", p.device(),
                         "); give each device's parameters their own optimizer");
-      // What the fused step reads linearly: the gradient laid out as its parameter (checked here, not in the
-      // step of group i, which would come after groups 0..i-1 were stepped).
-      TORCH_CHECK_VALUE(p.is_non_overlapping_and_dense() && g.sizes() == p.sizes() && g.strides() == p.strides(),
-                        name(), ": param_groups[", i, "] has a parameter of sizes ", p.sizes(), " and strides ",
-                        p.strides(), " whose gradient has sizes ", g.sizes(), " and strides ", g.strides(),
-                        "; accepted: a dense parameter and a gradient of its sizes and strides");
+      // Checked here, not in the step of group i, which would come after groups 0..i-1 were stepped. Layouts
+      // the fused step cannot read linearly are staged below.
+      TORCH_CHECK_VALUE(g.sizes() == p.sizes(), name(), ": param_groups[", i, "] has a parameter of sizes ",
+                        p.sizes(), " whose gradient has sizes ", g.sizes());
       device = p.device();
       with_grad[i].push_back(p);
     }
@@ -108,9 +106,44 @@ void FusedOptimizer::step_scaled(const std::optional<at::Tensor>& grad_scale, co
     if (!t) return std::nullopt;
     return t->to(d, /*non_blocking=*/true);
   };
-  for (size_t i = 0; i < with_grad.size(); ++i)
-    if (!with_grad[i].empty())
-      step_group(i, with_grad[i], on(grad_scale, *devices[i]), on(found_inf, *devices[i]));
+  Staging staging;
+  for (auto& group : with_grad)
+    for (at::Tensor& p : group) staging.stage(p);
+  try {
+    for (size_t i = 0; i < with_grad.size(); ++i)
+      if (!with_grad[i].empty())
+        step_group(i, with_grad[i], on(grad_scale, *devices[i]), on(found_inf, *devices[i]));
+  } catch (...) {
+    staging.restore(/*write_back=*/false);
+    throw;
+  }
+  staging.restore(/*write_back=*/true);
+}
+
+void FusedOptimizer::Staging::stage(at::Tensor& param) {
+  const at::Tensor grad = param.grad();
+  if (param.is_non_overlapping_and_dense() && grad.is_non_overlapping_and_dense() &&
+      grad.strides() == param.strides())
+    return;  // the common case: stepped in place
+  Staged s{param, param.variable_data(), grad, at::Tensor()};
+  s.dense = param.is_non_overlapping_and_dense() ? s.original : s.original.contiguous();
+  // The parameter keeps its identity (its state stays its own) and steps on the dense copy's data; its
+  // state is created like that copy, as torch creates state for such a parameter (contiguous).
+  if (!s.dense.is_same(s.original)) param.set_data(s.dense);
+  if (!grad.is_non_overlapping_and_dense() || grad.strides() != s.dense.strides())
+    param.mutable_grad() = at::empty_like(s.dense).copy_(grad);
+  staged_.push_back(std::move(s));
+}
+
+void FusedOptimizer::Staging::restore(bool write_back) {
+  for (Staged& s : staged_) {
+    if (!s.dense.is_same(s.original)) {
+      s.param.set_data(s.original);
+      if (write_back) s.param.detach().copy_(s.dense);  // through the parameter: its version moves, as torch's
+    }
+    s.param.mutable_grad() = s.grad;
+  }
+  staged_.clear();
 }
 
 void FusedOptimizer::write_kind(torch::serialize::OutputArchive& archive) const {

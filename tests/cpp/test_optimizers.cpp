@@ -2,6 +2,7 @@
 // groups, LR schedulers, torch::save/load, and bad input that changes nothing.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <sstream>
 #include <vector>
 
@@ -317,6 +318,41 @@ TEST(FusedAdamW, SixteenBitParamsStepOnAnFp32MasterCopy) {
     std::vector<at::Tensor> ref32_values;
     for (const auto& p : ref32) ref32_values.push_back(p.detach());
     EXPECT_LE(relative_error(masters, ref), std::max(1e-6, 1.02 * relative_error(ref32_values, ref))) << dtype;
+  }
+}
+
+// A parameter that is a strided view (strides (10, 2)) and gradients laid out otherwise (transposed) step as
+// torch::optim's do: on a dense copy written back, the parameter keeping its view and its state.
+TEST(FusedOptimizers, StridedParametersAndGradientsStepAsTorchs) {
+  for (int kind = 0; kind < 2; ++kind) {
+    const auto base = at::randn({10, 10}, at::kDouble);
+    auto mine = base.to(at::kFloat).slice(1, 0, 10, 2).requires_grad_(true);
+    auto theirs = base.clone().slice(1, 0, 10, 2).requires_grad_(true);
+    ASSERT_EQ(mine.strides(), (at::IntArrayRef{10, 2}));
+    const auto storage = mine.data_ptr();
+    std::unique_ptr<torch::optim::Optimizer> ours, reference;
+    if (kind == 0) {
+      ours = std::make_unique<gpuops::optim::AdamW>(std::vector<at::Tensor>{mine},
+                                                    gpuops::optim::AdamWOptions(0.05).amsgrad(true));
+      reference = std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{theirs},
+                                                        torch::optim::AdamWOptions(0.05).amsgrad(true));
+    } else {
+      ours = std::make_unique<gpuops::optim::SGD>(std::vector<at::Tensor>{mine},
+                                                  gpuops::optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
+      reference = std::make_unique<torch::optim::SGD>(std::vector<at::Tensor>{theirs},
+                                                      torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
+    }
+    for (int step = 0; step < 6; ++step) {
+      const auto grad = at::randn({10, 5}, at::kDouble);
+      theirs.mutable_grad() = grad.clone();
+      mine.mutable_grad() = (step % 2 ? grad.t().contiguous().t() : grad.clone()).to(at::kFloat);
+      reference->step();
+      ours->step();
+    }
+    EXPECT_EQ(mine.strides(), (at::IntArrayRef{10, 2})) << kind;
+    EXPECT_EQ(mine.data_ptr(), storage) << kind;  // still the user's view, written in place
+    EXPECT_LT(relative_error({mine}, {theirs.detach()}), 1e-5) << kind;
+    EXPECT_EQ(ours->state().size(), 1u);
   }
 }
 

@@ -186,6 +186,23 @@ def test_a_pretrained_config_or_a_live_model_is_estimated_as_its_config_json():
     assert gpuops.estimate(model, seq_len=256) == from_dict
 
 
+def test_a_config_object_and_another_architecture_are_refused_together():
+    config = transformers.LlamaConfig(vocab_size=3000, hidden_size=192, intermediate_size=512, num_hidden_layers=3,
+                                      num_attention_heads=6, num_key_value_heads=2)
+    for other in (dict(config={"model_type": "gpt2"}), dict(params=10**9)):
+        with pytest.raises(ValueError, match="exactly one"):
+            gpuops.estimate(config, **other)
+
+    class PreTrainedConfig:  # transformers 5's spelling of the base class
+        def to_json_string(self, use_diff=False):
+            return json.dumps(config.to_dict())
+
+    class Llama5Config(PreTrainedConfig):
+        pass
+
+    assert gpuops.estimate(Llama5Config(), seq_len=64) == gpuops.estimate(config, seq_len=64)
+
+
 def test_any_other_module_counts_its_parameters_and_buffers():
     model = torch.nn.Sequential(torch.nn.Linear(30, 20), torch.nn.BatchNorm1d(20), torch.nn.Linear(20, 5))
     count = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())

@@ -367,41 +367,62 @@ def test_gradients_stay_scaled_after_a_scaled_step(name):
 # ---- layouts and sparse gradients (torch's test_forloop_goes_right_direction with contiguous=False,
 # test_rosenbrock_sparse, test_state_dict_deterministic across the two libraries) ------------------------------
 
+VIEWS = {"every other column": (lambda t: t[..., ::2], (10, 2)),
+         "every other row of the transpose": (lambda t: t.t()[::2], (2, 10))}
+
+
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
-def test_strided_parameters_and_gradients_step_as_torchs(name, dtype):
-    """A parameter that is a strided view (strides (10, 2), not one dense block) and a gradient laid out
-    otherwise than its parameter: torch steps both; ours steps a dense copy and writes it back."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64, torch.bfloat16])
+@pytest.mark.parametrize("view", VIEWS)
+def test_strided_parameters_and_gradients_step_as_torchs(name, dtype, view):
+    """A parameter that is a strided view (not one dense block) and a gradient laid out otherwise than its
+    parameter: torch steps both; ours steps a dense copy and writes it back (bf16: on its fp32 master, against
+    torch's fp32 step from the same values)."""
     kwargs = {"lr": 0.05, "weight_decay": 0.1, **({"amsgrad": True} if name != "SGD" else
                                                   {"momentum": 0.9, "nesterov": True})}
+    take, strides = VIEWS[view]
     base = torch.randn(10, 10, dtype=dtype)
-    mine, reference = (torch.nn.Parameter(base.clone()[..., ::2]) for _ in range(2))
-    assert mine.stride() == (10, 2)
+    mine = torch.nn.Parameter(take(base.clone()))
+    reference = torch.nn.Parameter(take(base.clone() if dtype != torch.bfloat16 else base.float()))
+    assert mine.stride() == strides
     opt, ref = ours(name)([mine], **kwargs), theirs(name)([reference], foreach=False, **kwargs)
     for step in range(6):
-        grad = torch.randn(10, 5, dtype=dtype)
-        reference.grad = grad.clone()
-        mine.grad = grad.t().contiguous().t() if step % 2 else grad.clone()  # strides (1, 10) every other step
+        grad = torch.randn(*mine.shape, dtype=dtype)
+        reference.grad = grad.clone().to(reference.dtype)
+        mine.grad = grad.t().contiguous().t() if step % 2 else grad.clone()  # another layout every other step
         ref.step()
         opt.step()
-    assert mine.stride() == (10, 2) and mine.data_ptr() - base.data_ptr() != 0  # still the user's view
+    assert mine.stride() == strides  # still the user's view
+    if dtype == torch.bfloat16:
+        torch.testing.assert_close(opt.state[mine]["master_param"], reference, rtol=1e-5, atol=1e-6)
+        assert torch.equal(mine, reference.to(torch.bfloat16))
+        assert len(opt.__dict__["_master_versions"]) == 1  # the stepped copies are not remembered
+        return
     torch.testing.assert_close(mine, reference, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(opt.state_dict()["state"], ref.state_dict()["state"], rtol=1e-5, atol=1e-6)
 
 
-def test_a_strided_16_bit_parameter_steps_on_its_master_and_is_written_back():
-    base = torch.randn(8, 12)
-    mine = torch.nn.Parameter(base.to(torch.bfloat16)[:, ::3])
-    reference = torch.nn.Parameter(base.to(torch.bfloat16).float()[:, ::3].clone())  # what the master follows
-    opt, ref = gpuops.optim.AdamW([mine], lr=0.1), torch.optim.AdamW([reference], lr=0.1, foreach=False)
-    for _ in range(4):
-        grad = torch.randn(8, 4)
-        mine.grad, reference.grad = grad.to(torch.bfloat16), grad.to(torch.bfloat16).float()
+def test_state_torch_laid_out_otherwise_is_continued():
+    """torch's SGD momentum buffer takes its first gradient's layout (contiguous, for a transposed parameter):
+    loaded into ours it is laid out as our state and continued."""
+    base = torch.randn(6, 4)
+    theirs, mine = (torch.nn.Parameter(base.clone().t()) for _ in range(2))
+    opt_t = torch.optim.SGD([theirs], lr=0.1, momentum=0.9, foreach=False)
+    theirs.grad = torch.randn(4, 6)
+    opt_t.step()
+    assert opt_t.state[theirs]["momentum_buffer"].stride() != theirs.stride()
+    with torch.no_grad():
+        mine.copy_(theirs)
+    opt = gpuops.optim.SGD([mine], lr=0.1, momentum=0.9)
+    opt.load_state_dict(copy.deepcopy(opt_t.state_dict()))
+    for _ in range(3):
+        grad = torch.randn(4, 6)
+        theirs.grad, mine.grad = grad.clone(), grad.clone()
+        opt_t.step()
         opt.step()
-        ref.step()
-    torch.testing.assert_close(opt.state[mine]["master_param"], reference, rtol=1e-5, atol=1e-6)
-    assert torch.equal(mine, reference.to(torch.bfloat16))
-    assert len(opt.__dict__["_master_versions"]) == 1  # the stepped copies are not remembered
+    torch.testing.assert_close(mine, theirs)
+    torch.testing.assert_close(opt.state_dict(), opt_t.state_dict())
+    assert copy.deepcopy(opt).state_dict()["state"][0].keys() == {"momentum_buffer"}  # a copy keeps torch's form
 
 
 @pytest.mark.parametrize("kwargs", [{"lr": 0.02}, {"lr": 0.02, "momentum": 0.9}, {"lr": 0.02, "momentum": 0.9,

@@ -54,6 +54,43 @@ def test_at_world_size_one_only_a_lost_change_is_reported(reduce_in_backward):
         dist.destroy_process_group()
 
 
+def test_torchs_scaler_is_refused_on_every_path_and_leaves_nothing_behind():
+    """World size 1, in this process: torch.amp.GradScaler is refused with or without unscale_() and with the
+    optimizer's own clip between them (which reduces, but is no scaler's check); the scale it handed over is
+    removed, so a plain step afterwards works; gpuops.GradScaler on the same paths steps."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        model = _model()
+        opt = gpuops.ZeroOptimizer(model.parameters(), stage=2, lr=1e-2)
+        for between in (lambda s: None, lambda s: s.unscale_(opt),
+                        lambda s: (s.unscale_(opt), opt.clip_grad_norm_(1.0)), lambda s: opt.clip_grad_norm_(1.0)):
+            for scaler_cls, refused in ((torch.amp.GradScaler, True), (gpuops.GradScaler, False)):
+                scaler = scaler_cls("cpu", init_scale=2.0**8)
+                before = [p.detach().clone() for p in model.parameters()]
+                opt.zero_grad()
+                x, y = _batch(1, 0)
+                scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+                between(scaler)
+                if refused:
+                    with pytest.raises(TypeError, match="Use gpuops.GradScaler"):
+                        scaler.step(opt)
+                    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+                    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+                else:
+                    scaler.step(opt)
+                    scaler.update()
+                    assert not all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(_batch(2, 0)[0]), _batch(2, 0)[1]).backward()
+        opt.step()  # no scaler: nothing left over refuses it
+    finally:
+        import gc
+
+        gc.collect()
+        dist.destroy_process_group()
+
+
 # ------------------------------------------------------------------------------------------------- helpers
 def _model():
     torch.manual_seed(3)  # the same initial weights on every rank
