@@ -70,6 +70,9 @@ class FlatParams {
   /// parameter of the bucket gets its view. For a reduction from autograd hooks, where autograd made the
   /// gradient of a parameter whose .grad was undefined.
   void adopt_grad(size_t bucket, size_t slot);
+  /// Allocates bucket `bucket`'s gradient buffer, zeroed, when it has none, without giving the parameters views
+  /// (ZeRO stage 3: they may be placeholders of another shape).
+  void allocate_grad(size_t bucket);
   /// Whether every parameter's .grad and data are still the views of the buffers.
   bool intact() const;
   /// The rank-th of world_size equal slices of a bucket's `data` or `grad` buffer (ZeRO's shard).

@@ -78,6 +78,21 @@ struct ZeroOptions {
   /// for all. Everything else of the optimizer (zero_grad, the reductions, the step, checkpoints,
   /// TrainingState) waits for all first.
   bool overlap_param_gather = false;
+
+  // ------------------------------------------------------------------ stage 3 (zero_units.cpp)
+  /// Stage 3: the unit of every parameter (params[i] belongs to unit units[i], units numbered 0 .. U-1 in the
+  /// order a forward first runs them: the rest of the model, then each block). Each unit's parameters of one
+  /// dtype form one flat buffer (bucket_bytes does not apply); a unit's full parameters exist only while it
+  /// runs (gather_unit / release_unit, called around its forward and backward: Python's module hooks, C++'s
+  /// ShardedSequential). Empty: one unit holding every parameter.
+  std::vector<int64_t> units;
+  /// Stage 3: gathers launched ahead of the unit that runs, in the order of the last forward (backward: its
+  /// reverse). 0: none. [0, 64].
+  int64_t prefetch = 1;
+  /// Stage 3: a unit's full parameters are freed after its forward and gathered again for its backward
+  /// (FSDP2's reshard_after_forward=True); false keeps them from its forward until its backward is done (less
+  /// traffic, more memory). A forward without autograd (torch::NoGradGuard, evaluation) always frees them.
+  bool reshard_after_forward = true;
 };
 
 /// An optimizer's state tensors by name ("step", "exp_avg", "momentum_buffer", "master_param", ...), the names
@@ -115,6 +130,8 @@ class ZeroShards {
   const FlatParams::Bucket& bucket(size_t k) const { return flats_[k]->buckets()[0]; }
   /// One fp32 leaf per flat buffer (see the top of this file); its .grad is the reduced gradient shard.
   const std::vector<at::Tensor>& shard_params() const { return shards_; }
+  /// The shape of slot `slot` of bucket k's parameter (stage 3: its full shape, also while it is a placeholder).
+  at::IntArrayRef param_sizes(size_t k, size_t slot) const;
   /// Number of parameters given (the consolidated state's length).
   size_t param_count() const { return slot_of_param_.size(); }
 
@@ -145,6 +162,32 @@ class ZeroShards {
   void wait_for_parameters(const std::vector<at::Tensor>& params) const;
   /// ... of every bucket, the first parameters' first.
   void wait_for_parameters() const;
+
+  // ------------------------------------------------------------------ stage 3 units (zero_units.cpp)
+  size_t unit_count() const { return unit_buckets_.size(); }
+  /// Before unit u's forward: its parameters gathered (waited) and the next `prefetch` units of the last
+  /// forward's order launched. Collective (every rank runs the same units in the same order). Inside a backward
+  /// (a checkpointed unit recomputed) it only makes sure u is gathered.
+  void unit_pre_forward(size_t u);
+  /// After unit u's forward: frees its full parameters (reshard_after_forward, or no autograd); inside a
+  /// backward (recomputation) it keeps them for the backward that follows.
+  void unit_post_forward(size_t u);
+  /// Before unit u's backward (the gradient of one of its outputs arrived): u gathered, the previous units'
+  /// gathers launched. Ends with the backward pass: every unit is freed and (reduce_in_backward) every
+  /// gradient reduced when the backward finishes.
+  void unit_pre_backward(size_t u);
+  /// Whether unit u's full parameters are in place (tests, and Python's checks).
+  bool unit_gathered(size_t u) const;
+  /// The parameters (indices into the constructor's list) of unit u.
+  std::vector<size_t> unit_params(size_t u) const;
+  /// Bytes of full (gathered) parameter buffers held now: the units in flight.
+  int64_t gathered_bytes() const;
+  /// Stage 3: the full values of every parameter, in the order given, on rank `to`'s host memory, gathered
+  /// unit by unit (no device ever holds more than one unit); other ranks get an empty vector. Collective.
+  std::vector<at::Tensor> full_parameters(int to);
+  /// Stage 3: sets every parameter's shard from full values (parameter order, any device: a model's
+  /// state_dict); masters follow. c10::ValueError, nothing changed, for a count, shape or dtype that differs.
+  void load_full_parameters(const std::vector<at::Tensor>& values);
 
   int64_t gradient_bytes() const;  ///< flat gradients while allocated, plus the separate fp32 gradient shards
   int64_t master_bytes() const;    ///< fp32 master shards of 16-bit buffers
@@ -227,6 +270,21 @@ class ZeroShards {
   /// Waits for what such a pass launched and forgets it (zero_grad then starts afresh).
   void abandon_pass();
 
+  // stage 3 (zero_units.cpp)
+  enum class UnitState { Sharded, Gathering, Full };
+  void build_units();  ///< the units' buckets and full views; every unit released
+  void gather_unit(size_t u);   ///< launches u's all-gathers (nothing when not Sharded)
+  void wait_unit(size_t u);     ///< u in place: parameters (and existing gradient buffers) attached
+  void release_unit(size_t u);  ///< u's full parameters freed, its parameters placeholders
+  void release_units();         ///< every unit (stale after a step; the end of a backward)
+  void begin_pass();            ///< the first hook of a backward pass: finish_pass queued at its end
+  bool in_backward() const;
+  /// The values handed to the all-gather: the fp32 shard parameter, or a 16-bit buffer's rounded shard.
+  at::Tensor param_shard(size_t k) const;
+  /// Gives bucket k a zeroed flat gradient when it has none (stage 3: without views; its parameters may be
+  /// placeholders).
+  void ensure_grad(size_t k);
+
   dist::Communicator comm_;
   ZeroOptions options_;
   std::string id_;
@@ -256,6 +314,15 @@ class ZeroShards {
   /// Launched, not finished: (bucket, work); no work for a 16-bit bucket (reduced in fp32 chunks, waited inside).
   std::deque<std::pair<size_t, std::optional<dist::Work>>> pending_;
   std::vector<at::Tensor> reduced_;        ///< per bucket: the reduced shard of the pass, until finished
+  // stage 3 only
+  std::vector<at::Tensor> low_shards_;              ///< per 16-bit bucket: the rounded shard (all-gather input)
+  std::vector<size_t> unit_of_bucket_;
+  std::vector<std::vector<size_t>> unit_buckets_;   ///< per unit: its buckets
+  std::vector<UnitState> unit_state_;
+  std::vector<std::vector<dist::Work>> unit_works_; ///< per unit: its gathers in flight
+  std::vector<size_t> unit_ready_;                  ///< per unit: buckets whose gradients all arrived (this pass)
+  /// Per bucket and slot: the parameter's full shape over the bucket's storage (what it is while gathered).
+  std::vector<std::vector<at::Tensor>> full_views_;
 };
 
 /// What every ZeroOptimizer<Base> offers without its Base: for TrainingState (one file per rank) and Python.

@@ -37,6 +37,7 @@ import torch
 from . import _C
 from . import dist as _dist
 from .amp import clip_sharded_grad_norm_
+from .zero_units import full_state_dict, install_state_dict_hooks, install_unit_hooks, sharded_names, unit_layout
 
 _KIND_NAMES = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}
 
@@ -118,8 +119,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
     _reduced_for_scaler = False  # class default: copies and unpickled optimizers start without a pending check
 
     def __init__(self, params, optimizer_class=None, communicator=None, stage: int = 1, *,
-                 reduce_in_backward: bool = False, bucket_bytes: int = 25 * 2**20,
-                 overlap_param_gather: Union[bool, torch.nn.Module] = False, **defaults) -> None:
+                 reduce_in_backward: Optional[bool] = None, bucket_bytes: int = 25 * 2**20,
+                 overlap_param_gather: Union[bool, torch.nn.Module] = False, model: Optional[torch.nn.Module] = None,
+                 units=None, prefetch: int = 1, reshard_after_forward: bool = True, **defaults) -> None:
         if communicator is None or isinstance(communicator, torch.distributed.ProcessGroup):
             communicator = _dist.Communicator(communicator)
         if not isinstance(communicator, _C.Communicator):  # no way to reach the other ranks: this one raises alone
@@ -128,6 +130,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         try:  # a bad argument on this rank reaches every rank, waiting in the construction's agreement
             kind = _kind_of(optimizer_class if optimizer_class is not None else "adamw")
             params, names = _split_names(params)
+            unit_of, unit_order = [], []
+            if stage == 3:
+                unit_of, unit_order = unit_layout(model, units, params, names)
+            elif model is not None or units is not None:
+                raise ValueError(f"gpuops.ZeroOptimizer: model= and units= are for stage 3 (parameters sharded), "
+                                 f"got stage={stage!r}")
+            if reduce_in_backward is None:  # stage 3: each unit's gradients reduced as soon as its backward is done
+                reduce_in_backward = stage == 3
             module = overlap_param_gather if isinstance(overlap_param_gather, torch.nn.Module) else None
             if module is not None:  # its forward pre-hooks are what waits: every parameter must be the module's
                 owned = {id(p) for p in module.parameters()}
@@ -139,8 +149,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         except Exception as error:  # noqa: BLE001 - raised below, after the other ranks heard of it
             _dist.fail_together(communicator, "ZeroOptimizer", error)
         self._impl = _C.ZeroOptimizer(params, communicator, stage, kind, dict(defaults), reduce_in_backward,
-                                      bucket_bytes, names, True if module is not None else overlap_param_gather)
+                                      bucket_bytes, names, True if module is not None else overlap_param_gather,
+                                      unit_of, prefetch, reshard_after_forward)
         self._hooks = _wait_hooks(self, module, params) if module is not None else []
+        self.model = model
+        self._sharded_names = sharded_names(model, params) if stage == 3 else {}
+        if stage == 3:
+            self._hooks += install_unit_hooks(self, model, unit_order)
+            self._hooks += install_state_dict_hooks(self, model, self._sharded_names)
         self._params = params  # the model's, for the unsharded optimizer's load checks
         self.param_names = names
         self.communicator = communicator
@@ -206,6 +222,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the flat gradients (stage 2: allocates them again) for the next backward."""
         self._impl.zero_grad()
+
+    def full_state_dict(self, to: int = 0) -> Optional[dict]:
+        """Stage 3: the model's full state_dict on rank ``to``'s host memory, its parameters gathered unit by unit
+        (no device holds the whole model), which an unsharded model loads with ``load_state_dict``; None on the
+        other ranks. Collective: every rank calls it."""
+        return full_state_dict(self, self.model, self._sharded_names, to)
 
     def wait_for_parameters(self, params=None) -> None:
         """Waits for the all-gathers after the last step (``overlap_param_gather``) of the buckets holding

@@ -199,21 +199,25 @@ void bind_zero_optimizer(py::module_& m) {
       .def(py::init([](const py::object& params, dist::Communicator& communicator, const py::object& stage,
                        const std::string& optimizer, const py::dict& options, const py::object& reduce_in_backward,
                        const py::object& bucket_bytes, const std::vector<std::string>& param_names,
-                       const py::object& overlap_param_gather) {
+                       const py::object& overlap_param_gather, const std::vector<int64_t>& units,
+                       const py::object& prefetch, const py::object& reshard_after_forward) {
              const std::string where = "gpuops.ZeroOptimizer";
              Construct construct;
              try {
                auto tensors = tensor_list_arg(where, "params", params);
                const int64_t s = int_arg(where, "stage", stage);
-               if (s != 1 && s != 2)
-                 throw py::value_error(where + ": stage must be 1 (optimizer state sharded) or 2 (optimizer state "
-                                       "and gradients sharded), got " + text_of(stage));
+               if (s < 1 || s > 3)
+                 throw py::value_error(where + ": stage must be 1 (optimizer state sharded), 2 (optimizer state "
+                                       "and gradients sharded) or 3 (parameters too), got " + text_of(stage));
                optim::ZeroOptions zero;
                zero.stage = static_cast<int>(s);
                zero.reduce_in_backward = bool_arg(where, "reduce_in_backward", reduce_in_backward);
                zero.bucket_bytes = int_arg(where, "bucket_bytes", bucket_bytes);
                zero.param_names = param_names;
                zero.overlap_param_gather = bool_arg(where, "overlap_param_gather", overlap_param_gather);
+               zero.units = units;
+               zero.prefetch = int_arg(where, "prefetch", prefetch);
+               zero.reshard_after_forward = bool_arg(where, "reshard_after_forward", reshard_after_forward);
                if (zero.bucket_bytes < 1)
                  throw py::value_error(where + ": bucket_bytes must be >= 1, got " + text_of(bucket_bytes));
                Keywords k{where, options, {}};
@@ -226,7 +230,26 @@ void bind_zero_optimizer(py::module_& m) {
            }),
            py::arg("params"), py::arg("communicator"), py::arg("stage"), py::arg("optimizer"), py::arg("options"),
            py::arg("reduce_in_backward") = false, py::arg("bucket_bytes") = optim::ZeroOptions().bucket_bytes,
-           py::arg("param_names") = std::vector<std::string>{}, py::arg("overlap_param_gather") = false)
+           py::arg("param_names") = std::vector<std::string>{}, py::arg("overlap_param_gather") = false,
+           py::arg("units") = std::vector<int64_t>{}, py::arg("prefetch") = 1, py::arg("reshard_after_forward") = true)
+      // stage 3: the module hooks of gpuops.ZeroOptimizer call these around each unit (collective: gathers)
+      .def("unit_count", [](const ShardedOptimizer& z) { return z.shards().unit_count(); })
+      .def("unit_pre_forward", [](ShardedOptimizer& z, size_t u) { z.shards().unit_pre_forward(u); },
+           py::arg("unit"), py::call_guard<py::gil_scoped_release>())
+      .def("unit_post_forward", [](ShardedOptimizer& z, size_t u) { z.shards().unit_post_forward(u); },
+           py::arg("unit"), py::call_guard<py::gil_scoped_release>())
+      .def("unit_pre_backward", [](ShardedOptimizer& z, size_t u) { z.shards().unit_pre_backward(u); },
+           py::arg("unit"), py::call_guard<py::gil_scoped_release>())
+      .def("unit_gathered", [](const ShardedOptimizer& z, size_t u) { return z.shards().unit_gathered(u); },
+           py::arg("unit"))
+      .def("unit_params", [](const ShardedOptimizer& z, size_t u) { return z.shards().unit_params(u); },
+           py::arg("unit"))
+      .def("gathered_bytes", [](const ShardedOptimizer& z) { return z.shards().gathered_bytes(); })
+      .def("full_parameters", [](ShardedOptimizer& z, int to) { return z.shards().full_parameters(to); },
+           py::arg("to") = 0, py::call_guard<py::gil_scoped_release>())
+      .def("load_full_parameters",
+           [](ShardedOptimizer& z, const std::vector<at::Tensor>& values) { z.shards().load_full_parameters(values); },
+           py::arg("values"))
       .def(
           "step",
           [](ShardedOptimizer& z, const py::object& grad_scale, const py::object& found_inf) {

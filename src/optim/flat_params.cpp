@@ -164,6 +164,11 @@ void FlatParams::adopt_grad(size_t b, size_t slot) {
   if (own.defined()) s.param.mutable_grad().copy_(own);
 }
 
+void FlatParams::allocate_grad(size_t b) {
+  TORCH_CHECK_VALUE(b < buckets_.size(), "FlatParams::allocate_grad: bucket ", b, " is out of range");
+  if (!buckets_[b].grad.defined()) buckets_[b].grad = at::zeros_like(buckets_[b].data);
+}
+
 namespace {
 // The parameter of slot `s` is no longer a view of its place in `b`'s buffer.
 bool detached(const FlatParams::Bucket& b, const FlatParams::Slot& s) {

@@ -40,11 +40,12 @@ at::Tensor layout_of(const FlatParams::Bucket& b) {
 int64_t used_end(const FlatParams::Bucket& b) { return b.slots.back().offset + b.slots.back().numel; }
 
 // Each parameter's dimension count then sizes, one flat list.
-at::Tensor shapes_of(const FlatParams::Bucket& b) {
+at::Tensor shapes_of(const ZeroShards& z, size_t k) {
   std::vector<int64_t> v;
-  for (const auto& s : b.slots) {
-    v.push_back(s.param.dim());
-    for (int64_t d : s.param.sizes()) v.push_back(d);
+  for (size_t i = 0; i < z.bucket(k).slots.size(); ++i) {
+    const auto sizes = z.param_sizes(k, i);
+    v.push_back(static_cast<int64_t>(sizes.size()));
+    for (int64_t d : sizes) v.push_back(d);
   }
   return at::tensor(v, at::kLong);
 }
@@ -113,7 +114,7 @@ void ZeroShards::write_shard(torch::serialize::OutputArchive& archive, const std
     out.write("dtype", c10::IValue(static_cast<int64_t>(b.dtype)));
     out.write("numel", c10::IValue(b.data.numel()));
     out.write("layout", c10::IValue(layout_of(b)));
-    out.write("shapes", c10::IValue(shapes_of(b)));
+    out.write("shapes", c10::IValue(shapes_of(*this, k)));
     std::string names;
     for (size_t i = 0; i < b.slots.size(); ++i)
       if (!options_.param_names.empty()) names += (i ? "\n" : "") + options_.param_names[param_of_slot_[k][i]];
@@ -234,7 +235,7 @@ ZeroShards::ReadShards ZeroShards::read_from(int64_t n_old, const ShardLoader& l
         TORCH_CHECK_VALUE(!named || names[i] == options_.param_names[param_of_slot_[k][i]], where, ": ", file,
                           " was saved for other parameters: it has '", names[i], "' where this optimizer has ",
                           describe(k, i));
-        TORCH_CHECK_VALUE(mine.slots[i].param.sizes().vec() == shapes[i], where, ": ", file, " was saved for other "
+        TORCH_CHECK_VALUE(param_sizes(k, i).vec() == shapes[i], where, ": ", file, " was saved for other "
                           "parameters: ", describe(k, i), " has shape ", c10::IntArrayRef(shapes[i]), " in the file");
       }
       const at::Tensor layout = read_value(saved, "layout", file).toTensor();
@@ -345,7 +346,7 @@ std::vector<NamedTensors> ZeroShards::consolidate(const std::vector<NamedTensors
     NamedTensors state;
     for (const auto& [name, t] : whole[k]) {
       const bool elementwise = t.dim() == 1;  // the shared scalars are 0-dim
-      state[name] = elementwise ? t.narrow(0, slot.offset, slot.numel).view(slot.param.sizes()).clone() : t.clone();
+      state[name] = elementwise ? t.narrow(0, slot.offset, slot.numel).view(param_sizes(k, slot_index)).clone() : t.clone();
     }
     per_param.push_back(std::move(state));
   }
@@ -373,12 +374,12 @@ std::vector<NamedTensors> ZeroShards::shard_states_of(const std::vector<NamedTen
       TORCH_CHECK_VALUE(t.defined() && t.is_floating_point(), where, ": state[", i, "]['", name,
                         "'] must be a floating tensor");
       const bool elementwise = t.numel() == slot.numel && !(name == "step" && t.dim() == 0);
-      TORCH_CHECK_VALUE(!elementwise || t.sizes() == slot.param.sizes() || slot.numel == 1, where, ": state[", i,
-                        "]['", name, "'] has shape ", t.sizes(), " but its parameter has shape ", slot.param.sizes(),
+      TORCH_CHECK_VALUE(!elementwise || t.sizes() == param_sizes(k, slot_index) || slot.numel == 1, where, ": state[", i,
+                        "]['", name, "'] has shape ", t.sizes(), " but its parameter has shape ", param_sizes(k, slot_index),
                         "; the state belongs to another model");
       if (!elementwise) {
         TORCH_CHECK_VALUE(t.numel() == 1, where, ": state[", i, "]['", name, "'] has shape ", t.sizes(),
-                          " but its parameter has shape ", slot.param.sizes());
+                          " but its parameter has shape ", param_sizes(k, slot_index));
         const at::Tensor& other = ref.at(name);
         TORCH_CHECK_VALUE(at::equal(t.to(at::kDouble).reshape({}), other.to(at::kDouble).reshape({})), where,
                           ": state[", i, "]['", name, "'] = ", t.item<double>(), " but state[", first_of[k], "]['",
@@ -407,7 +408,7 @@ std::vector<at::Tensor> ZeroShards::take_masters(std::vector<NamedTensors>& stat
                       kMaster, "' of flat buffer ", k, " must be a floating tensor of ", shards_[k].numel(),
                       " elements, got ", m.defined() ? m.toString() : "none", " of shape ",
                       m.defined() ? c10::str(m.sizes()) : "[]");
-    if (is_master(k))
+    if (is_master(k) || stage() == 3)
       masters[k] = m.detach().reshape({-1}).to(shards_[k].options().requires_grad(false), /*non_blocking=*/false,
                                                 /*copy=*/true);
     states[k].erase(found);
@@ -419,6 +420,12 @@ void ZeroShards::install_loaded(const std::vector<at::Tensor>& masters, std::str
   wait_for_parameters();  // masters made again from the parameters read them
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < shards_.size(); ++k) {
+    if (stage() == 3) {  // the shard is the parameter: a state without one leaves it as it is
+      release_units();
+      if (masters[k].defined()) shards_[k].copy_(masters[k]);
+      if (is_master(k)) low_shards_[k].copy_(shards_[k]);  // rounded to nearest even
+      continue;
+    }
     if (is_master(k)) shards_[k].copy_(masters[k].defined() ? masters[k] : data_shard(k).to(at::kFloat));
     record_versions(k);
   }
@@ -428,7 +435,7 @@ void ZeroShards::install_loaded(const std::vector<at::Tensor>& masters, std::str
 
 std::vector<NamedTensors> ZeroShards::with_masters(std::vector<NamedTensors> states) const {
   for (size_t k = 0; k < shards_.size(); ++k)
-    if (is_master(k)) states[k][kMaster] = shards_[k].detach();
+    if (is_master(k) || stage() == 3) states[k][kMaster] = shards_[k].detach();  // stage 3: the parameters' shard
   return states;
 }
 

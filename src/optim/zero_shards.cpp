@@ -14,6 +14,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "gpuops/agreement.h"
 #include "gpuops/zero_optimizer.h"
@@ -52,10 +53,36 @@ int64_t params_hash(const std::vector<at::Tensor>& params) {
 
 FlatParamsOptions padded_to(int world_size);
 
+// Stage 3's options; the units must number 0 .. U-1, each holding a parameter.
+void check_units(const ZeroOptions& options, size_t n_params) {
+  TORCH_CHECK_VALUE(options.prefetch >= 0 && options.prefetch <= 64, "ZeroOptimizer: prefetch must be in [0, 64] "
+                    "units, got ", options.prefetch);
+  if (options.stage != 3) {
+    TORCH_CHECK_VALUE(options.units.empty(), "ZeroOptimizer: units are for stage 3 (parameters sharded), got ",
+                      options.units.size(), " with stage ", options.stage);
+    return;
+  }
+  TORCH_CHECK_VALUE(!options.overlap_param_gather, "ZeroOptimizer: overlap_param_gather is for stages 1 and 2; stage "
+                    "3 gathers each unit before it runs (prefetch sets how far ahead)");
+  if (options.units.empty()) return;
+  TORCH_CHECK_VALUE(options.units.size() == n_params, "ZeroOptimizer: ", options.units.size(), " units for ",
+                    n_params, " parameters; give the unit of every parameter, or none (one unit)");
+  const int64_t count = *std::max_element(options.units.begin(), options.units.end()) + 1;
+  std::vector<bool> used(static_cast<size_t>(std::max<int64_t>(count, 0)), false);
+  for (size_t i = 0; i < options.units.size(); ++i) {
+    TORCH_CHECK_VALUE(options.units[i] >= 0, "ZeroOptimizer: units[", i, "] must be >= 0, got ", options.units[i]);
+    used[static_cast<size_t>(options.units[i])] = true;
+  }
+  const auto empty = std::find(used.begin(), used.end(), false);
+  TORCH_CHECK_VALUE(empty == used.end(), "ZeroOptimizer: unit ", empty - used.begin(), " has no parameter; number "
+                    "the units 0 .. U-1 (", count, " here), each holding at least one parameter");
+}
+
 // This rank's checks of the arguments; nothing changes.
 void check_arguments(const std::vector<at::Tensor>& params, const ZeroOptions& options, int world_size) {
-  TORCH_CHECK_VALUE(options.stage == 1 || options.stage == 2, "ZeroOptimizer: stage must be 1 (optimizer state "
-                    "sharded) or 2 (optimizer state and gradients sharded), got ", options.stage);
+  TORCH_CHECK_VALUE(options.stage >= 1 && options.stage <= 3, "ZeroOptimizer: stage must be 1 (optimizer state "
+                    "sharded), 2 (optimizer state and gradients sharded) or 3 (parameters too), got ", options.stage);
+  check_units(options, params.size());
   TORCH_CHECK_VALUE(options.bucket_bytes >= 1, "ZeroOptimizer: bucket_bytes must be >= 1, got ", options.bucket_bytes);
   TORCH_CHECK_VALUE(options.param_names.empty() || options.param_names.size() == params.size(), "ZeroOptimizer: ",
                     options.param_names.size(), " param_names for ", params.size(), " parameters; give one name per "
@@ -80,6 +107,29 @@ FlatParamsOptions padded_to(int world_size) {
   FlatParamsOptions o;
   o.world_size = world_size;
   return o;
+}
+
+// Stage 3: one bucket per unit, dtype and device, the last unit's first (backward's order); within a bucket the
+// parameters keep their order.
+std::vector<std::vector<at::Tensor>> unit_buckets_of(const std::vector<at::Tensor>& params,
+                                                     const std::vector<int64_t>& units) {
+  std::vector<std::vector<at::Tensor>> buckets;
+  const int64_t count = units.empty() ? 1 : *std::max_element(units.begin(), units.end()) + 1;
+  for (int64_t u = count; u-- > 0;) {
+    const size_t first = buckets.size();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!units.empty() && units[i] != u) continue;
+      auto same = std::find_if(buckets.begin() + static_cast<std::ptrdiff_t>(first), buckets.end(), [&](const auto& b) {
+        return b.front().scalar_type() == params[i].scalar_type() && b.front().device() == params[i].device();
+      });
+      if (same == buckets.end()) {
+        buckets.emplace_back();
+        same = buckets.end() - 1;
+      }
+      same->push_back(params[i]);
+    }
+  }
+  return buckets;
 }
 
 // The parameters cut into buckets, in reverse order (backward's), each of one dtype and device and at most
@@ -126,9 +176,14 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
       .field("bucket_bytes", std::to_string(options_.bucket_bytes))
       .field("reduce_in_backward", options_.reduce_in_backward ? "true" : "false")
       .field("overlap_param_gather", options_.overlap_param_gather ? "true" : "false")
+      .field("units", fmt::format("{} parameters' units, fingerprint {}", options_.units.size(),
+                                  dist::fingerprint(fmt::format("{}", fmt::join(options_.units, ",")))))
+      .field("prefetch", std::to_string(options_.prefetch))
+      .field("reshard_after_forward", options_.reshard_after_forward ? "true" : "false")
       .propose("optimizer id", dist::random_id());
   id_ = agreement.exchange(comm_).at(0).second;
-  for (const auto& group : buckets_of(params, options_.bucket_bytes))
+  const bool stage3 = options_.stage == 3;
+  for (const auto& group : stage3 ? unit_buckets_of(params, options_.units) : buckets_of(params, options_.bucket_bytes))
     flats_.push_back(std::make_unique<FlatParams>(group, padded_to(comm_.size())));
   // params[i] -> (bucket, slot).
   for (const at::Tensor& p : params) {
@@ -149,18 +204,21 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < flats_.size(); ++k) {
     const at::Tensor shard = data_shard(k);
-    // A float32 bucket's shard is stepped in place; a 16-bit one through its fp32 master.
-    shards_.push_back(is_master(k) ? shard.to(at::kFloat).requires_grad_(true)
-                                   : alias(bucket(k).data, comm_.rank() * shard.numel(), shard.numel())
+    // A float32 bucket's shard is stepped in place; a 16-bit one through its fp32 master. Stage 3 keeps the
+    // shard apart from the flat buffer, whose storage exists only while the unit is gathered.
+    shards_.push_back(is_master(k)  ? shard.to(at::kFloat).requires_grad_(true)
+                      : stage3      ? shard.clone().requires_grad_(true)
+                                    : alias(bucket(k).data, comm_.rank() * shard.numel(), shard.numel())
                                          .requires_grad_(true));
-    const bool separate = options_.stage == 2 || is_master(k) || options_.reduce_in_backward;
+    low_shards_.push_back(stage3 && is_master(k) ? shard.clone() : at::Tensor());
+    const bool separate = options_.stage >= 2 || is_master(k) || options_.reduce_in_backward;
     shard_grads_.push_back(separate ? at::zeros_like(shards_.back()) : at::Tensor());
   }
   versions_.resize(flats_.size());
   ready_.assign(flats_.size(), 0);
   accumulated_.assign(flats_.size(), false);
   reduced_.resize(flats_.size());
-  if (options_.reduce_in_backward && options_.stage == 2)
+  if ((options_.reduce_in_backward && options_.stage == 2) || stage3)
     for (auto& f : flats_) f->release_grads();  // a bucket's gradient exists from its first gradient on
   grad_versions_.resize(flats_.size());
   for (size_t k = 0; k < flats_.size(); ++k) {
@@ -170,7 +228,7 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
       auto accumulator = torch::autograd::impl::grad_accumulator(bucket(k).slots[i].param);
       const uintptr_t key = accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
           [this, k, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-            if (options_.reduce_in_backward) on_gradient(k, i);
+            if (options_.reduce_in_backward || options_.stage == 3) on_gradient(k, i);
             const at::Tensor& grad = bucket(k).slots[i].param.grad();
             grad_versions_[k][i] = grad.defined() ? grad._version() : -1;
             return outputs;
@@ -183,6 +241,7 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
     record_versions(k);
     record_grad_versions(k);
   }
+  if (stage3) build_units();  // every unit released: the parameters become placeholders
 }
 
 ZeroShards::~ZeroShards() {
@@ -195,9 +254,13 @@ ZeroShards::~ZeroShards() {
 
 std::string ZeroShards::describe(size_t k, size_t slot) const {
   const size_t i = param_of_slot_[k][slot];
-  const std::string shape = c10::str(bucket(k).slots[slot].param.sizes());
+  const std::string shape = c10::str(param_sizes(k, slot));
   if (options_.param_names.empty()) return "params[" + std::to_string(i) + "] (shape " + shape + ")";
   return "'" + options_.param_names[i] + "' (params[" + std::to_string(i) + "], shape " + shape + ")";
+}
+
+at::IntArrayRef ZeroShards::param_sizes(size_t k, size_t slot) const {
+  return options_.stage == 3 ? full_views_[k][slot].sizes() : bucket(k).slots[slot].param.sizes();
 }
 
 bool ZeroShards::is_master(size_t k) const { return bucket(k).dtype != at::kFloat; }
@@ -302,6 +365,18 @@ void ZeroShards::zero_grad() {
   // A model loaded through torch's C++ Module::load points its parameters at the loaded tensors: copy them in,
   // after the gathers that write the buffers. Otherwise the gathers go on (overlap_param_gather: the next
   // forward waits for them).
+  if (options_.stage == 3) {  // parameters stay placeholders; a gradient buffer exists from its first gradient on
+    if (pass_abandoned()) abandon_pass();
+    TORCH_CHECK(!pass_active_, "ZeroOptimizer.zero_grad: called during a backward pass");
+    release_units();
+    for (auto& f : flats_) f->release_grads();
+    for (auto& g : shard_grads_) g.zero_();
+    accumulated_.assign(flats_.size(), false);
+    install_shard_grads();
+    reduced_grads_ = false;
+    stepped_ = false;
+    return;
+  }
   if (!std::all_of(flats_.begin(), flats_.end(), [](const auto& f) { return f->attached(); })) wait_for_parameters();
   for (auto& f : flats_)
     if (f->reattach() > 0) reattached_ = true;
@@ -351,10 +426,17 @@ void ZeroShards::reduce_gradients() {
     reduced_grads_ = true;
     return;
   }
-  check_gradients(false);
+  const bool stage3 = options_.stage == 3;
+  if (stage3) {  // full gradients accumulated locally over the window; units no backward reached give zeros
+    TORCH_CHECK(!pass_abandoned(), "ZeroOptimizer.step: the last backward raised before it finished; call "
+                "zero_grad() (of this optimizer) and run it again");
+    for (size_t k = 0; k < flats_.size(); ++k) ensure_grad(k);
+  } else {
+    check_gradients(false);
+  }
   bool ours = true;
   for (const at::Tensor& shard : shards_) ours = ours && shard.grad().defined();
-  for (const auto& f : flats_) ours = ours && f->intact();
+  for (const auto& f : flats_) ours = ours && (stage3 || f->intact());
   TORCH_CHECK(ours, "ZeroOptimizer: the parameters' gradients are no longer the flat buffer's views (something "
               "set them to None, e.g. torch::optim::Optimizer::zero_grad, which is not virtual); call "
               "ZeroOptimizer::zero_grad() before backward");
@@ -370,7 +452,7 @@ void ZeroShards::reduce_gradients() {
   for (auto& w : works) w.wait();
   for (size_t k = 0; k < shards_.size(); ++k)
     if (is_master(k)) reduce_in_fp32(k, shard_grads_[k]);
-  if (options_.stage == 2)
+  if (options_.stage >= 2)
     for (auto& f : flats_) f->release_grads();  // only the shards are kept
   for (size_t k = 0; k < flats_.size(); ++k) record_grad_versions(k);
   reduced_grads_ = true;
@@ -383,26 +465,36 @@ void ZeroShards::on_gradient(size_t k, size_t slot) {
               "optimizer) before the next backward");
   TORCH_CHECK(!pass_abandoned(), "ZeroOptimizer: the previous backward raised before it finished, and its "
               "gradients were reduced in part; call zero_grad() (of this optimizer) before the next backward");
-  if (!pass_active_) {  // the first gradient of this backward pass: finish the pass when the backward ends
-    wait_for_parameters();  // buckets no forward read (unused parameters) are written before any reduction
-    pass_active_ = true;
-    // The engine drops a backward's callbacks when it raises: the token then expires with them, and the pass
-    // is known to be abandoned (pass_abandoned).
-    auto token = std::make_shared<char>();
-    pass_token_ = token;
-    torch::autograd::Engine::get_default_engine().queue_callback([this, token] { finish_pass(); });
-  }
+  begin_pass();
+  const size_t u = options_.stage == 3 ? unit_of_bucket_[k] : 0;
+  TORCH_CHECK(options_.stage != 3 || unit_state_[u] == UnitState::Full, "ZeroOptimizer: a gradient of ",
+              describe(k, slot), " arrived while its unit ", u, " was not gathered: its unit ran without the "
+              "stage-3 hooks (a parameter used outside its unit's forward, or a unit module not given to the "
+              "optimizer)");
   // Stage 2 frees a bucket's gradient once reduced: autograd then made this one on its own. Bring it in.
   const bool fresh = !bucket(k).grad.defined();
   flats_[k]->adopt_grad(0, slot);
   if (fresh) record_grad_versions(k);  // every slot's .grad is a new view
-  if (++ready_[k] == bucket(k).slots.size())
-    while (next_launch_ < flats_.size() && ready_[next_launch_] == bucket(next_launch_).slots.size()) launch(next_launch_++);
+  if (++ready_[k] != bucket(k).slots.size()) return;
+  if (options_.stage == 3 && ++unit_ready_[u] == unit_buckets_[u].size()) release_unit(u);  // its backward is done
+  if (!options_.reduce_in_backward) return;
+  while (next_launch_ < flats_.size() && ready_[next_launch_] == bucket(next_launch_).slots.size()) launch(next_launch_++);
+}
+
+void ZeroShards::begin_pass() {
+  if (pass_active_) return;  // the first hook of this backward pass: finish the pass when the backward ends
+  wait_for_parameters();  // buckets no forward read (unused parameters) are written before any reduction
+  pass_active_ = true;
+  // The engine drops a backward's callbacks when it raises: the token then expires with them, and the pass
+  // is known to be abandoned (pass_abandoned).
+  auto token = std::make_shared<char>();
+  pass_token_ = token;
+  torch::autograd::Engine::get_default_engine().queue_callback([this, token] { finish_pass(); });
 }
 
 void ZeroShards::launch(size_t k) {
   c10::NoGradGuard no_grad;
-  if (!bucket(k).grad.defined()) flats_[k]->zero_grad();  // no gradient arrived in this pass: zeros
+  ensure_grad(k);  // no gradient arrived in this pass: zeros
   reduced_[k] = at::empty_like(shard_grads_[k]);
   if (is_master(k)) {
     reduce_in_fp32(k, reduced_[k]);  // chunked, waited inside
@@ -421,7 +513,7 @@ void ZeroShards::finish_oldest() {
   accumulated_[k] ? shard_grads_[k].add_(reduced_[k]) : shard_grads_[k].copy_(reduced_[k]);
   accumulated_[k] = true;
   reduced_[k].reset();
-  if (options_.stage == 2) {
+  if (options_.stage >= 2) {
     flats_[k]->release_grads();
     record_grad_versions(k);
   } else {
@@ -446,15 +538,21 @@ void ZeroShards::abandon_pass() {
   pending_.clear();
   for (auto& r : reduced_) r.reset();
   ready_.assign(flats_.size(), 0);
+  unit_ready_.assign(unit_ready_.size(), 0);
   next_launch_ = 0;
   pass_active_ = false;
 }
 
 void ZeroShards::finish_pass() {
-  // Buckets that did not complete (parameters unused in this pass) go now, still in order; then all finish.
-  while (next_launch_ < flats_.size()) launch(next_launch_++);
-  while (!pending_.empty()) finish_oldest();
+  // Units still gathered (prefetched and not run, a unit whose parameters got no gradient) are freed first;
+  // buckets that did not complete (parameters unused in this pass) are reduced now, still in order.
+  if (options_.stage == 3) release_units();
+  if (options_.reduce_in_backward) {
+    while (next_launch_ < flats_.size()) launch(next_launch_++);
+    while (!pending_.empty()) finish_oldest();
+  }
   ready_.assign(flats_.size(), 0);
+  unit_ready_.assign(unit_ready_.size(), 0);
   next_launch_ = 0;
   pass_active_ = false;
 }
@@ -479,6 +577,7 @@ at::Tensor ZeroShards::global_divisor(const at::Tensor& divisor) {
 
 void ZeroShards::before_step() {
   wait_for_parameters();
+  if (options_.stage == 3) return;  // the parameters are the shards: nothing outside can have written them
   check_gradients(true);
   for (size_t k = 0; k < flats_.size(); ++k) record_grad_versions(k);
   c10::NoGradGuard no_grad;
@@ -500,7 +599,13 @@ void ZeroShards::after_step() {
   ++steps_;
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < shards_.size(); ++k)
-    if (is_master(k)) data_shard(k).copy_(shards_[k]);  // round to nearest even
+    if (is_master(k)) param_shard(k).copy_(shards_[k]);  // round to nearest even
+  if (options_.stage == 3) {  // gathered copies are stale: the next forward gathers the new values
+    release_units();
+    reduced_grads_ = false;
+    stepped_ = true;
+    return;
+  }
   // Launched in forward order (the last bucket holds the first parameters); waited here, or with
   // overlap_param_gather as the next forward reaches each bucket (wait_for_parameters).
   for (size_t k = flats_.size(); k-- > 0;) gathers_[k] = comm_.all_gather(bucket(k).data);

@@ -288,8 +288,8 @@ void scenario_bad_input(Communicator& comm) {
     for (size_t i = 0; i < params.size(); ++i)
       WORKER_CHECK(params[i].data_ptr() == before[i] && !params[i].grad().defined(), "{}: params[{}] changed", what, i);
   };
-  // A stage other than 1 or 2: named, before any collective.
-  for (int stage : {0, 3}) {
+  // A stage other than 1, 2 or 3: named, before any collective.
+  for (int stage : {0, 4}) {
     const auto m = value_error_of([&] { ZeroOptimizer(params, comm, stage, adamw_options()); });
     WORKER_CHECK(m.find("stage must be 1") != std::string::npos && m.find(std::to_string(stage)) != std::string::npos,
                  "stage {}: got '{}'", stage, m);

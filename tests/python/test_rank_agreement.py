@@ -130,7 +130,7 @@ def _construction(comm, rank):
     # One rank fails a local check (C++, the binding, Python): it raises its own error, the other names it.
     failing = [  # (what, rank 1's arguments, in every message, the type rank 1 raises)
         ("float64", dict(model=_model().double()), ["params[0] is Double"], "ValueError"),
-        ("stage 3", dict(stage=3), ["stage must be 1"], "ValueError"),
+        ("stage 5", dict(stage=5), ["stage must be 1"], "ValueError"),
         ("lr text", dict(lr="abc"), ["lr must be a real number"], "TypeError"),
         ("optimizer name", dict(optimizer_class="lion"), ["optimizer_class must be AdamW, Adam or SGD"], "ValueError"),
         ("negative lr", dict(lr=-1.0), ["Invalid learning rate"], "ValueError"),

@@ -157,7 +157,7 @@ def _run(scenario, dist):
         model = _model()
         before = [p.data_ptr() for p in model.parameters()]
         with pytest.raises(ValueError, match="stage must be 1"):
-            gpuops.ZeroOptimizer(model.parameters(), communicator=comm, stage=3)
+            gpuops.ZeroOptimizer(model.parameters(), communicator=comm, stage=4)
         params = list(model.parameters())
         if rank == 1:
             params[2] = torch.nn.Parameter(torch.zeros(6, 31))
