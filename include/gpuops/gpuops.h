@@ -20,3 +20,4 @@
 #include "gpuops/sharded_state.h"
 #include "gpuops/training_state.h"
 #include "gpuops/zero_optimizer.h"
+#include "gpuops/sharded_sequential.h"

@@ -180,6 +180,8 @@ class ZeroShards {
   bool unit_gathered(size_t u) const;
   /// The parameters (indices into the constructor's list) of unit u.
   std::vector<size_t> unit_params(size_t u) const;
+  /// The parameter tensors of unit u (ShardedSequential checks its layers against them).
+  std::vector<at::Tensor> unit_tensors(size_t u) const;
   /// Bytes of full (gathered) parameter buffers held now: the units in flight.
   int64_t gathered_bytes() const;
   /// Stage 3: the full values of every parameter, in the order given, on rank `to`'s host memory, gathered

@@ -149,6 +149,15 @@ std::vector<size_t> ZeroShards::unit_params(size_t u) const {
   return out;
 }
 
+std::vector<at::Tensor> ZeroShards::unit_tensors(size_t u) const {
+  TORCH_CHECK_VALUE(u < unit_buckets_.size(), "ZeroOptimizer: unit ", u, " is out of range [0, ",
+                    unit_buckets_.size(), ")");
+  std::vector<at::Tensor> out;
+  for (size_t k : unit_buckets_[u])
+    for (const auto& slot : bucket(k).slots) out.push_back(slot.param);
+  return out;
+}
+
 int64_t ZeroShards::gathered_bytes() const {
   int64_t bytes = 0;
   for (size_t k = 0; k < flats_.size(); ++k)
