@@ -267,7 +267,9 @@ def measure_peak(model_factory, optimizer_factory, batch, seq, precision="fp32",
         if checkpointing:
             model.gradient_checkpointing_enable()
         model.train()
-        opt = optimizer_factory(model.parameters())
+        # (a factory marked takes_model gets the model: ZeRO stage 3 hooks its units)
+        takes_model = getattr(optimizer_factory, "takes_model", False)
+        opt = optimizer_factory(model) if takes_model else optimizer_factory(model.parameters())
         V = vocab or model.config.vocab_size
         g = torch.Generator().manual_seed(seed)
         input_ids = torch.randint(0, V, (batch, seq), generator=g, device="cpu").to(device)

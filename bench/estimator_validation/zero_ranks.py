@@ -1,5 +1,5 @@
-"""The estimator's per-rank ZeRO figures (`gpuops estimate --zero 1|2 --gpus N`) against the per-rank peaks of
-gpuops.ZeroOptimizer, measured on CPU processes over Gloo with gpuops.memory_budget (measure.py's meter).
+"""The estimator's per-rank ZeRO figures (`gpuops estimate --zero 1|2 --gpus N`, and `--sharding gpuops` for
+stage 3) against the per-rank peaks of gpuops.ZeroOptimizer, measured on CPU processes over Gloo with gpuops.memory_budget (measure.py's meter).
 
     .venv/bin/python bench/estimator_validation/zero_ranks.py [--world 2]
 
@@ -68,10 +68,50 @@ def _rank_main():
                          "est_gradients": est.gradients})
             del held["opt"]
             dist.barrier()
+        rows += _stage3_rows(kind, cfg, name, batch, seq, rank, world)
     if rank == 0:
         print("ROWS " + json.dumps(rows), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _stage3_rows(kind, cfg, name, batch, seq, rank, world) -> list:
+    """ZeroOptimizer(stage=3), the blocks as units, against `--sharding gpuops` (reshard_after_forward both ways)."""
+    import torch
+    import torch.distributed as dist
+
+    import gpuops
+    from measure import make_config, measure_peak, model_factory_for
+
+    rows = []
+    for dtype in ("fp32", "bf16"):
+        for reshard in (True, False):
+            held = {}
+
+            def factory(model):
+                units = "model.layers" if kind == "llama" else "transformer.h"
+                held["opt"] = gpuops.ZeroOptimizer(model.named_parameters(), "adamw", stage=3, model=model,
+                                                   units=units, reshard_after_forward=reshard, lr=1e-3)
+                return held["opt"]
+
+            factory.takes_model = True
+            result = measure_peak(model_factory_for(kind, cfg, "sdpa"), factory, batch, seq, dtype, meter="gpuops")
+            peaks = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+            dist.all_gather(peaks, torch.tensor([result["peak"]]))
+            layout = dict(precision="fp32") if dtype == "fp32" else dict(precision="bf16-mixed", amp="master-copy")
+            est = gpuops.estimate(config=make_config(kind, cfg, "sdpa").to_dict(), **layout, optimizer="adamw",
+                                  optimizer_impl="fused", sharding="gpuops", reshard_after_forward=reshard,
+                                  num_gpus=world, micro_batch=batch, seq_len=seq, device="cpu")
+            rows.append({"model": name, "batch": batch, "seq": seq, "dtype": dtype, "stage": 3, "world": world,
+                         "reshard_after_forward": reshard, "reduce_in_backward": True, "bucket_bytes": 0,
+                         "measured": [int(p.item()) for p in peaks], "peak_phase": result["peak_phase"],
+                         "state_bytes": held["opt"].state_bytes(), "estimated": est.total_bytes,
+                         "est_phase": est.peak_phase,
+                         "est_optimizer_states": est.optimizer_states + est.master_weights,
+                         "est_gradients": est.gradients})
+            del held["opt"]
+            dist.barrier()
+    return rows
 
 
 def run(world: int = 2) -> list:

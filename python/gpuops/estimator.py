@@ -151,6 +151,7 @@ def estimate(
     zero_bucket_bytes: int = 0,
     sharding: str = "flat",
     reshard_after_forward: bool = True,
+    zero_prefetch: int = 1,
     reduce_dtype: str = "grad",
     offload_optimizer: bool = False,
     quantize_lm_head: bool = False,
@@ -202,7 +203,10 @@ def estimate(
     ``offload_optimizer=True`` is ZeRO-Offload (states, fp32 master and the step on the host).
     ``sharding="fsdp2"`` is torch's ``fully_shard`` (per-tensor dim-0 shards; ``zero_stage`` 0 means 3) with
     ``reshard_after_forward`` as given to the blocks and ``reduce_dtype`` its MixedPrecisionPolicy's (``"grad"``:
-    the gradients' dtype, ``"fp32"``: float32 reduce-scatters, as torchtitan). ``base_dtype`` also takes ``"nf4-nodq"`` (NF4 without
+    the gradients' dtype, ``"fp32"``: float32 reduce-scatters, as torchtitan). ``sharding="gpuops"`` is
+    ``gpuops.ZeroOptimizer(stage=3)`` (one flat buffer per block, the rest of the model one more unit, fp32
+    gradient shards; ``zero_stage`` 0 means 3) with ``reshard_after_forward`` and ``zero_prefetch`` (its
+    ``prefetch``: units gathered ahead). ``base_dtype`` also takes ``"nf4-nodq"`` (NF4 without
     double quantisation) and ``"fp32"`` (an fp32 base, e.g. LoRA at ``precision="fp32"``);
     ``quantize_lm_head=True`` stores an untied LM head like an int8/nf4 base; ``bnb_version`` is the
     bitsandbytes release of an int8/nf4 base (``"0.42.0"``: before 0.43.2 the 4-bit matmul keeps its input for

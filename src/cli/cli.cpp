@@ -45,7 +45,7 @@ struct EstimateOptions {
   std::vector<std::string> lora_targets = {"q", "v"};
   bool recommend = false, json = false;
   // Optimizer placement and sharding (docs/estimator.md, "Optimizers, offload and sharding"):
-  std::string sharding = "flat", reshard_after_forward = "true", reduce_dtype = "grad";
+  std::string sharding = "flat", reshard_after_forward = "true", reduce_dtype = "grad", zero_prefetch = "1";
   bool offload_optimizer = false, quantize_lm_head = false;
   // The CUDA software (docs/estimator.md, "Three figures"):
   std::string cuda = "13", module_loading = "lazy", allocator = "default", context_bytes = "-1", device_profile;
@@ -104,7 +104,8 @@ est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& m
   s.compile = o.compile;
   s.held_logits = est::parse_held_logits(o.held_logits);
   s.sharding = est::parse_sharding(o.sharding);
-  if (s.sharding == est::ShardingLayout::Fsdp2 && s.zero_stage == 0) s.zero_stage = 3;  // fsdp2 shards everything
+  if (s.sharding != est::ShardingLayout::Flat && s.zero_stage == 0) s.zero_stage = 3;  // fsdp2, gpuops: stage 3
+  s.zero_prefetch = parse_integer("--zero-prefetch", o.zero_prefetch);
   s.reshard_after_forward = est::parse_bool(o.reshard_after_forward, "--reshard-after-forward");
   s.reduce_dtype = est::parse_reduce_dtype(o.reduce_dtype);
   s.offload_optimizer = o.offload_optimizer;
@@ -335,10 +336,13 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       estimate->add_option("--held-logits", o.held_logits, "Logits the training loop keeps through the backward: none "
                            "(only the loss), model (out = model(...); out.loss.backward()) or fp32 (torchtune < 0.3)")
           ->capture_default_str(),
-      estimate->add_option("--sharding", o.sharding, "ZeRO-3 layout: flat (DeepSpeed's flat partitions) or fsdp2 "
-                           "(torch fully_shard, per-tensor dim-0 shards; implies --zero 3)")->capture_default_str(),
-      estimate->add_option("--reshard-after-forward", o.reshard_after_forward, "fsdp2: true (re-gather in backward) "
-                           "or false (blocks stay unsharded from forward to backward)")->capture_default_str(),
+      estimate->add_option("--sharding", o.sharding, "ZeRO-3 layout: flat (DeepSpeed's flat partitions), fsdp2 "
+                           "(torch fully_shard, per-tensor dim-0 shards) or gpuops (gpuops.ZeroOptimizer stage 3: "
+                           "a flat buffer per block); fsdp2 and gpuops imply --zero 3")->capture_default_str(),
+      estimate->add_option("--reshard-after-forward", o.reshard_after_forward, "fsdp2, gpuops: true (re-gather in "
+                           "backward) or false (blocks stay unsharded from forward to backward)")->capture_default_str(),
+      estimate->add_option("--zero-prefetch", o.zero_prefetch, "gpuops: units gathered ahead of the one running "
+                           "(ZeroOptimizer's prefetch), 0 to 64")->type_name("K")->capture_default_str(),
       estimate->add_option("--reduce-dtype", o.reduce_dtype, "fsdp2: MixedPrecisionPolicy reduce_dtype, grad (None: the "
                            "gradients' dtype) or fp32 (torchtitan's)")->capture_default_str(),
       estimate->add_flag("--offload-optimizer", o.offload_optimizer, "ZeRO-Offload: optimizer states, fp32 master and "

@@ -29,6 +29,9 @@ std::string describe_state_options(const est::TrainingSetup& s) {
   if (s.sharding == est::ShardingLayout::Fsdp2)
     out += fmt::format(", FSDP2 (reshard after forward {}, reduce in {})", s.reshard_after_forward ? "true" : "false",
                        est::to_string(s.reduce_dtype));
+  if (s.sharding == est::ShardingLayout::Gpuops)
+    out += fmt::format(", gpuops ZeroOptimizer stage 3 (reshard after forward {}, prefetch {})",
+                       s.reshard_after_forward ? "true" : "false", s.zero_prefetch);
   if (s.zero_reduce_at_step) out += ", gradients reduced at the step (gpuops ZeroOptimizer)";
   if (s.zero_bucket_bytes > 0)
     out += fmt::format(", gradients reduced in the backward in {}-byte buckets (gpuops ZeroOptimizer)", s.zero_bucket_bytes);
@@ -102,6 +105,7 @@ json setup_json(const est::TrainingSetup& s) {
           {"offload_optimizer", s.offload_optimizer},
           {"sharding", std::string(est::to_string(s.sharding))},
           {"reshard_after_forward", s.reshard_after_forward},
+          {"zero_prefetch", s.zero_prefetch},
           {"reduce_dtype", std::string(est::to_string(s.reduce_dtype))},
           {"micro_batch", s.micro_batch},
           {"seq_len", s.seq_len},

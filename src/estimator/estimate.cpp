@@ -124,6 +124,7 @@ MemoryBreakdown persistent_memory(const ModelSpec& m, const TrainingSetup& s, co
     const C flat = s.zero_stage == 1 ? C(trainable_parameter_count(m, s)) * wbytes : C(0);
     b.gradients = (flat + 4 * C(local_states)).get();
   }
+  if (s.sharding == ShardingLayout::Gpuops) b.gradients = (4 * C(local_states)).get();  // the fp32 gradient shards
   b.master_weights = is_mixed(s.precision) && s.amp == AmpLayout::MasterCopy ? (C(local_states) * 4).get() : 0;
   b.optimizer_states = s.optimizer == OptimizerKind::Adafactor
                            ? adafactor_state_bytes(m, s)

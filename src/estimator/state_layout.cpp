@@ -17,6 +17,7 @@ using C = CheckedInt;
 bool is_paged(OptimizerKind o) { return o == OptimizerKind::PagedAdamW8bit || o == OptimizerKind::PagedAdamW32bit; }
 
 bool is_fsdp2(const TrainingSetup& s) { return s.sharding == ShardingLayout::Fsdp2; }
+bool is_gpuops(const TrainingSetup& s) { return s.sharding == ShardingLayout::Gpuops; }
 
 // Bytes of trainable weights and gradients per element.
 int64_t trainable_bytes(const TrainingSetup& s) { return runs_in_16_bits(s) ? 2 : 4; }
@@ -155,6 +156,62 @@ std::optional<int64_t> state_step_temporaries(const ModelSpec& m, const Training
   return largest;
 }
 
+namespace {
+
+// gpuops' ZeroOptimizer(stage=3) (zero_units.cpp): unit 0 (embeddings, final norm, head) is gathered for the
+// forward and again from the loss's backward to the end; each block is gathered for its forward and backward
+// with zero_prefetch more launched ahead (all blocks from forward to backward without reshard_after_forward).
+// A unit's full gradient buffer (the parameters' dtype) lives from its first gradient to its reduction: unit 0's
+// from the head's gradient to the end of the backward, a block's through its backward. A 16-bit unit is reduced
+// through an fp32 copy of its gradient; over Gloo (the CPU) a reduce-scatter works on a clone of its input and
+// an all-gather on a copy of its output.
+int64_t gpuops_units_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase phase) {
+  const ParameterGroups g = parameter_groups(m);
+  const int64_t wb = trainable_bytes(s);
+  const bool sixteen = wb != 4;
+  const C block = C(g.per_layer()) * wb;
+  const C root_params = C(g.embeddings) + g.final_norm + g.head, root = root_params * wb;
+  const C gathered = s.reshard_after_forward ? C(std::min<int64_t>(1 + s.zero_prefetch, m.num_layers)) * block
+                                             : C(m.num_layers) * block;
+  const C root_grads = root_params * wb, block_grads = C(g.per_layer()) * wb;
+  // The reduction of one unit of `n` parameters: fp32 rows for a 16-bit one; Gloo's clone of the input on the CPU.
+  const auto reducing = [&](const C& n) {
+    return (sixteen ? n * 4 : C(0)) + (s.num_gpus > 1 ? n * (sixteen ? 4 : wb) : C(0));
+  };
+  // Two reductions stay in flight (their full gradients and fp32 reduced shards) until the backward's end.
+  const C pending = C(std::min<int64_t>(2, m.num_layers)) * (block_grads + C(ceil_div(g.per_layer(), s.num_gpus)) * 4);
+  switch (phase) {
+    // (the head's gradient makes unit 0's buffer after the loss moment: gpuops_head_bytes)
+    case StepPhase::LossBackward: return (root + (s.reshard_after_forward ? C(0) : gathered)).get();
+    // (a block's backward behind the last's: the previous block's reduction in flight, Gloo's clone of its
+    // fp32 input on the CPU)
+    case StepPhase::AttentionBackward:
+      return (root + gathered + root_grads + block_grads +
+              (m.num_layers > 1 ? block_grads + C(ceil_div(g.per_layer(), s.num_gpus)) * 4 +
+                                      (!sixteen && s.num_gpus > 1 ? block_grads : C(0))
+                                : C(0)))
+          .get();
+    case StepPhase::BackwardEnd:  // the units freed, unit 0 reduced last (the embedding's gradient still held),
+                                  // behind the last two blocks
+      return (root_grads + reducing(root_params) + C(ceil_div(root_params.get(), s.num_gpus)) * 4 + pending +
+              C(g.embeddings) * wb)
+          .get();
+    case StepPhase::OptimizerStep: return 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int64_t gpuops_head_bytes(const ModelSpec& m, const TrainingSetup& s) {
+  if (s.sharding != ShardingLayout::Gpuops || s.num_gpus == 1) return 0;
+  const ParameterGroups g = parameter_groups(m);
+  const C root = (C(g.embeddings) + g.final_norm + g.head) * trainable_bytes(s);
+  const C head_grad = C(m.vocab_size) * m.hidden_size * trainable_bytes(s);  // copied into the buffer, then freed
+  const C blocks = s.reshard_after_forward ? C(0) : C(m.num_layers) * g.per_layer() * trainable_bytes(s);
+  return (2 * root + head_grad + blocks).get();  // unit 0 gathered, its gradient buffer
+}
+
 int64_t unsharded_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase phase) {
   if (s.zero_stage < 3 || s.num_gpus == 1 || m.family == ModelFamily::ParamsOnly) return 0;
   const ParameterGroups g = parameter_groups(m);
@@ -162,6 +219,7 @@ int64_t unsharded_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase ph
   const int64_t wb = lora ? 2 : trainable_bytes(s);  // gathered weights: the frozen base is 16-bit
   const C block = C(g.per_layer()) * wb;
   const bool backward = phase == StepPhase::LossBackward || phase == StepPhase::AttentionBackward;
+  if (is_gpuops(s)) return gpuops_units_bytes(m, s, phase);
   if (!is_fsdp2(s)) return backward ? (2 * block).get() : 0;  // DeepSpeed ZeRO-3: current + prefetched block
 
   // FSDP2. The root module (embeddings, final norm, head) keeps its unsharded parameters from its forward
@@ -187,8 +245,26 @@ int64_t unsharded_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase ph
 }
 
 void validate_state_options(const TrainingSetup& s, const ModelSpec& m) {
-  GPUOPS_CHECK_ARG(s.sharding == ShardingLayout::Flat || s.sharding == ShardingLayout::Fsdp2,
-                   "sharding {} is out of range; accepted: flat, fsdp2", static_cast<int>(s.sharding));
+  GPUOPS_CHECK_ARG(s.sharding == ShardingLayout::Flat || s.sharding == ShardingLayout::Fsdp2 || is_gpuops(s),
+                   "sharding {} is out of range; accepted: flat, fsdp2, gpuops", static_cast<int>(s.sharding));
+  GPUOPS_CHECK_ARG(s.zero_prefetch >= 0 && s.zero_prefetch <= 64, "zero-prefetch must be in [0, 64] units, got {}",
+                   s.zero_prefetch);
+  GPUOPS_CHECK_ARG(s.zero_prefetch == 1 || is_gpuops(s), "zero-prefetch applies to sharding gpuops only (its "
+                   "ZeroOptimizer's prefetch); accepted: sharding gpuops, or zero-prefetch 1");
+  if (is_gpuops(s)) {
+    GPUOPS_CHECK_ARG(s.zero_stage == 3, "sharding gpuops is gpuops.ZeroOptimizer(stage=3); accepted: zero 3 (or 0 "
+                     "on the command line and in Python, which means 3), got zero {}", s.zero_stage);
+    GPUOPS_CHECK_ARG(m.family != ModelFamily::ParamsOnly, "sharding gpuops needs an architecture (a unit per "
+                     "block), not a bare parameter count; accepted: a preset or a config.json");
+    GPUOPS_CHECK_ARG(s.lora.rank == 0, "sharding gpuops shards the trainable parameters only: with LoRA the frozen "
+                     "base would stay whole on every rank; accepted: lora-rank 0 (or zero 2 for LoRA)");
+    GPUOPS_CHECK_ARG(s.optimizer == OptimizerKind::AdamW || s.optimizer == OptimizerKind::Adam ||
+                         s.optimizer == OptimizerKind::Sgd || s.optimizer == OptimizerKind::SgdMomentum,
+                     "sharding gpuops steps gpuops' AdamW, Adam or SGD; accepted: adamw, adam, sgd, sgd-momentum, "
+                     "got {}", to_string(s.optimizer));
+    GPUOPS_CHECK_ARG(!s.offload_optimizer, "offload-optimizer is not built for sharding gpuops; accepted: sharding "
+                     "flat (DeepSpeed's ZeRO-Offload)");
+  }
   const bool params_only = m.family == ModelFamily::ParamsOnly;
   if (is_fsdp2(s)) {
     GPUOPS_CHECK_ARG(s.zero_stage == 3, "sharding fsdp2 shards weights, gradients and states (ZeRO stage 3); "
@@ -212,9 +288,9 @@ void validate_state_options(const TrainingSetup& s, const ModelSpec& m) {
   GPUOPS_CHECK_ARG(s.reduce_dtype == ReduceDtype::Grad || is_fsdp2(s),
                    "reduce-dtype {} applies to sharding fsdp2 only (MixedPrecisionPolicy); accepted: sharding fsdp2, "
                    "or reduce-dtype grad", to_string(s.reduce_dtype));
-  GPUOPS_CHECK_ARG(s.reshard_after_forward || is_fsdp2(s),
-                   "reshard-after-forward false applies to sharding fsdp2 only; accepted: sharding fsdp2, or "
-                   "reshard-after-forward true");
+  GPUOPS_CHECK_ARG(s.reshard_after_forward || is_fsdp2(s) || is_gpuops(s),
+                   "reshard-after-forward false applies to sharding fsdp2 and gpuops only; accepted: sharding fsdp2 or "
+                   "gpuops, or reshard-after-forward true");
   if (s.optimizer == OptimizerKind::Adafactor) {
     GPUOPS_CHECK_ARG(!params_only, "optimizer adafactor needs an architecture (its states depend on every "
                      "tensor's shape), not a bare parameter count; accepted: a preset or a config.json");

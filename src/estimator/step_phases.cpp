@@ -168,7 +168,10 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   loss.logits = has_lm_head(m) ? loss_moment_bytes(m, s, f.loss) : 0;
   loss.temporaries = extras;
   loss.temporaries = (C(loss.temporaries) + unsharded_bytes(m, s, StepPhase::LossBackward)).get();  // ZeRO-3/FSDP2
-  const int64_t head_grad = full_ft && has_lm_head(m) ? (C(m.vocab_size) * m.hidden_size * pb).get() : 0;
+  // (gpuops' stage 3 holds the head's gradient in unit 0's buffer: unsharded_bytes)
+  const int64_t head_grad = full_ft && has_lm_head(m) && s.sharding != ShardingLayout::Gpuops
+                                ? (C(m.vocab_size) * m.hidden_size * pb).get()
+                                : 0;
   // gpuops' ZeroOptimizer reducing in the backward: the first gradient (the LM head's; the final norm's under
   // a tied head) allocates the first bucket whole right after the loss. That moment holds the loss moment's
   // activations, the head's weight and input gradients and the bucket, and can pass the logit gradients'.
@@ -177,6 +180,13 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
     head.logits = 0;
     head.gradients = (C(grads_so_far) + head_grad).get();
     head.temporaries = (Nh * pb + extras + buckets_in_flight(m, s, device, StepPhase::AttentionBackward)).get();
+    if (head.total() > loss.total()) loss = head;
+  }
+
+  if (s.sharding == ShardingLayout::Gpuops && has_lm_head(m)) {  // gpuops' stage 3: unit 0's gradient buffer
+    MemoryBreakdown head = loss;
+    head.logits = 0;
+    head.temporaries = (Nh * pb + extras + gpuops_head_bytes(m, s)).get();
     if (head.total() > loss.total()) loss = head;
   }
 

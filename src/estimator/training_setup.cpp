@@ -48,7 +48,8 @@ constexpr Names<BaseWeightDtype, 6> kBaseDtypes{{{BaseWeightDtype::Fp16, "fp16"}
                                                  {BaseWeightDtype::Nf4, "nf4"},
                                                  {BaseWeightDtype::Nf4NoDq, "nf4-nodq"},
                                                  {BaseWeightDtype::Fp32, "fp32"}}};
-constexpr Names<ShardingLayout, 2> kShardings{{{ShardingLayout::Flat, "flat"}, {ShardingLayout::Fsdp2, "fsdp2"}}};
+constexpr Names<ShardingLayout, 3> kShardings{
+    {{ShardingLayout::Flat, "flat"}, {ShardingLayout::Fsdp2, "fsdp2"}, {ShardingLayout::Gpuops, "gpuops"}}};
 constexpr Names<ReduceDtype, 2> kReduceDtypes{{{ReduceDtype::Grad, "grad"}, {ReduceDtype::Fp32, "fp32"}}};
 constexpr Names<HeldLogits, 3> kHeldLogits{
     {{HeldLogits::None, "none"}, {HeldLogits::Model, "model"}, {HeldLogits::Fp32, "fp32"}}};

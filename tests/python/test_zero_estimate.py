@@ -11,7 +11,9 @@ import zero_ranks  # noqa: E402
 
 
 def test_per_rank_estimate_matches_measured_zero_peaks():
-    rows = zero_ranks.run(2)
+    everything = zero_ranks.run(2)
+    rows = [r for r in everything if r["stage"] < 3]
+    _stage3(r for r in everything if r["stage"] == 3)
     assert {(r["stage"], r["model"]) for r in rows} == {(s, c[0]) for s in (1, 2) for c in zero_ranks.CASES}
     assert any(r["reduce_in_backward"] and r["bucket_bytes"] < 2**20 for r in rows)  # several buckets
     assert {r["dtype"] for r in rows} == {"fp32", "bf16"}  # bf16 parameters: fp32 masters, fp32 reduction chunks
@@ -26,4 +28,22 @@ def test_per_rank_estimate_matches_measured_zero_peaks():
     assert errors[0] >= -0.005, labels  # never under by more than 0.5%
     assert errors[-1] <= 0.065, labels
     for r in rows:  # the optimizer state is the estimator's to the step counters (per bucket here, per tensor there)
+        assert abs(r["state_bytes"] - r["est_optimizer_states"]) <= 4 * 64, labels
+
+
+def _stage3(rows):
+    """`--sharding gpuops` (ZeroOptimizer stage 3: units gathered, fp32 gradient shards, reductions in flight)."""
+    rows = list(rows)
+    assert {(r["model"], r["dtype"], r["reshard_after_forward"]) for r in rows} == {
+        (c[0], d, f) for c in zero_ranks.CASES for d in ("fp32", "bf16") for f in (True, False)}
+    errors = sorted((r["estimated"] - m) / m for r in rows for m in r["measured"])
+    labels = "\n".join(f"{r['model']} {r['dtype']} stage 3 reshard_after_forward {r['reshard_after_forward']}: "
+                       f"estimated {r['estimated']} ({r['est_phase']}), measured per rank {r['measured']}" for r in rows)
+    print(labels)
+    # Measured 2026-11-27 (2 ranks): most within 1%; gpt2-tied fp32 under by 6.7% (its peak is in the second-to-
+    # last block's backward, where Gloo's gather copies of the prefetched block add what the model leaves out).
+    assert abs(errors[len(errors) // 2]) <= 0.01, labels
+    assert errors[0] >= -0.08, labels
+    assert errors[-1] <= 0.05, labels
+    for r in rows:  # moments and fp32 masters (16-bit) or the parameters' shard (fp32): 1/N, to the step counters
         assert abs(r["state_bytes"] - r["est_optimizer_states"]) <= 4 * 64, labels

@@ -59,6 +59,10 @@ std::optional<int64_t> state_step_temporaries(const ModelSpec& model, const Trai
 /// unsharded gradients at the end of the backward. 0 with one GPU.
 int64_t unsharded_bytes(const ModelSpec& model, const TrainingSetup& setup, StepPhase phase);
 
+/// gpuops' stage 3 (sharding gpuops), the moment the LM head's gradient arrives, after the loss moment: unit 0
+/// gathered, its whole gradient buffer, and the head's gradient being copied into it. 0 otherwise.
+int64_t gpuops_head_bytes(const ModelSpec& model, const TrainingSetup& setup);
+
 /// Checks of the settings of this file; called by validate(TrainingSetup, ModelSpec).
 void validate_state_options(const TrainingSetup& setup, const ModelSpec& model);
 

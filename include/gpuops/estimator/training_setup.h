@@ -35,9 +35,11 @@ enum class AttentionKind { Eager, Sdpa, Flash };
 /// Nf4 has QLoRA's double quantisation (8-bit absmax); Nf4NoDq keeps one fp32 absmax per 64 values.
 /// Fp32: an fp32 base (the model left in fp32, PEFT's adapters fp32 too).
 enum class BaseWeightDtype { Fp16, Bf16, Int8, Nf4, Nf4NoDq, Fp32 };
-/// How ZeRO stage 3 shards: Flat (DeepSpeed's flat partitions, one ceil over all parameters) or Fsdp2
-/// (torch's fully_shard: every tensor chunked on dim 0, padded to ceil(rows / num_gpus) rows).
-enum class ShardingLayout { Flat, Fsdp2 };
+/// How ZeRO stage 3 shards: Flat (DeepSpeed's flat partitions, one ceil over all parameters), Fsdp2 (torch's
+/// fully_shard: every tensor chunked on dim 0, padded to ceil(rows / num_gpus) rows) or Gpuops (gpuops'
+/// ZeroOptimizer(stage=3): one flat buffer per unit, the rest of the model unit 0 and each block one unit, fp32
+/// gradient shards, zero_prefetch units gathered ahead).
+enum class ShardingLayout { Flat, Fsdp2, Gpuops };
 
 /// How the loss is computed from the last hidden state. Standard: Hugging Face's LM head and cross-entropy
 /// (fp32 log-softmax of all logits). Chunked: torchtune's CEWithChunkedOutputLoss / litgpt's
@@ -116,7 +118,8 @@ struct TrainingSetup {
   // Optimizer placement and sharding layout (docs/estimator.md, "Optimizers, offload and sharding").
   bool offload_optimizer = false;           ///< ZeRO-Offload: states, fp32 master and step on the host
   ShardingLayout sharding = ShardingLayout::Flat;  ///< Fsdp2 requires zero_stage 3
-  bool reshard_after_forward = true;        ///< Fsdp2 only: fully_shard(reshard_after_forward=...) of the blocks
+  bool reshard_after_forward = true;        ///< Fsdp2 and Gpuops: the blocks freed after their forward
+  int64_t zero_prefetch = 1;                ///< Gpuops only: units gathered ahead of the one running, [0, 64]
   ReduceDtype reduce_dtype = ReduceDtype::Grad;  ///< Fsdp2 only: the dtype of the reduce-scatter
 };
 
@@ -131,7 +134,7 @@ OptimizerKind parse_optimizer(std::string_view text);  ///< adamw, adam, sgd, sg
 OptimizerImpl parse_optimizer_impl(std::string_view text);     ///< default, for-loop, foreach, fused
 AttentionKind parse_attention(std::string_view text);          ///< eager, sdpa, flash
 BaseWeightDtype parse_base_dtype(std::string_view text);       ///< fp16, bf16, int8, nf4, nf4-nodq
-ShardingLayout parse_sharding(std::string_view text);          ///< flat, fsdp2
+ShardingLayout parse_sharding(std::string_view text);          ///< flat, fsdp2, gpuops
 HeldLogits parse_held_logits(std::string_view text);           ///< none, model, fp32
 ReduceDtype parse_reduce_dtype(std::string_view text);         ///< grad, fp32
 /// true or false (case-insensitive); ArgumentError naming `argument` otherwise.
@@ -164,7 +167,8 @@ int64_t compute_dtype_bytes(Precision p);
 /// True when the gradients exist during the forward and the early backward: kept zeroed between steps, or
 /// accumulated over several micro-batches.
 inline bool gradients_alive_in_forward(const TrainingSetup& s) {
-  return s.grad_accum > 1 || !s.grads_set_to_none || s.zero_reduce_at_step || s.zero_bucket_bytes > 0;
+  return s.grad_accum > 1 || !s.grads_set_to_none || s.zero_reduce_at_step || s.zero_bucket_bytes > 0 ||
+         s.sharding == ShardingLayout::Gpuops;  // its fp32 gradient shards live from construction on
 }
 
 /// "backward" or "step" (TrainingSetup::zero_reduce_at_step); ArgumentError naming --zero-reduce otherwise.
