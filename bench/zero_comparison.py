@@ -1,4 +1,4 @@
-"""ZeRO on CPU processes over Gloo: gpuops.ZeroOptimizer (stages 1 and 2) against torch's
+"""ZeRO on CPU processes over Gloo: gpuops.ZeroOptimizer (stages 1, 2 and 3) against torch's
 ZeroRedundancyOptimizer (+ DDP), plain DDP + AdamW, and FSDP2 (fully_shard), for 2 and 4 ranks.
 
     .venv/bin/python bench/zero_comparison.py --world 2 --world 4 [--json out.json]
@@ -13,7 +13,8 @@ Per method and world size, rank 0 reports:
   gpuops.memory_budget (our counting CPU allocator);
 - step time: median of the timed steps, and its ratio to torch's ZeroRedundancyOptimizer in the same run.
 The model is an MLP (4 x Linear(1024, 1024)); every method sees the same data; OMP_NUM_THREADS=1 per rank.
-gpuops' buckets are 4 MiB (one weight matrix each); "-bwd" reduces them from autograd hooks during backward.
+gpuops' buckets are 4 MiB (one weight matrix each); "-bwd" reduces them from autograd hooks during backward;
+stage 3 makes each Linear a unit, as FSDP2's fully_shard per Linear here.
 """
 
 import argparse
@@ -27,7 +28,7 @@ import time
 
 import torch
 
-METHODS = ["gpuops-zero1", "gpuops-zero2", "gpuops-zero2-bwd", "torch-zero+ddp", "ddp", "fsdp2"]
+METHODS = ["gpuops-zero1", "gpuops-zero2", "gpuops-zero2-bwd", "gpuops-zero3", "torch-zero+ddp", "ddp", "fsdp2"]
 # overlap_param_gather on and off, timed as whole loops of steps (a barrier per step would wait for the gathers
 # the overlap leaves running, outside the timed region): the mean step of TIMED consecutive steps.
 LOOP_METHODS = ["gpuops-zero2-bwd-loop", "gpuops-zero2-bwd-overlap-loop"]
@@ -60,9 +61,14 @@ def _run_method(method, rank, world):
         if method.startswith("gpuops"):
             comm = gpuops.dist.Communicator(timeout=120)
             # -bwd: reduced from autograd hooks in buckets while backward runs (reduce_in_backward)
-            opt = gpuops.ZeroOptimizer(model.parameters(), "adamw", communicator=comm, stage=int(method[11]),
-                                       reduce_in_backward="-bwd" in method, bucket_bytes=4 * 2**20, lr=1e-3,
-                                       overlap_param_gather=model if "-overlap" in method else False)
+            stage = int(method[11])
+            if stage == 3:  # a unit per Linear, as fully_shard below; each reduced as its backward ends
+                opt = gpuops.ZeroOptimizer(model.parameters(), "adamw", communicator=comm, stage=3, model=model,
+                                           units=[m for m in model if isinstance(m, torch.nn.Linear)], lr=1e-3)
+            else:
+                opt = gpuops.ZeroOptimizer(model.parameters(), "adamw", communicator=comm, stage=stage,
+                                           reduce_in_backward="-bwd" in method, bucket_bytes=4 * 2**20, lr=1e-3,
+                                           overlap_param_gather=model if "-overlap" in method else False)
             net = model
         elif method == "fsdp2":
             from torch.distributed.fsdp import fully_shard

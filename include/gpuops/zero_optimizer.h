@@ -274,7 +274,11 @@ class ZeroShards {
 
   // stage 3 (zero_units.cpp)
   enum class UnitState { Sharded, Gathering, Full };
-  void build_units();  ///< the units' buckets and full views; every unit released
+  void build_units();  ///< the units' buckets; every unit released
+  /// Right after bucket k's buffer is made: its full views kept, this rank's shard of the values returned (a
+  /// copy), the buffer and its gradient freed, the parameters full-shaped placeholders without bytes (so that
+  /// gradient accumulators made later see their shapes). Construction then never holds two units' copies.
+  at::Tensor park(size_t k);
   void gather_unit(size_t u);   ///< launches u's all-gathers (nothing when not Sharded)
   void wait_unit(size_t u);     ///< u in place: parameters (and existing gradient buffers) attached
   void release_unit(size_t u);  ///< u's full parameters freed, its parameters placeholders

@@ -178,8 +178,8 @@ int64_t gpuops_units_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase
   const auto reducing = [&](const C& n) {
     return (sixteen ? n * 4 : C(0)) + (s.num_gpus > 1 ? n * (sixteen ? 4 : wb) : C(0));
   };
-  // Two reductions stay in flight (their full gradients and fp32 reduced shards) until the backward's end.
-  const C pending = C(std::min<int64_t>(2, m.num_layers)) * (block_grads + C(ceil_div(g.per_layer(), s.num_gpus)) * 4);
+  // One reduction stays in flight (its full gradient and fp32 reduced shard) until the backward's end.
+  const C pending = block_grads + C(ceil_div(g.per_layer(), s.num_gpus)) * 4;
   switch (phase) {
     // (the head's gradient makes unit 0's buffer after the loss moment: gpuops_head_bytes)
     case StepPhase::LossBackward: return (root + (s.reshard_after_forward ? C(0) : gathered)).get();
@@ -192,7 +192,7 @@ int64_t gpuops_units_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase
                                 : C(0)))
           .get();
     case StepPhase::BackwardEnd:  // the units freed, unit 0 reduced last (the embedding's gradient still held),
-                                  // behind the last two blocks
+                                  // behind the last block's reduction
       return (root_grads + reducing(root_params) + C(ceil_div(root_params.get(), s.num_gpus)) * 4 + pending +
               C(g.embeddings) * wb)
           .get();

@@ -183,8 +183,11 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
       .propose("optimizer id", dist::random_id());
   id_ = agreement.exchange(comm_).at(0).second;
   const bool stage3 = options_.stage == 3;
-  for (const auto& group : stage3 ? unit_buckets_of(params, options_.units) : buckets_of(params, options_.bucket_bytes))
+  std::vector<at::Tensor> parked;  // stage 3: this rank's shard of each bucket, taken before its buffer is freed
+  for (const auto& group : stage3 ? unit_buckets_of(params, options_.units) : buckets_of(params, options_.bucket_bytes)) {
     flats_.push_back(std::make_unique<FlatParams>(group, padded_to(comm_.size())));
+    if (stage3) parked.push_back(park(flats_.size() - 1));  // one unit's full copy at a time
+  }
   // params[i] -> (bucket, slot).
   for (const at::Tensor& p : params) {
     for (size_t k = 0; k < flats_.size(); ++k) {
@@ -203,14 +206,14 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
   for (size_t i = 0; i < slot_of_param_.size(); ++i) param_of_slot_[slot_of_param_[i].first][slot_of_param_[i].second] = i;
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < flats_.size(); ++k) {
-    const at::Tensor shard = data_shard(k);
+    const at::Tensor shard = stage3 ? parked[k] : data_shard(k);
     // A float32 bucket's shard is stepped in place; a 16-bit one through its fp32 master. Stage 3 keeps the
     // shard apart from the flat buffer, whose storage exists only while the unit is gathered.
     shards_.push_back(is_master(k)  ? shard.to(at::kFloat).requires_grad_(true)
-                      : stage3      ? shard.clone().requires_grad_(true)
+                      : stage3      ? shard.requires_grad_(true)
                                     : alias(bucket(k).data, comm_.rank() * shard.numel(), shard.numel())
                                          .requires_grad_(true));
-    low_shards_.push_back(stage3 && is_master(k) ? shard.clone() : at::Tensor());
+    low_shards_.push_back(stage3 && is_master(k) ? shard : at::Tensor());
     const bool separate = options_.stage >= 2 || is_master(k) || options_.reduce_in_backward;
     shard_grads_.push_back(separate ? at::zeros_like(shards_.back()) : at::Tensor());
   }
@@ -502,7 +505,10 @@ void ZeroShards::launch(size_t k) {
   } else {
     pending_.emplace_back(k, comm_.reduce_scatter(bucket(k).grad, reduced_[k], dist::ReduceOp::Average));
   }
-  while (pending_.size() > 2) finish_oldest();  // bounded memory: at most two buckets in flight
+  // Bounded memory: at most two buckets in flight; stage 3 one unit (FSDP2's bound: its full gradient, Gloo's
+  // copy of it and the reduced shard are what a backward holds beyond the running unit).
+  const size_t in_flight = options_.stage == 3 ? 1 : 2;
+  while (pending_.size() > in_flight) finish_oldest();
 }
 
 void ZeroShards::finish_oldest() {

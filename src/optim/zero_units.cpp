@@ -36,11 +36,11 @@ void allocate_storage(const at::Tensor& flat) {
   s->set_nbytes(nbytes);
 }
 
-// A tensor over flat's storage at `offset` elements, shaped like `like` (contiguous): made with set_, so that it
+// A contiguous tensor over flat's storage at `offset` elements, of like's shape: made with set_, so that it
 // follows the storage through frees and gathers.
 at::Tensor view_at(const at::Tensor& flat, int64_t offset, const at::Tensor& like) {
   c10::NoGradGuard no_grad;
-  return at::empty({0}, flat.options()).set_(flat.storage(), flat.storage_offset() + offset, like.sizes(), like.strides());
+  return at::empty({0}, flat.options()).set_(flat.storage(), flat.storage_offset() + offset, like.sizes(), {});
 }
 
 }  // namespace
@@ -62,18 +62,32 @@ void ZeroShards::ensure_grad(size_t k) {
   flats_[k]->allocate_grad(0);
 }
 
+at::Tensor ZeroShards::park(size_t k) {
+  c10::NoGradGuard no_grad;
+  const auto& b = bucket(k);
+  at::Tensor shard = data_shard(k).clone();
+  full_views_.emplace_back();
+  for (const auto& slot : b.slots) full_views_.back().push_back(view_at(b.data, slot.offset, slot.param));
+  flats_[k]->release_grads();
+  const at::Tensor no_bytes = at::empty({1}, b.data.options());  // expanded: every parameter's shape, 4 bytes
+  for (const auto& slot : b.slots) {
+    at::Tensor param = slot.param;
+    param.set_data(no_bytes.expand(full_views_[k].at(&slot - b.slots.data()).sizes()));
+  }
+  free_storage(b.data);
+  return shard;
+}
+
 void ZeroShards::build_units() {
   const auto& units = options_.units;
   const size_t count = units.empty() ? 1 : static_cast<size_t>(*std::max_element(units.begin(), units.end()) + 1);
   unit_buckets_.assign(count, {});
   unit_of_bucket_.assign(flats_.size(), 0);
-  full_views_.assign(flats_.size(), {});
   for (size_t k = 0; k < flats_.size(); ++k) {
     const size_t first_param = param_of_slot_[k][0];
     const size_t u = units.empty() ? 0 : static_cast<size_t>(units[first_param]);
     unit_of_bucket_[k] = u;
     unit_buckets_[u].push_back(k);
-    for (const auto& slot : bucket(k).slots) full_views_[k].push_back(view_at(bucket(k).data, slot.offset, slot.param));
   }
   unit_state_.assign(count, UnitState::Full);
   unit_works_.clear();

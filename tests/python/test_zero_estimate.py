@@ -40,8 +40,9 @@ def _stage3(rows):
     labels = "\n".join(f"{r['model']} {r['dtype']} stage 3 reshard_after_forward {r['reshard_after_forward']}: "
                        f"estimated {r['estimated']} ({r['est_phase']}), measured per rank {r['measured']}" for r in rows)
     print(labels)
-    # Measured 2026-11-27 (2 ranks): most within 1%; gpt2-tied fp32 under by 6.7% (its peak is in the second-to-
-    # last block's backward, where Gloo's gather copies of the prefetched block add what the model leaves out).
+    # Measured 2026-11-27 (2 ranks): 22 of 24 rank peaks within 100 bytes; gpt2-tied fp32 with
+    # reshard_after_forward under by 3.7% and 6.0% (its peak is in a middle block's backward, where Gloo's copies
+    # of the prefetched block's gather add what the model leaves out), llama fp32 rank 0 by 1.3% on some runs.
     assert abs(errors[len(errors) // 2]) <= 0.01, labels
     assert errors[0] >= -0.08, labels
     assert errors[-1] <= 0.05, labels

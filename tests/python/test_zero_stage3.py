@@ -44,6 +44,10 @@ def test_fp32_matches_single_process(world):
     _ok(launch(__file__, "fp32", world, DEADLINE_S), "fp32")
 
 
+def test_shared_and_skipped_units_eval_state_dict_scheduler():
+    _ok(launch(__file__, "usage", 2, DEADLINE_S), "usage")
+
+
 def test_matches_torch_fsdp2():
     _ok(launch(__file__, "fsdp2", 2, DEADLINE_S), "fsdp2")
 
@@ -65,6 +69,12 @@ def test_training_state_reshards_3_2_1(tmp_path):
     _ok(launch(__file__, "save", 3, DEADLINE_S, env), "save")
     _ok(launch(__file__, "resume", 2, DEADLINE_S, env), "resume")
     _ok(launch(__file__, "resume", 1, DEADLINE_S, env), "resume")
+
+
+def test_sigterm_on_one_rank_saves_every_rank(tmp_path):
+    outputs = launch(__file__, "sigterm", 2, DEADLINE_S, {"GPUOPS_TEST_DIR": str(tmp_path)})
+    _ok(outputs, "sigterm")
+    assert all("stopped at step 4" in out for _, out in outputs), outputs
 
 
 def test_refused_layouts():
@@ -96,7 +106,7 @@ class Block(torch.nn.Module):
 class TinyLM(torch.nn.Module):
     """Embedding tied to the head; blocks in `layers`; `checkpointed`: block index -> use_reentrant."""
 
-    def __init__(self, layers=3, checkpointed=None):
+    def __init__(self, layers=3, checkpointed=None, order=None):
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, WIDTH)
         self.pos = torch.nn.Parameter(torch.randn(SEQ, WIDTH) * 0.02)
@@ -105,10 +115,12 @@ class TinyLM(torch.nn.Module):
         self.head = torch.nn.Linear(WIDTH, VOCAB, bias=False)
         self.head.weight = self.embed.weight
         self.checkpointed = dict(checkpointed or {})
+        self.order = list(range(layers)) if order is None else list(order)  # blocks run, repeats and skips allowed
 
     def forward(self, idx):
         x = self.embed(idx) + self.pos[: idx.shape[1]]
-        for i, block in enumerate(self.layers):
+        for i in self.order:
+            block = self.layers[i]
             reentrant = self.checkpointed.get(i)
             x = block(x) if reentrant is None else gpuops.checkpoint(block, x, use_reentrant=reentrant)
         return self.head(self.norm(x))
@@ -153,14 +165,14 @@ def _reference_grads(model, world, step, micro, scaler, fp32_sum):
         total = [torch.zeros_like(a) for a in acc]
         for r in range(world):
             loss = _loss(model, *_batch(micro * step + m, r)) / micro
-            grads = torch.autograd.grad(scaler.scale(loss) if scaler else loss, params)
-            total = [t + g.to(t.dtype) for t, g in zip(total, grads)]
+            grads = torch.autograd.grad(scaler.scale(loss) if scaler else loss, params, allow_unused=True)
+            total = [t if g is None else t + g.to(t.dtype) for t, g in zip(total, grads)]
         acc = [a + t / world for a, t in zip(acc, total)]
     return acc
 
 
-def _reference_fp32(world, steps, micro=2):
-    model = _model()
+def _reference_fp32(world, steps, micro=2, **kw):
+    model = _model(**kw)
     opt = gpuops.optim.AdamW(model.parameters(), lr=1e-2)
     scaler = gpuops.GradScaler("cpu", init_scale=256.0)
     for step in steps:
@@ -235,6 +247,9 @@ def _run(scenario, dist):
         print(f"rank {rank}: stage 3, {world} ranks, 30 steps (scaler, clip, 2 micro-batches, 2 units "
               f"checkpointed): max_rel_err={err:.3g}", flush=True)
         print("fp32 ok", flush=True)
+    elif scenario == "usage":
+        _usage(rank, world, comm)
+        print("usage ok", flush=True)
     elif scenario == "fsdp2":
         _fsdp2(rank, comm)
         print("fsdp2 ok", flush=True)
@@ -270,6 +285,8 @@ def _run(scenario, dist):
     elif scenario == "memory":
         _memory(rank, world, comm)
         print("memory ok", flush=True)
+    elif scenario == "sigterm":
+        _sigterm(rank, comm, dist)
     elif scenario in ("save", "resume"):
         _state(scenario, rank, world, comm)
     elif scenario == "refused":
@@ -297,6 +314,45 @@ def _run(scenario, dist):
         print("refused ok", flush=True)
     elif scenario in ("killed", "stalled"):
         _fault(scenario, rank, dist)
+
+
+def _usage(rank, world, comm):
+    """A block run twice in a forward and one not run at all; a forward without autograd; model.state_dict()
+    and load_state_dict(); a torch LR scheduler."""
+    kw = dict(order=[0, 1, 0])  # layers[0] twice, layers[2] never (its unit still reduces, zeros, every step)
+    model = _model(**kw)
+    opt = _stage3(model, comm)
+    _sharded_steps(model, opt, gpuops.GradScaler("cpu", init_scale=256.0), rank, range(10))
+    full = opt.full_state_dict(0)
+    if rank == 0:
+        err = _rel_err(full, _reference_fp32(world, range(10), **kw))
+        assert err <= 1e-6, f"a block run twice, one skipped: max relative error {err}"
+        print(f"rank 0: a block run twice and one skipped, 10 steps: max_rel_err={err:.3g}", flush=True)
+    # Without autograd every unit is freed after its forward; the logits are the gathered model's.
+    full = _gathered_on_every_rank(opt, world)
+    plain = TinyLM(**kw)
+    plain.load_state_dict(full)
+    idx, _ = _batch(99, rank)
+    with torch.no_grad():
+        got = model(idx)
+    assert torch.equal(got, plain(idx)) and all(p.numel() == 0 for p in model.parameters())
+    # model.state_dict() leaves the sharded parameters out, with one warning; load_state_dict takes them all.
+    with pytest.warns(UserWarning, match="left out"):
+        partial = model.state_dict()
+    assert "layers.0.fc.weight" not in partial and "head.weight" not in partial
+    changed = {k: v + 1.0 for k, v in full.items()}
+    model.load_state_dict(changed)  # every rank: each keeps its shard
+    again = _gathered_on_every_rank(opt, world)
+    assert all(torch.equal(again[k], changed[k]) for k in changed)
+    model.load_state_dict(partial)  # what state_dict() gave: nothing reported missing
+    with pytest.raises(RuntimeError, match="give all of them or none"):
+        model.load_state_dict({k: v for k, v in changed.items() if k != "pos"})
+    # A torch scheduler drives the group's lr, which reaches the C++ optimizer at the step.
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    _sharded_steps(model, opt, None, rank, range(10, 12), micro=1)
+    scheduler.step()
+    _sharded_steps(model, opt, None, rank, range(12, 13), micro=1)
+    assert opt.param_groups[0]["lr"] == 5e-3 and opt._impl.options["lr"] == 5e-3
 
 
 def _fsdp2(rank, comm):
@@ -475,6 +531,33 @@ def _state(scenario, rank, world, comm):
         assert err <= 1e-6, f"the plain model continued {err} away"
         print(f"rank 0: a plain model and AdamW loaded from the gathered state continue within {err:.3g}", flush=True)
     print(f"{scenario} ok", flush=True)
+
+
+def _sigterm(rank, comm, dist):
+    """A SIGTERM on rank 1 at step 3: every rank sees should_stop() at the same step, saves and stops; the saved
+    state loads into a fresh stage-3 model that holds the same parameters."""
+    import signal as signals
+
+    folder = os.environ["GPUOPS_TEST_DIR"]
+    model = _model()
+    opt = _stage3(model, comm)
+    state = gpuops.TrainingState(folder, process_group=dist.group.WORLD)
+    for step in range(10):
+        _sharded_steps(model, opt, None, rank, range(step, step + 1), micro=1)
+        if step == 3 and rank == 1:
+            os.kill(os.getpid(), signals.SIGTERM)  # a scheduler's signal, caught by TrainingState
+        if state.should_stop():
+            state.save(step=step + 1, model=model, optimizer=opt)
+            print(f"rank {rank}: stopped at step {step + 1}", flush=True)
+            break
+    saved = opt.full_state_dict(0)
+    fresh = _model()
+    again = _stage3(fresh, comm)
+    assert gpuops.TrainingState(folder).load(model=fresh, optimizer=again)["step"] == 4
+    loaded = again.full_state_dict(0)
+    if rank == 0:
+        assert all(torch.equal(saved[k], loaded[k]) for k in saved)
+    print("sigterm ok", flush=True)
 
 
 def _fault(scenario, rank, dist):
