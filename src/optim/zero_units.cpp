@@ -112,6 +112,16 @@ void ZeroShards::wait_unit(size_t u) {
   for (auto& work : unit_works_[u]) work.wait();
   unit_works_[u].clear();
   c10::NoGradGuard no_grad;
+  for (size_t k : unit_buckets_[u]) {  // something that replaced a placeholder (module.to(), .data =) is named
+    const auto& b = bucket(k);
+    for (size_t i = 0; i < b.slots.size(); ++i) {
+      const at::Tensor& p = b.slots[i].param;
+      TORCH_CHECK_VALUE(p.numel() == 0 && p.scalar_type() == b.dtype && p.device() == b.device, "ZeroOptimizer: ",
+                        describe(k, i), " was replaced while sharded (now ", p.scalar_type(), " on ", p.device(),
+                        " of shape ", p.sizes(), "): stage 3 holds the parameters; load values with "
+                        "model.load_state_dict (every rank), and change dtype or device before building the optimizer");
+    }
+  }
   for (size_t k : unit_buckets_[u]) {
     const auto& b = bucket(k);
     for (size_t i = 0; i < b.slots.size(); ++i) {

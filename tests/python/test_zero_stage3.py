@@ -353,6 +353,12 @@ def _usage(rank, world, comm):
     scheduler.step()
     _sharded_steps(model, opt, None, rank, range(12, 13), micro=1)
     assert opt.param_groups[0]["lr"] == 5e-3 and opt._impl.options["lr"] == 5e-3
+    # A module.to() while sharded would be undone by the next gather: the next forward names it (every rank did it).
+    model.to(torch.float64)
+    with pytest.raises(ValueError, match=r"'pos' \(params\[0\], shape \[8, 24\]\) was replaced while sharded"):
+        model(idx)
+    model.to(torch.float32)
+    _sharded_steps(model, opt, None, rank, range(13, 14), micro=1)
 
 
 def _fsdp2(rank, comm):
