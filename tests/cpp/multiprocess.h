@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -177,6 +178,17 @@ inline void run_all_ok(int n, const std::string& scenario) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(ranks.status[r], 0) << "rank " << r << "\n" << ranks.logs();
   std::printf("[ %s, %d ranks: %.2f s ]\n", scenario.c_str(), n,
               std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+/// The message of the c10::ValueError `fn` raises ("" when it raises none).
+template <typename Fn>
+std::string value_error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const c10::ValueError& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
 }
 
 /// A worker's main: a communicator from the launcher's environment (spawn's timeout for collectives, 30 s

@@ -269,16 +269,6 @@ void scenario_train(Communicator& comm) {
                          notes));
 }
 
-template <typename Fn>
-std::string value_error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const c10::ValueError& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
-
 void scenario_bad_input(Communicator& comm) {
   const int r = comm.rank();
   auto params = make_params();

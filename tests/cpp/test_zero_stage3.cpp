@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -144,15 +143,6 @@ void scenario_train(Communicator& comm) {
   WORKER_CHECK(worst <= 1e-6, "max relative error {} against single-process", worst);
   write_file(fmt::format("{}/result.{}", env_or("GPUOPS_COMM_DIR", "."), comm.rank()),
              fmt::format("max_rel_err={:.3g}", worst));
-}
-
-std::string value_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::ValueError& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no ValueError)";
 }
 
 void scenario_bad_input(Communicator& comm) {
