@@ -223,8 +223,8 @@ def _rank_main(scenario):
 
 def _stage3(model, comm, **kw):
     kw.setdefault("lr", 1e-2)
-    return gpuops.ZeroOptimizer(model.named_parameters(), "adamw", communicator=comm, stage=3, model=model,
-                                units="layers", **kw)
+    kw.setdefault("units", "layers")
+    return gpuops.ZeroOptimizer(model.named_parameters(), "adamw", communicator=comm, stage=3, model=model, **kw)
 
 
 def _run(scenario, dist):
@@ -309,6 +309,11 @@ def _run(scenario, dist):
             gpuops.ZeroOptimizer(model.parameters(), communicator=comm, stage=3, model=model, units=[other.layers[0]])
         with pytest.raises(ValueError, match="prefetch must be in \\[0, 64\\]"):
             _stage3(model, comm, prefetch=-1)
+        # Ranks that disagree on the units or their options: every rank raises, naming the field.
+        with pytest.raises(ValueError, match="the ranks disagree on prefetch"):
+            _stage3(model, comm, prefetch=1 + rank)
+        with pytest.raises(ValueError, match="the ranks disagree on units"):
+            _stage3(model, comm, units=list(model.layers)[: 2 + rank])
         # Nothing was changed by the refusals: the model still trains unsharded.
         assert all(p.numel() > 0 for p in model.parameters())
         print("refused ok", flush=True)
