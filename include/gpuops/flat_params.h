@@ -70,6 +70,9 @@ class FlatParams {
   /// parameter of the bucket gets its view. For a reduction from autograd hooks, where autograd made the
   /// gradient of a parameter whose .grad was undefined.
   void adopt_grad(size_t bucket, size_t slot);
+  /// Makes `data` (same length and dtype, any device; its values are not read) bucket `bucket`'s buffer: gradients
+  /// allocated from now on follow it. The parameters are not touched (ZeRO stage 3 re-points them itself).
+  void rebind_data(size_t bucket, const at::Tensor& data);
   /// Allocates bucket `bucket`'s gradient buffer, zeroed, when it has none, without giving the parameters views
   /// (ZeRO stage 3: they may be placeholders of another shape).
   void allocate_grad(size_t bucket);

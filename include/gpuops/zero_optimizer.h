@@ -39,6 +39,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/optim/optimizer.h>
 
 #include "gpuops/agreement.h"
@@ -93,6 +94,12 @@ struct ZeroOptions {
   /// (FSDP2's reshard_after_forward=True); false keeps them from its forward until its backward is done (less
   /// traffic, more memory). A forward without autograd (torch::NoGradGuard, evaluation) always frees them.
   bool reshard_after_forward = true;
+  /// Stage 3: where the shards and the gathered units live, when not the parameters' device: a model built on
+  /// the CPU (host memory holds it once) trains on a GPU that could not hold all of its parameters. The model is
+  /// flattened one unit at a time on its own device, each unit's shard copied to `device`; the parameters
+  /// become placeholders there (move the model's buffers with module.to(device) afterwards). Unset: the
+  /// parameters' device.
+  std::optional<c10::Device> device;
 };
 
 /// An optimizer's state tensors by name ("step", "exp_avg", "momentum_buffer", "master_param", ...), the names

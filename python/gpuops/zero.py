@@ -113,7 +113,17 @@ class ZeroOptimizer(torch.optim.Optimizer):
     runs; ``state_dict()`` of the model, this optimizer's other calls and TrainingState wait for all. Until
     then the parameters hold their values from before the step: code that reads a parameter outside its
     module's forward calls ``wait_for_parameters()`` first. ``True`` overlaps without hooks (the caller waits);
-    False (the default) waits at the end of the step."""
+    False (the default) waits at the end of the step.
+
+    ``stage=3`` shards the parameters too (docs/architecture.md, "ZeRO stage 3"): ``model`` is the module whose
+    forward uses them (its hooks gather each unit), ``units`` the container whose children are the units (a
+    dotted name such as ``"model.layers"``, the container, or a list of submodules; the rest of the model is one
+    more unit, gathered first); ``prefetch`` units are gathered ahead of the one running; ``reshard_after_forward``
+    frees each unit after its forward (False keeps it for the backward); ``device`` puts the shards and the
+    gathered units on that device when the model was built elsewhere (on the CPU: it is flattened there one unit
+    at a time; move its buffers with ``model.to(device)`` afterwards). ``reduce_in_backward`` defaults to True
+    at stage 3 (each unit reduced as its backward ends; False accumulates a unit's full gradients over the window).
+    Between steps the parameters are empty placeholders: ``full_state_dict(to)`` gathers the model."""
 
     _step_supports_amp_scaling = True  # GradScaler hands over grad_scale and found_inf, no host sync
     _reduced_for_scaler = False  # class default: copies and unpickled optimizers start without a pending check
@@ -121,7 +131,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def __init__(self, params, optimizer_class=None, communicator=None, stage: int = 1, *,
                  reduce_in_backward: Optional[bool] = None, bucket_bytes: int = 25 * 2**20,
                  overlap_param_gather: Union[bool, torch.nn.Module] = False, model: Optional[torch.nn.Module] = None,
-                 units=None, prefetch: int = 1, reshard_after_forward: bool = True, **defaults) -> None:
+                 units=None, prefetch: int = 1, reshard_after_forward: bool = True,
+                 device: Union[None, str, torch.device] = None, **defaults) -> None:
         if communicator is None or isinstance(communicator, torch.distributed.ProcessGroup):
             communicator = _dist.Communicator(communicator)
         if not isinstance(communicator, _C.Communicator):  # no way to reach the other ranks: this one raises alone
@@ -136,6 +147,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
             elif model is not None or units is not None:
                 raise ValueError(f"gpuops.ZeroOptimizer: model= and units= are for stage 3 (parameters sharded), "
                                  f"got stage={stage!r}")
+            if device is not None and not isinstance(device, (str, torch.device)):
+                raise TypeError(f"gpuops.ZeroOptimizer: device must be a str, a torch.device or None, got "
+                                f"{type(device).__name__}")
+            try:
+                device = "" if device is None else str(torch.device(device))
+            except RuntimeError:
+                raise ValueError(f"gpuops.ZeroOptimizer: device must name a device ('cuda', 'cuda:1', 'cpu'), got "
+                                 f"{device!r}") from None
             if reduce_in_backward is None:  # stage 3: each unit's gradients reduced as soon as its backward is done
                 reduce_in_backward = stage == 3
             module = overlap_param_gather if isinstance(overlap_param_gather, torch.nn.Module) else None
@@ -150,7 +169,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             _dist.fail_together(communicator, "ZeroOptimizer", error)
         self._impl = _C.ZeroOptimizer(params, communicator, stage, kind, dict(defaults), reduce_in_backward,
                                       bucket_bytes, names, True if module is not None else overlap_param_gather,
-                                      unit_of, prefetch, reshard_after_forward)
+                                      unit_of, prefetch, reshard_after_forward, device)
         self._hooks = _wait_hooks(self, module, params) if module is not None else []
         self.model = model
         self._sharded_names = sharded_names(model, params) if stage == 3 else {}

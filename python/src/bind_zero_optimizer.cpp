@@ -200,7 +200,8 @@ void bind_zero_optimizer(py::module_& m) {
                        const std::string& optimizer, const py::dict& options, const py::object& reduce_in_backward,
                        const py::object& bucket_bytes, const std::vector<std::string>& param_names,
                        const py::object& overlap_param_gather, const std::vector<int64_t>& units,
-                       const py::object& prefetch, const py::object& reshard_after_forward) {
+                       const py::object& prefetch, const py::object& reshard_after_forward,
+                       const std::string& device) {
              const std::string where = "gpuops.ZeroOptimizer";
              Construct construct;
              try {
@@ -218,6 +219,14 @@ void bind_zero_optimizer(py::module_& m) {
                zero.units = units;
                zero.prefetch = int_arg(where, "prefetch", prefetch);
                zero.reshard_after_forward = bool_arg(where, "reshard_after_forward", reshard_after_forward);
+               if (!device.empty()) {
+                 try {
+                   zero.device = c10::Device(device);
+                 } catch (const c10::Error&) {
+                   throw py::value_error(where + ": device must name a device ('cuda', 'cuda:1', 'cpu'), got '" +
+                                         device + "'");
+                 }
+               }
                if (zero.bucket_bytes < 1)
                  throw py::value_error(where + ": bucket_bytes must be >= 1, got " + text_of(bucket_bytes));
                Keywords k{where, options, {}};
@@ -231,7 +240,8 @@ void bind_zero_optimizer(py::module_& m) {
            py::arg("params"), py::arg("communicator"), py::arg("stage"), py::arg("optimizer"), py::arg("options"),
            py::arg("reduce_in_backward") = false, py::arg("bucket_bytes") = optim::ZeroOptions().bucket_bytes,
            py::arg("param_names") = std::vector<std::string>{}, py::arg("overlap_param_gather") = false,
-           py::arg("units") = std::vector<int64_t>{}, py::arg("prefetch") = 1, py::arg("reshard_after_forward") = true)
+           py::arg("units") = std::vector<int64_t>{}, py::arg("prefetch") = 1, py::arg("reshard_after_forward") = true,
+           py::arg("device") = std::string())
       // stage 3: the module hooks of gpuops.ZeroOptimizer call these around each unit (collective: gathers)
       .def("unit_count", [](const ShardedOptimizer& z) { return z.shards().unit_count(); })
       .def("unit_pre_forward", [](ShardedOptimizer& z, size_t u) { z.shards().unit_pre_forward(u); },

@@ -164,6 +164,19 @@ void FlatParams::adopt_grad(size_t b, size_t slot) {
   if (own.defined()) s.param.mutable_grad().copy_(own);
 }
 
+void FlatParams::rebind_data(size_t b, const at::Tensor& data) {
+  TORCH_CHECK_VALUE(b < buckets_.size(), "FlatParams::rebind_data: bucket ", b, " is out of range");
+  Bucket& bucket = buckets_[b];
+  TORCH_CHECK_VALUE(data.defined() && data.dim() == 1 && data.numel() == bucket.data.numel() &&
+                        data.scalar_type() == bucket.dtype && data.is_contiguous(),
+                    "FlatParams::rebind_data: data must be a contiguous 1-D ", bucket.dtype, " tensor of ",
+                    bucket.data.numel(), " elements");
+  bucket.data = data;
+  bucket.device = data.device();
+  bucket.grad.reset();
+  for (auto& slot : bucket.slots) slot.param.mutable_grad().reset();
+}
+
 void FlatParams::allocate_grad(size_t b) {
   TORCH_CHECK_VALUE(b < buckets_.size(), "FlatParams::allocate_grad: bucket ", b, " is out of range");
   if (!buckets_[b].grad.defined()) buckets_[b].grad = at::zeros_like(buckets_[b].data);

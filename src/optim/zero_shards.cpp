@@ -60,10 +60,16 @@ void check_units(const ZeroOptions& options, size_t n_params) {
   if (options.stage != 3) {
     TORCH_CHECK_VALUE(options.units.empty(), "ZeroOptimizer: units are for stage 3 (parameters sharded), got ",
                       options.units.size(), " with stage ", options.stage);
+    TORCH_CHECK_VALUE(!options.device, "ZeroOptimizer: device is for stage 3 (the parameters of stages 1 and 2 "
+                      "stay where they are), got ", *options.device, " with stage ", options.stage);
     return;
   }
   TORCH_CHECK_VALUE(!options.overlap_param_gather, "ZeroOptimizer: overlap_param_gather is for stages 1 and 2; stage "
                     "3 gathers each unit before it runs (prefetch sets how far ahead)");
+  if (options.device) {  // the buffers move there; the collectives must reach it
+    TORCH_CHECK_VALUE(options.device->is_cpu() || options.device->is_cuda(), "ZeroOptimizer: device must be a CPU "
+                      "or CUDA device, got ", *options.device);
+  }
   if (options.units.empty()) return;
   TORCH_CHECK_VALUE(options.units.size() == n_params, "ZeroOptimizer: ", options.units.size(), " units for ",
                     n_params, " parameters; give the unit of every parameter, or none (one unit)");
@@ -180,6 +186,7 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
                                   dist::fingerprint(fmt::format("{}", fmt::join(options_.units, ",")))))
       .field("prefetch", std::to_string(options_.prefetch))
       .field("reshard_after_forward", options_.reshard_after_forward ? "true" : "false")
+      .field("device type", options_.device ? c10::DeviceTypeName(options_.device->type(), true) : "the parameters'")
       .propose("optimizer id", dist::random_id());
   id_ = agreement.exchange(comm_).at(0).second;
   const bool stage3 = options_.stage == 3;

@@ -64,8 +64,13 @@ void ZeroShards::ensure_grad(size_t k) {
 
 at::Tensor ZeroShards::park(size_t k) {
   c10::NoGradGuard no_grad;
-  const auto& b = bucket(k);
   at::Tensor shard = data_shard(k).clone();
+  if (options_.device) {  // the unit's home from now on: its shard and a buffer (no bytes yet) on that device
+    shard = shard.to(*options_.device);
+    const at::Tensor host = bucket(k).data;
+    flats_[k]->rebind_data(0, at::empty(host.sizes(), host.options().device(*options_.device)));
+  }
+  const auto& b = bucket(k);
   full_views_.emplace_back();
   for (const auto& slot : b.slots) full_views_.back().push_back(view_at(b.data, slot.offset, slot.param));
   flats_[k]->release_grads();
