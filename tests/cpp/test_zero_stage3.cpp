@@ -80,6 +80,8 @@ std::vector<at::Tensor> train_sharded(Communicator& comm) {
   zero.units = units.units;
   zero.param_names = units.names;
   zero.reduce_in_backward = true;
+  // 3 ranks: the units re-bound to buffers of an explicit device (the path of a CPU-built model on a GPU)
+  if (comm.size() == 3) zero.device = c10::Device(c10::kCPU);
   ZeroOptimizer opt(units.params, comm, zero, AdamWOptions(1e-2));
   ShardedSequential model(net, opt);
   GradScaler scaler(scaler_options());
