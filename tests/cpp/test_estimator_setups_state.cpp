@@ -279,6 +279,58 @@ TEST(SetupsState, LoraOnLmHeadAndEmbeddings) {
             4 * (q_adapters + 68 + 1004 + 1004 + 68) + 4 * (8 + 4));
 }
 
+TEST(SetupsState, GpuopsStage3UnitsInFlight) {
+  const est::ModelSpec m = tiny();
+  est::TrainingSetup s = fp32_setup(est::OptimizerKind::AdamW);
+  s.zero_stage = 3;
+  s.num_gpus = 3;
+  s.sharding = est::ShardingLayout::Gpuops;
+  // Flat shards, and the fp32 gradient shard kept from construction on.
+  const est::MemoryBreakdown p = est::persistent_memory(m, s, est::cpu_device());
+  EXPECT_EQ(p.weights, 4 * 100203 + 4 * 8);
+  EXPECT_EQ(p.gradients, 4 * 100203);
+  const int64_t block = 43136 * 4, root = (64000 + 64 + 64000) * 4;  // unit 0: embed, final norm, lm_head
+  const int64_t block_shard = 14379 * 4, root_shard = 42688 * 4;     // ceil(n / 3) fp32 reduced shards
+  // Unit 0 from the loss on; a block's backward: it, the prefetched one, unit 0's gradient buffer, its own
+  // gradient, and the previous block's reduction (its gradient, reduced shard and Gloo's clone on the CPU).
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::LossBackward), root);
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::AttentionBackward),
+            root + 2 * block + root + block + (block + block_shard + block));
+  // The end: unit 0's gradient, Gloo's clone of it, its reduced shard, the last block's reduction, and the
+  // embedding's gradient still held.
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::BackwardEnd),
+            root + root + root_shard + (block + block_shard) + 64000 * 4);
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::OptimizerStep), 0);
+  EXPECT_EQ(est::gpuops_head_bytes(m, s), 2 * root + 64000 * 4);
+  est::TrainingSetup none = s, keep = s;
+  none.zero_prefetch = 0;
+  keep.reshard_after_forward = false;
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::AttentionBackward) - unsharded(m, none, est::StepPhase::AttentionBackward),
+            block);
+  EXPECT_EQ(unsharded(m, keep, est::StepPhase::LossBackward), root + 4 * block);
+  EXPECT_GT(est::estimate_memory(m, keep, est::cpu_device()).allocated_peak(),
+            est::estimate_memory(m, s, est::cpu_device()).allocated_peak());
+  // Stage 3 of gpuops only, with what its ZeroOptimizer steps, an architecture, no LoRA.
+  est::TrainingSetup bad = s;
+  bad.zero_stage = 2;
+  EXPECT_NE(error_of(m, bad).find("sharding gpuops is gpuops.ZeroOptimizer(stage=3)"), std::string::npos);
+  bad = s;
+  bad.optimizer = est::OptimizerKind::Adafactor;
+  EXPECT_NE(error_of(m, bad).find("sharding gpuops steps gpuops' AdamW, Adam or SGD"), std::string::npos);
+  bad = s;
+  bad.lora.rank = 8;
+  EXPECT_NE(error_of(m, bad).find("sharding gpuops shards the trainable parameters only"), std::string::npos);
+  bad = s;
+  bad.zero_prefetch = 65;
+  EXPECT_NE(error_of(m, bad).find("zero-prefetch must be in [0, 64]"), std::string::npos);
+  bad = fp32_setup(est::OptimizerKind::AdamW);
+  bad.zero_prefetch = 2;
+  EXPECT_NE(error_of(m, bad).find("zero-prefetch applies to sharding gpuops only"), std::string::npos);
+  EXPECT_NE(error_of(est::params_only_model(1000000), s).find("sharding gpuops needs an architecture"),
+            std::string::npos);
+  EXPECT_EQ(est::parse_sharding("GPUOPS"), est::ShardingLayout::Gpuops);
+}
+
 TEST(SetupsState, BadInputIsRefusedNamingTheOption) {
   const est::ModelSpec m = tiny();
   est::TrainingSetup s = fp32_setup(est::OptimizerKind::PagedAdamW8bit);
