@@ -167,6 +167,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                                      "parameters")
         except Exception as error:  # noqa: BLE001 - raised below, after the other ranks heard of it
             _dist.fail_together(communicator, "ZeroOptimizer", error)
+        shapes = [(p.shape, p.dtype) for p in params]
         self._impl = _C.ZeroOptimizer(params, communicator, stage, kind, dict(defaults), reduce_in_backward,
                                       bucket_bytes, names, True if module is not None else overlap_param_gather,
                                       unit_of, prefetch, reshard_after_forward, device)
@@ -177,6 +178,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self._hooks += install_unit_hooks(self, model, unit_order)
             self._hooks += install_state_dict_hooks(self, model, self._sharded_names)
         self._params = params  # the model's, for the unsharded optimizer's load checks
+        # (stage 3: placeholders from here on; their shapes and dtypes, without bytes, stand in for the checks)
+        self._checked_as = [torch.empty(s, dtype=d, device="meta", requires_grad=True) for s, d in shapes]
         self.param_names = names
         self.communicator = communicator
         self._consolidated: Optional[list] = None
@@ -349,11 +352,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
         sizes = [len(g["params"]) for g in groups if isinstance(g, dict) and isinstance(g.get("params"), (list, tuple))
                  ] if isinstance(groups, (list, tuple)) else []
-        if not sizes or len(sizes) != len(groups) or sum(sizes) != len(self._params):
-            sizes = [len(self._params)]
+        if not sizes or len(sizes) != len(groups) or sum(sizes) != len(self._checked_as):
+            sizes = [len(self._checked_as)]
         split, start = [], 0
         for n in sizes:
-            split.append({"params": self._params[start:start + n]})
+            split.append({"params": self._checked_as[start:start + n]})
             start += n
         return getattr(unsharded, self.kind)(split, **self._impl.options)
 

@@ -364,6 +364,17 @@ def _usage(rank, world, comm):
         model(idx)
     model.to(torch.float32)
     _sharded_steps(model, opt, None, rank, range(13, 14), micro=1)
+    # The consolidated optimizer state (torch's format) loads into another stage-3 optimizer on every rank.
+    opt.consolidate_state_dict(0)
+    shipped = [opt.state_dict() if rank == 0 else None]
+    torch.distributed.broadcast_object_list(shipped, 0)
+    other = _model(**kw)
+    again = _stage3(other, comm)
+    again.load_state_dict(shipped[0])
+    again.consolidate_state_dict(0)
+    if rank == 0:
+        mine, theirs = shipped[0]["state"], again.state_dict()["state"]
+        assert all(torch.equal(mine[i][k], theirs[i][k]) for i in mine for k in mine[i])
 
 
 def _fsdp2(rank, comm):
