@@ -14,6 +14,7 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
+#include <torch/serialize.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
 
@@ -23,6 +24,7 @@
 #include "gpuops/grad_scaler.h"
 #include "gpuops/optimizers.h"
 #include "gpuops/sharded_sequential.h"
+#include "gpuops/training_state.h"
 #include "gpuops/zero_optimizer.h"
 #include "multiprocess.h"
 
@@ -177,8 +179,56 @@ void scenario_bad_input(Communicator& comm) {
   comm.barrier().wait();
 }
 
+// Checkpoints through the C++ TrainingState: 3 ranks train 3 steps and save; 2 ranks, then 1, load it
+// (resharded online) and hold the same parameters, bit for bit (the parameters live in the shard files).
+void scenario_checkpoint(Communicator& comm) {
+  const std::string dir = env_or("GPUOPS_ZERO_CKPT", "/tmp/zero3-ckpt");
+  auto net = make_net();
+  auto units = gpuops::optim::sequential_units(net);
+  ZeroOptions zero;
+  zero.stage = 3;
+  zero.units = units.units;
+  zero.param_names = units.names;
+  zero.reduce_in_backward = true;
+  ZeroOptimizer opt(units.params, comm, zero, AdamWOptions(1e-2));
+  ShardedSequential model(net, opt);
+  gpuops::TrainingStateOptions so;
+  so.process_group = comm.process_group()->getBackend(c10::DeviceType::CPU);
+  gpuops::TrainingState state(dir, so);
+  gpuops::TrainingObjects objects;
+  objects.optimizer = &opt;
+  if (comm.size() == 3) {
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      auto [x, y] = batch_of(step, 0, comm.rank());
+      (model->forward(x) - y).square().mean().backward();
+      opt.step();
+    }
+    gpuops::TrainingProgress progress;
+    progress.step = 3;
+    state.save(progress, objects);
+    const auto full = opt.shards().full_parameters(0);
+    if (comm.rank() == 0) torch::save(full, dir + "/params3.pt");
+    return;
+  }
+  const auto loaded = state.load(objects, true, /*allow_reshard=*/true);
+  WORKER_CHECK(loaded && loaded->step == 3, "loaded step {}", loaded ? loaded->step : -1);
+  const auto full = opt.shards().full_parameters(0);
+  if (comm.rank() == 0) {
+    std::vector<at::Tensor> saved;
+    torch::load(saved, dir + "/params3.pt");
+    WORKER_CHECK(saved.size() == full.size(), "{} parameters saved, {} loaded", saved.size(), full.size());
+    for (size_t i = 0; i < full.size(); ++i) WORKER_CHECK(at::equal(full[i], saved[i]), "parameter {} differs", i);
+  }
+  opt.zero_grad();  // and it trains on
+  auto [x, y] = batch_of(3, 0, comm.rank());
+  (model->forward(x) - y).square().mean().backward();
+  opt.step();
+}
+
 int run_worker(const std::string& scenario) {
-  return run_scenario(scenario, {{"train", scenario_train}, {"bad_input", scenario_bad_input}});
+  return run_scenario(scenario, {{"train", scenario_train}, {"bad_input", scenario_bad_input},
+                                 {"checkpoint", scenario_checkpoint}});
 }
 
 void run_train(int n) {
@@ -194,6 +244,12 @@ void run_train(int n) {
 TEST(ZeroStage3, ShardedSequentialTwoRanks) { run_train(2); }
 TEST(ZeroStage3, ShardedSequentialThreeRanks) { run_train(3); }
 TEST(ZeroStage3, BadInputTwoRanks) { run_all_ok(2, "bad_input"); }
+TEST(ZeroStage3, TrainingStateReshards3To2To1) {
+  char tmpl[] = "/tmp/gpuops-zero3-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  ::setenv("GPUOPS_ZERO_CKPT", tmpl, 1);
+  for (int n : {3, 2, 1}) run_all_ok(n, "checkpoint");
+}
 
 }  // namespace
 
