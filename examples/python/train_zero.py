@@ -1,4 +1,4 @@
-"""Data-parallel training with gpuops.ZeroOptimizer (ZeRO stage 1 or 2) and a resumable TrainingState.
+"""Data-parallel training with gpuops.ZeroOptimizer (ZeRO stage 1, 2 or 3) and a resumable TrainingState.
 
     torchrun --nproc_per_node 2 examples/python/train_zero.py --steps 20 --state-dir /tmp/zero-run
     # ... preempted (SIGTERM on any rank: every rank saves the same step and exits 0), then resumed on
@@ -7,7 +7,8 @@
 
 Each rank trains a small regression MLP on its own slice of a fixed synthetic data set (Gloo on CPU; with
 GPUs use backend "nccl" and move the model to cuda:LOCAL_RANK). Rank 0 prints "step N loss X" for the
-global mean loss.
+global mean loss. With --stage 3 the parameters are sharded too, each Linear a unit gathered around its forward
+and backward.
 """
 
 import argparse
@@ -34,7 +35,7 @@ def batch(step: int, rank: int, world: int, per_rank: int = 16):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--stage", type=int, default=2, choices=(1, 2))
+    parser.add_argument("--stage", type=int, default=2, choices=(1, 2, 3))
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--save-every", type=int, default=5)
     parser.add_argument("--signal-self-at", type=int, default=-1, help="rank 1 (or 0) sends itself SIGTERM here")
@@ -44,7 +45,8 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
-    opt = gpuops.ZeroOptimizer(model.named_parameters(), gpuops.optim.AdamW, stage=args.stage, lr=3e-2)
+    units = dict(model=model, units=[model[0], model[2]]) if args.stage == 3 else {}  # stage 3: a unit per Linear
+    opt = gpuops.ZeroOptimizer(model.named_parameters(), gpuops.optim.AdamW, stage=args.stage, lr=3e-2, **units)
     with gpuops.TrainingState(args.state_dir, process_group=dist.group.WORLD) as state:
         loaded = state.load(model=model, optimizer=opt, allow_reshard=True)
         start = loaded["step"] if loaded else 0

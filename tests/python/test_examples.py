@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,14 +51,16 @@ def test_python_finetune_example_resumes_a_preempted_run_bit_exactly(tmp_path):
     check_preempted_run_resumes_exactly(command, tmp_path)
 
 
-def test_python_zero_example_under_torchrun_resumes_at_another_world_size(tmp_path):
+@pytest.mark.parametrize("stage", [2, 3])
+def test_python_zero_example_under_torchrun_resumes_at_another_world_size(tmp_path, stage):
     """examples/python/train_zero.py under torchrun: 2 processes, preempted by a SIGTERM on rank 1 (every rank
-    saves the same step and exits 0), resumed on 1 process (the optimizer state resharded on load): the
-    resumed losses follow the uninterrupted 2-process run's (the reductions differ in order: 1e-5)."""
+    saves the same step and exits 0), resumed on 1 process (the optimizer state, and at stage 3 the sharded
+    parameters, resharded on load): the resumed losses follow the uninterrupted 2-process run's (the reductions
+    differ in order: 1e-5)."""
     def run(folder, nproc, *extra):
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
                    str(ROOT / "examples" / "python" / "train_zero.py"), "--steps", "16", "--state-dir",
-                   str(tmp_path / folder), *extra]
+                   str(tmp_path / folder), "--stage", str(stage), *extra]
         result = subprocess.run(command, capture_output=True, text=True, timeout=300,
                                 env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
         assert result.returncode == 0, result.stdout + result.stderr
