@@ -1,14 +1,17 @@
-// Data-parallel training from C++ with gpuops::optim::ZeroOptimizer (ZeRO stage 2 over our fused AdamW) and a
+// Data-parallel training from C++ with gpuops::optim::ZeroOptimizer (ZeRO stage 2, or 3, over our fused AdamW) and a
 // resumable TrainingState, launched by torchrun or any launcher that sets MASTER_ADDR, MASTER_PORT, RANK,
 // WORLD_SIZE (or SLURM's srun: SLURM_PROCID, SLURM_NTASKS with MASTER_ADDR/MASTER_PORT exported):
 //
 //   torchrun --nproc_per_node 2 --no-python ./train_zero /tmp/zero-state 20
 //   torchrun --nproc_per_node 1 --no-python ./train_zero /tmp/zero-state 40   # resumes, resharded
 //
-// Arguments: state folder, total steps, and optionally the step at which the last rank sends itself SIGTERM
-// (every rank then saves that step and exits 0). Rank 0 prints "step N loss X" (the global mean loss).
+// Arguments: state folder, total steps, optionally the step at which the last rank sends itself SIGTERM (every
+// rank then saves that step and exits 0; -1: none), and the ZeRO stage (2 by default; 3 shards the parameters
+// too, each Linear a unit, the layers run by gpuops::optim::ShardedSequential). Rank 0 prints "step N loss X"
+// (the global mean loss).
 #include <csignal>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -31,25 +34,32 @@ std::pair<torch::Tensor, torch::Tensor> batch(int64_t step, int rank, int world)
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s STATE_DIR STEPS [SIGTERM_AT_STEP]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s STATE_DIR STEPS [SIGTERM_AT_STEP] [STAGE]\n", argv[0]);
     return 2;
   }
   const std::string state_dir = argv[1];
   const int64_t steps = std::stoll(argv[2]);
   const int64_t signal_at = argc > 3 ? std::stoll(argv[3]) : -1;
+  const int stage = argc > 4 ? std::stoi(argv[4]) : 2;
 
   auto comm = gpuops::dist::Communicator::from_environment();
   const int rank = comm.rank(), world = comm.size();
   torch::manual_seed(0);
   torch::nn::Sequential model(torch::nn::Linear(8, 64), torch::nn::Tanh(), torch::nn::Linear(64, 1));
   gpuops::optim::ZeroOptions zero;
-  zero.stage = 2;
-  std::vector<torch::Tensor> params;
-  for (const auto& item : model->named_parameters()) {  // names go into the checkpoints
-    zero.param_names.push_back(item.key());
-    params.push_back(item.value());
+  zero.stage = stage;
+  // The parameters, their names (they go into the checkpoints) and, for stage 3, a unit per Linear.
+  const gpuops::optim::SequentialUnits units = gpuops::optim::sequential_units(model);
+  zero.param_names = units.names;
+  if (stage == 3) {
+    zero.units = units.units;
+    zero.reduce_in_backward = true;  // each unit's gradients reduced as its backward ends
   }
-  gpuops::optim::ZeroOptimizer opt(params, comm, zero, gpuops::optim::AdamWOptions(3e-2));
+  gpuops::optim::ZeroOptimizer opt(units.params, comm, zero, gpuops::optim::AdamWOptions(3e-2));
+  // Stage 3: the layers run through ShardedSequential, which gathers each unit around its forward and backward.
+  std::optional<gpuops::optim::ShardedSequential> sharded;
+  if (stage == 3) sharded.emplace(model, opt);
+  const auto forward = [&](const torch::Tensor& x) { return sharded ? (*sharded)->forward(x) : model->forward(x); };
 
   gpuops::TrainingStateOptions state_options;
   state_options.process_group = comm.process_group()->getBackend(c10::DeviceType::CPU);  // agreed stop flag
@@ -66,7 +76,7 @@ int main(int argc, char** argv) {
   for (int64_t step = start; step < steps; ++step) {
     opt.zero_grad();
     auto [x, y] = batch(step, rank, world);
-    const torch::Tensor loss = torch::mse_loss(model->forward(x), y);
+    const torch::Tensor loss = torch::mse_loss(forward(x), y);
     loss.backward();
     opt.step();
     torch::Tensor mean = loss.detach().clone().reshape({1});

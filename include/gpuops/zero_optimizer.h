@@ -255,6 +255,10 @@ class ZeroShards {
     uintptr_t key = 0;
   };
   using ShardLoader = std::function<void(int64_t rank, torch::serialize::InputArchive& into)>;
+  HookKey hook(size_t k, size_t slot);  ///< installs the post hook on slot's gradient accumulator
+  /// Hooks again the parameters of bucket k that autograd gave a new gradient accumulator (a data replaced in
+  /// place: C++ Module::load); zero_grad() and stage 3's gathers call it.
+  void rehook(size_t k);
   ReadShards read_from(int64_t n_old, const ShardLoader& load, const std::function<std::string(int64_t)>& name_of,
                        const std::string& kind, const std::string& where) const;
   /// "'name' (params[i], shape [a, b])" for messages.
@@ -317,7 +321,9 @@ class ZeroShards {
   bool reduced_grads_ = false;  ///< the gradients of this step are reduced
   bool stepped_ = false;  ///< stepped since the last zero_grad: the gradients are spent
   bool reattached_ = false;  ///< parameters were copied back in (FlatParams::reattach): masters follow them
-  std::vector<HookKey> hooks_;  ///< one per parameter: records its .grad's version (reduce_in_backward: reduces)
+  /// Per bucket and slot: the hook on the parameter's gradient accumulator (records its .grad's version;
+  /// reduce_in_backward and stage 3: on_gradient).
+  std::vector<std::vector<HookKey>> hooks_;
   // reduce_in_backward only
   std::vector<size_t> ready_;              ///< per bucket: gradients arrived in this pass
   size_t next_launch_ = 0;                 ///< buckets launch in order: every rank runs the same collectives

@@ -232,19 +232,8 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
     for (auto& f : flats_) f->release_grads();  // a bucket's gradient exists from its first gradient on
   grad_versions_.resize(flats_.size());
   for (size_t k = 0; k < flats_.size(); ++k) {
-    for (size_t i = 0; i < bucket(k).slots.size(); ++i) {
-      // After backward's accumulation into a gradient: reduce_in_backward's reduction, and the gradient's
-      // version, which tells later writes by anyone else (check_gradients).
-      auto accumulator = torch::autograd::impl::grad_accumulator(bucket(k).slots[i].param);
-      const uintptr_t key = accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, k, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-            if (options_.reduce_in_backward || options_.stage == 3) on_gradient(k, i);
-            const at::Tensor& grad = bucket(k).slots[i].param.grad();
-            grad_versions_[k][i] = grad.defined() ? grad._version() : -1;
-            return outputs;
-          }));
-      hooks_.push_back({std::move(accumulator), key});
-    }
+    hooks_.emplace_back();
+    for (size_t i = 0; i < bucket(k).slots.size(); ++i) hooks_.back().push_back(hook(k, i));
   }
   install_shard_grads();
   for (size_t k = 0; k < flats_.size(); ++k) {
@@ -254,8 +243,34 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
   if (stage3) build_units();  // every unit released: the parameters become placeholders
 }
 
+ZeroShards::HookKey ZeroShards::hook(size_t k, size_t i) {
+  // After backward's accumulation into a gradient: reduce_in_backward's and stage 3's bookkeeping, and the
+  // gradient's version, which tells later writes by anyone else (check_gradients).
+  auto accumulator = torch::autograd::impl::grad_accumulator(bucket(k).slots[i].param);
+  const uintptr_t key = accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+      [this, k, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+        if (options_.reduce_in_backward || options_.stage == 3) on_gradient(k, i);
+        const at::Tensor& grad = bucket(k).slots[i].param.grad();
+        grad_versions_[k][i] = grad.defined() ? grad._version() : -1;
+        return outputs;
+      }));
+  return {std::move(accumulator), key};
+}
+
+void ZeroShards::rehook(size_t k) {
+  // A parameter whose data was replaced in place (torch's C++ Module::load set_s the loaded tensor into it)
+  // gets a new gradient accumulator from autograd, without our hook: its gradients would bypass us.
+  for (size_t i = 0; i < hooks_[k].size(); ++i) {
+    const auto now = torch::autograd::impl::try_get_grad_accumulator(bucket(k).slots[i].param);
+    if (now == hooks_[k][i].accumulator) continue;
+    hooks_[k][i].accumulator->del_post_hook(hooks_[k][i].key);
+    hooks_[k][i] = hook(k, i);
+  }
+}
+
 ZeroShards::~ZeroShards() {
-  for (auto& h : hooks_) h.accumulator->del_post_hook(h.key);
+  for (auto& bucket_hooks : hooks_)
+    for (auto& h : bucket_hooks) h.accumulator->del_post_hook(h.key);
   try {  // no all-gather may write into the buffers after they are gone
     wait_for_parameters();
   } catch (const std::exception&) {  // a lost peer: the communicator has said so; nothing to finish
@@ -302,7 +317,7 @@ bool ZeroShards::foreign_reducer_hook(size_t k, size_t i) const {
   if (!accumulator) return false;
   for (const auto& hook : accumulator->post_hooks()) {
     const auto key = reinterpret_cast<uintptr_t>(hook.get());
-    const bool ours = std::any_of(hooks_.begin(), hooks_.end(), [key](const HookKey& h) { return h.key == key; });
+    const bool ours = std::any_of(hooks_[k].begin(), hooks_[k].end(), [key](const HookKey& h) { return h.key == key; });
     if (!ours && dynamic_cast<const torch::autograd::utils::LambdaPostHook*>(hook.get()) != nullptr) return true;
   }
   return false;
@@ -390,6 +405,7 @@ void ZeroShards::zero_grad() {
   if (!std::all_of(flats_.begin(), flats_.end(), [](const auto& f) { return f->attached(); })) wait_for_parameters();
   for (auto& f : flats_)
     if (f->reattach() > 0) reattached_ = true;
+  for (size_t k = 0; k < flats_.size(); ++k) rehook(k);
   if (options_.reduce_in_backward) {
     if (pass_abandoned()) abandon_pass();  // a backward that raised: its partial reductions are dropped below
     TORCH_CHECK(!pass_active_, "ZeroOptimizer.zero_grad: called during a backward pass");

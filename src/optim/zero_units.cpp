@@ -135,6 +135,7 @@ void ZeroShards::wait_unit(size_t u) {
       // A gradient buffer kept from an earlier micro-batch (local accumulation): backward adds into it.
       if (b.grad.defined()) param.mutable_grad() = view_at(b.grad, b.slots[i].offset, full_views_[k][i]);
     }
+    rehook(k);  // the parameters have their shapes: a new accumulator made here expects the right gradient
   }
   unit_state_[u] = UnitState::Full;
 }

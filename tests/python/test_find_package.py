@@ -64,9 +64,11 @@ def test_the_readme_recipe_configures_with_a_clean_path(tmp_path):
     assert Path(library).resolve().is_relative_to(torch_root.resolve()), library
 
 
-def test_cpp_zero_example_resumes_at_another_world_size(tmp_path):
+@pytest.mark.parametrize("stage", [2, 3])
+def test_cpp_zero_example_resumes_at_another_world_size(tmp_path, stage):
     """examples/cpp/train_zero.cpp (built by the test above) as 2 processes with torchrun-style variables:
-    preempted by a SIGTERM on rank 1 (both save the same step, exit 0), resumed as 1 process (resharded)."""
+    preempted by a SIGTERM on rank 1 (both save the same step, exit 0), resumed as 1 process (resharded);
+    stage 3 through ShardedSequential."""
     from multiprocess_launch import free_port
     from test_examples import check_zero_resume_at_another_world_size
 
@@ -77,7 +79,8 @@ def test_cpp_zero_example_resumes_at_another_world_size(tmp_path):
     def run(folder, world, *extra):
         base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
                     OMP_NUM_THREADS="1")
-        procs = [subprocess.Popen([str(program), str(tmp_path / folder), "16", *extra], env=dict(base, RANK=str(r)),
+        args = [str(tmp_path / folder), "16", *(extra or ["-1"]), str(stage)]
+        procs = [subprocess.Popen([str(program), *args], env=dict(base, RANK=str(r)),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
         outs = [p.communicate(timeout=300)[0] for p in procs]
         assert all(p.returncode == 0 for p in procs), outs

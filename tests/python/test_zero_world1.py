@@ -151,3 +151,26 @@ def test_stage3_built_on_the_cpu_trains_as_the_unsharded_optimizer(device):
     with pytest.raises(ValueError, match="device must name a device"):
         gpuops.ZeroOptimizer(other.parameters(), stage=3, model=other, device="gpu0")
     assert all(p.numel() > 0 for p in other.parameters())  # refused before anything changed
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_data_replaced_in_place_keeps_the_reduction_hooks(device, stage):
+    """torch's C++ Module::load set_s the loaded tensor into each parameter, and autograd then gives the parameter
+    a new gradient accumulator, without the optimizer's hooks. Found on the stage-3 C++ example, whose resumed
+    run diverged (its gradients never reached the shards; the same would hold for reduce_in_backward at stages 1
+    and 2). The optimizer hooks the new accumulator: the same bits as a run without the replacement."""
+    seed = random.randint(0, 2**31)
+    results = []
+    for replace in (False, True):
+        model = _model(device)
+        units = dict(model=model, units=[model[0], model[2]]) if stage == 3 else dict(reduce_in_backward=True)
+        optimizer = gpuops.ZeroOptimizer(model.parameters(), stage=stage, lr=1e-2, **units)
+        _train(model, optimizer, device, seed, snapshot=lambda: torch.zeros(1))
+        if replace:
+            with torch.no_grad():
+                for p in model.parameters():  # as InputArchive::read does (stage 3: a placeholder for a placeholder)
+                    p.set_(p.detach().clone())
+        gathered = (lambda: torch.cat([t.float().flatten() for t in optimizer.full_state_dict(0).values()])) \
+            if stage == 3 else None
+        results.append(_train(model, optimizer, device, seed + 1, snapshot=gathered)[-1])
+    assert torch.equal(results[0], results[1])
