@@ -183,10 +183,6 @@ class ZeroShards {
   /// gathers launched. Ends with the backward pass: every unit is freed and (reduce_in_backward) every
   /// gradient reduced when the backward finishes.
   void unit_pre_backward(size_t u);
-  /// Whether unit u's full parameters are in place (tests, and Python's checks).
-  bool unit_gathered(size_t u) const;
-  /// The parameters (indices into the constructor's list) of unit u.
-  std::vector<size_t> unit_params(size_t u) const;
   /// The parameter tensors of unit u (ShardedSequential checks its layers against them).
   std::vector<at::Tensor> unit_tensors(size_t u) const;
   /// Bytes of full (gathered) parameter buffers held now: the units in flight.

@@ -250,10 +250,6 @@ void bind_zero_optimizer(py::module_& m) {
            py::arg("unit"), py::call_guard<py::gil_scoped_release>())
       .def("unit_pre_backward", [](ShardedOptimizer& z, size_t u) { z.shards().unit_pre_backward(u); },
            py::arg("unit"), py::call_guard<py::gil_scoped_release>())
-      .def("unit_gathered", [](const ShardedOptimizer& z, size_t u) { return z.shards().unit_gathered(u); },
-           py::arg("unit"))
-      .def("unit_params", [](const ShardedOptimizer& z, size_t u) { return z.shards().unit_params(u); },
-           py::arg("unit"))
       .def("gathered_bytes", [](const ShardedOptimizer& z) { return z.shards().gathered_bytes(); })
       .def("full_parameters", [](ShardedOptimizer& z, int to) { return z.shards().full_parameters(to); },
            py::arg("to") = 0, py::call_guard<py::gil_scoped_release>())

@@ -387,29 +387,22 @@ void ZeroShards::wait_for_parameters() const {
 }
 
 void ZeroShards::zero_grad() {
-  // A model loaded through torch's C++ Module::load points its parameters at the loaded tensors: copy them in,
-  // after the gathers that write the buffers. Otherwise the gathers go on (overlap_param_gather: the next
-  // forward waits for them).
-  if (options_.stage == 3) {  // parameters stay placeholders; a gradient buffer exists from its first gradient on
-    if (pass_abandoned()) abandon_pass();
-    TORCH_CHECK(!pass_active_, "ZeroOptimizer.zero_grad: called during a backward pass");
-    release_units();
-    for (auto& f : flats_) f->release_grads();
-    for (auto& g : shard_grads_) g.zero_();
-    accumulated_.assign(flats_.size(), false);
-    install_shard_grads();
-    reduced_grads_ = false;
-    stepped_ = false;
-    return;
+  const bool stage3 = options_.stage == 3;
+  if (!stage3) {
+    // A model loaded through torch's C++ Module::load points its parameters at the loaded tensors: copy them in,
+    // after the gathers that write the buffers. Otherwise the gathers go on (overlap_param_gather: the next
+    // forward waits for them). Stage 3's parameters are placeholders; its gathers hook again.
+    if (!std::all_of(flats_.begin(), flats_.end(), [](const auto& f) { return f->attached(); })) wait_for_parameters();
+    for (auto& f : flats_)
+      if (f->reattach() > 0) reattached_ = true;
+    for (size_t k = 0; k < flats_.size(); ++k) rehook(k);
   }
-  if (!std::all_of(flats_.begin(), flats_.end(), [](const auto& f) { return f->attached(); })) wait_for_parameters();
-  for (auto& f : flats_)
-    if (f->reattach() > 0) reattached_ = true;
-  for (size_t k = 0; k < flats_.size(); ++k) rehook(k);
-  if (options_.reduce_in_backward) {
+  if (options_.reduce_in_backward || stage3) {
     if (pass_abandoned()) abandon_pass();  // a backward that raised: its partial reductions are dropped below
     TORCH_CHECK(!pass_active_, "ZeroOptimizer.zero_grad: called during a backward pass");
-    for (auto& f : flats_) options_.stage == 2 ? f->release_grads() : f->zero_grad();
+    if (stage3) release_units();
+    // Stages 2 and 3: a bucket's gradient exists from its first gradient on.
+    for (auto& f : flats_) options_.stage >= 2 ? f->release_grads() : f->zero_grad();
     for (auto& g : shard_grads_) g.zero_();
     accumulated_.assign(flats_.size(), false);
   } else {

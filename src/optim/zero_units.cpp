@@ -163,22 +163,6 @@ void ZeroShards::release_units() {
   for (size_t u = 0; u < unit_state_.size(); ++u) release_unit(u);
 }
 
-bool ZeroShards::unit_gathered(size_t u) const {
-  TORCH_CHECK_VALUE(u < unit_state_.size(), "ZeroOptimizer: unit ", u, " is out of range [0, ", unit_state_.size(),
-                    ")");
-  return unit_state_[u] == UnitState::Full;
-}
-
-std::vector<size_t> ZeroShards::unit_params(size_t u) const {
-  TORCH_CHECK_VALUE(u < unit_buckets_.size(), "ZeroOptimizer: unit ", u, " is out of range [0, ",
-                    unit_buckets_.size(), ")");
-  std::vector<size_t> out;
-  for (size_t k : unit_buckets_[u])
-    for (size_t i : param_of_slot_[k]) out.push_back(i);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 std::vector<at::Tensor> ZeroShards::unit_tensors(size_t u) const {
   TORCH_CHECK_VALUE(u < unit_buckets_.size(), "ZeroOptimizer: unit ", u, " is out of range [0, ",
                     unit_buckets_.size(), ")");
