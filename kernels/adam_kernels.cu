@@ -24,19 +24,22 @@ __global__ void adam_kernel(TensorTable<6> table, math::AdamHyper hyper, StepSca
   float* exp_avg = static_cast<float*>(table.data[kExpAvg][tensor]);
   float* exp_avg_sq = static_cast<float*>(table.data[kExpAvgSq][tensor]);
   float* max_exp_avg_sq = static_cast<float*>(table.data[kMaxExpAvgSq][tensor]);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
+  const bool packed = packable(table.numel[tensor], param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq);
+  for_each_round(begin, end, packed, [&](const Lanes& lanes) {
+    Pack<float> p = lanes.load(param), g = lanes.load(grad), m = lanes.load(exp_avg), v = lanes.load(exp_avg_sq);
     if (hyper.amsgrad) {
-      float vmax = max_exp_avg_sq[i];
-      math::adam_update_amsgrad(p, grad[i], m, v, vmax, s);
-      max_exp_avg_sq[i] = vmax;
+      Pack<float> vmax = lanes.load(max_exp_avg_sq);
+#pragma unroll
+      for (int k = 0; k < kIlp; ++k) math::adam_update_amsgrad(p.v[k], g.v[k], m.v[k], v.v[k], vmax.v[k], s);
+      lanes.store(max_exp_avg_sq, vmax);
     } else {
-      math::adam_update(p, grad[i], m, v, s);
+#pragma unroll
+      for (int k = 0; k < kIlp; ++k) math::adam_update(p.v[k], g.v[k], m.v[k], v.v[k], s);
     }
-    param[i] = p;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-  }
+    lanes.store(param, p);
+    lanes.store(exp_avg, m);
+    lanes.store(exp_avg_sq, v);
+  });
 }
 
 enum : int { kParam16, kGrad16, kMaster, kExpAvgM, kExpAvgSqM, kMaxExpAvgSqM, kStepM };
@@ -54,21 +57,26 @@ __global__ void adam_master_kernel(TensorTable<7> table, math::AdamHyper hyper, 
   float* exp_avg = static_cast<float*>(table.data[kExpAvgM][tensor]);
   float* exp_avg_sq = static_cast<float*>(table.data[kExpAvgSqM][tensor]);
   float* max_exp_avg_sq = static_cast<float*>(table.data[kMaxExpAvgSqM][tensor]);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float p = master[i], m = exp_avg[i], v = exp_avg_sq[i];
-    const float g = half_to_float(grad[i]);
+  const bool packed = packable(table.numel[tensor], param, grad, master, exp_avg, exp_avg_sq, max_exp_avg_sq);
+  for_each_round(begin, end, packed, [&](const Lanes& lanes) {
+    Pack<float> p = lanes.load(master), m = lanes.load(exp_avg), v = lanes.load(exp_avg_sq);
+    const Pack<T> g = lanes.load(grad);
     if (hyper.amsgrad) {
-      float vmax = max_exp_avg_sq[i];
-      math::adam_update_amsgrad(p, g, m, v, vmax, s);
-      max_exp_avg_sq[i] = vmax;
+      Pack<float> vmax = lanes.load(max_exp_avg_sq);
+#pragma unroll
+      for (int k = 0; k < kIlp; ++k) {
+        math::adam_update_amsgrad(p.v[k], half_to_float(g.v[k]), m.v[k], v.v[k], vmax.v[k], s);
+      }
+      lanes.store(max_exp_avg_sq, vmax);
     } else {
-      math::adam_update(p, g, m, v, s);
+#pragma unroll
+      for (int k = 0; k < kIlp; ++k) math::adam_update(p.v[k], half_to_float(g.v[k]), m.v[k], v.v[k], s);
     }
-    master[i] = p;
-    store_rounded(param + i, p);
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-  }
+    lanes.store(master, p);
+    lanes.store(param, rounded<T>(p));
+    lanes.store(exp_avg, m);
+    lanes.store(exp_avg_sq, v);
+  });
 }
 
 }  // namespace

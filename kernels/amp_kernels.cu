@@ -25,9 +25,14 @@ __global__ void unscale_kernel(TensorTable<1> table, const float* inv_scale_ptr,
   T* data = static_cast<T*>(table.data[0][tensor]);
   const float inv_scale = *inv_scale_ptr;
   bool local_inf = false;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    data[i] = from_float<T>(math::unscale_element(to_float(data[i]), inv_scale, local_inf));
-  }
+  for_each_round(begin, end, packable(table.numel[tensor], data), [&](const Lanes& lanes) {
+    Pack<T> values = lanes.load(data);
+#pragma unroll
+    for (int k = 0; k < kIlp; ++k) {
+      values.v[k] = from_float<T>(math::unscale_element(to_float(values.v[k]), inv_scale, local_inf));
+    }
+    lanes.store(data, values);
+  });
   if (local_inf) *found_inf = 1.0f;  // every writer writes the same value: no race on the result
 }
 

@@ -36,12 +36,16 @@ __global__ void sumsq_kernel(TensorTable<1> table, const float* inv_scale_ptr, d
   const float inv_scale = *inv_scale_ptr;
   double sum = 0.0;  // double from the first add: float over a 64 Ki chunk would lose ~1e-6 of the norm
   bool local_inf = false;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float g = to_float(data[i]);
-    if (!isfinite(g)) local_inf = true;
-    const float u = g * inv_scale;
-    sum += static_cast<double>(u * u);
-  }
+  for_each_round(begin, end, packable(table.numel[tensor], data), [&](const Lanes& lanes) {
+    const Pack<T> values = lanes.load(data);
+#pragma unroll
+    for (int k = 0; k < kIlp; ++k) {  // lanes past the end are zero: finite, adding nothing
+      const float g = to_float(values.v[k]);
+      if (!isfinite(g)) local_inf = true;
+      const float u = g * inv_scale;
+      sum += static_cast<double>(u * u);
+    }
+  });
   if (local_inf) *found_inf = 1.0f;
   const double total = block_sum(sum);
   if (threadIdx.x == 0) partials[first_partial + blockIdx.x] = total;

@@ -19,12 +19,15 @@ __global__ void sgd_kernel(TensorTable<4> table, math::SgdHyper hyper, StepScala
   float* param = static_cast<float*>(table.data[0][tensor]);
   const float* grad = static_cast<const float*>(table.data[1][tensor]);
   float* buf = static_cast<float*>(table.data[2][tensor]);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float p = param[i], b = s.momentum != 0.0f ? buf[i] : 0.0f;
-    math::sgd_update(p, grad[i], b, s);
-    param[i] = p;
-    if (s.momentum != 0.0f) buf[i] = b;
-  }
+  const bool packed = packable(table.numel[tensor], param, grad, buf);
+  for_each_round(begin, end, packed, [&](const Lanes& lanes) {
+    Pack<float> p = lanes.load(param), b = s.momentum != 0.0f ? lanes.load(buf) : Pack<float>{};
+    const Pack<float> g = lanes.load(grad);
+#pragma unroll
+    for (int k = 0; k < kIlp; ++k) math::sgd_update(p.v[k], g.v[k], b.v[k], s);
+    lanes.store(param, p);
+    if (s.momentum != 0.0f) lanes.store(buf, b);
+  });
 }
 
 template <typename T>
@@ -38,13 +41,16 @@ __global__ void sgd_master_kernel(TensorTable<5> table, math::SgdHyper hyper, St
   const T* grad = static_cast<const T*>(table.data[1][tensor]);
   float* master = static_cast<float*>(table.data[2][tensor]);
   float* buf = static_cast<float*>(table.data[3][tensor]);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float p = master[i], b = s.momentum != 0.0f ? buf[i] : 0.0f;
-    math::sgd_update(p, half_to_float(grad[i]), b, s);
-    master[i] = p;
-    store_rounded(param + i, p);
-    if (s.momentum != 0.0f) buf[i] = b;
-  }
+  const bool packed = packable(table.numel[tensor], param, grad, master, buf);
+  for_each_round(begin, end, packed, [&](const Lanes& lanes) {
+    Pack<float> p = lanes.load(master), b = s.momentum != 0.0f ? lanes.load(buf) : Pack<float>{};
+    const Pack<T> g = lanes.load(grad);
+#pragma unroll
+    for (int k = 0; k < kIlp; ++k) math::sgd_update(p.v[k], half_to_float(g.v[k]), b.v[k], s);
+    lanes.store(master, p);
+    lanes.store(param, rounded<T>(p));
+    if (s.momentum != 0.0f) lanes.store(buf, b);
+  });
 }
 
 }  // namespace

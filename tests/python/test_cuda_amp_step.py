@@ -13,7 +13,7 @@ from conftest import requires_cuda
 
 pytestmark = requires_cuda
 
-SHAPES = [(7,), (33, 17), (65537,), (3, 5, 7)]
+SHAPES = [(7,), (33, 17), (65537,), (3, 5, 7), (2, 65540)]  # the last: the kernels' vector-load path, two chunks
 OPTIMIZERS = [
     (gpuops.optim.AdamW, dict(lr=1e-3, weight_decay=0.05)),
     (gpuops.optim.Adam, dict(lr=1e-3, weight_decay=0.01, amsgrad=True)),
