@@ -155,7 +155,8 @@ def test_a_captured_step_follows_the_lr_scheduler():
     graph_model = copy.deepcopy(eager_model)
     lr = torch.tensor(1e-3, device="cuda")
     graph_opt = gpuops.optim.AdamW(graph_model.parameters(), lr=lr, weight_decay=0.01)
-    eager_opt = gpuops.optim.AdamW(eager_model.parameters(), lr=1e-3, weight_decay=0.01)
+    # the eager one is given the float32 value the tensor holds (the kernels take a host lr as a double)
+    eager_opt = gpuops.optim.AdamW(eager_model.parameters(), lr=float(lr), weight_decay=0.01)
     graph_scaler = gpuops.GradScaler("cuda", init_scale=2.0**12)
     eager_scaler = gpuops.GradScaler("cuda", init_scale=2.0**12)
     warmup = [torch.randn(32, 64, device="cuda") for _ in range(3)]

@@ -68,18 +68,19 @@ def run_both(name, kwargs, dtype, device, steps=5, group_lr=None, torch_kwargs=N
     return (mine, a1 + a2), (reference, b1 + b2), seed
 
 
-def assert_same_state(mine, reference, seed):
-    """Parameters and every state tensor the two optimizers share, within their dtype's rounding."""
+def assert_same_state(mine, reference, seed, **tolerance):
+    """Parameters and every state tensor the two optimizers share, within their dtype's rounding (or the
+    `tolerance` given: rtol and atol)."""
     for p, q in zip((p for g in mine.param_groups for p in g["params"]),
                     (q for g in reference.param_groups for q in g["params"])):
-        torch.testing.assert_close(p, q, msg=lambda m: f"seed {seed}: parameter: {m}")
+        torch.testing.assert_close(p, q, msg=lambda m: f"seed {seed}: parameter: {m}", **tolerance)
         for key in set(mine.state[p]) & set(reference.state[q]):
             got, want = mine.state[p][key], reference.state[q][key]
             if key == "step":  # torch's SGD keeps a loaded step as it is; ours counts
                 if "momentum" not in mine.defaults:
                     assert float(got) == float(want), f"seed {seed}: step {float(got)} != {float(want)}"
             else:
-                torch.testing.assert_close(got, want, msg=lambda m: f"seed {seed}: state {key!r}: {m}")
+                torch.testing.assert_close(got, want, msg=lambda m: f"seed {seed}: state {key!r}: {m}", **tolerance)
 
 
 # ---- constructor surface -------------------------------------------------------------------------------------
@@ -99,7 +100,8 @@ def test_error_inputs_raise_what_torch_raises(name, device):
     """Origin: TestOptimRenewed.test_errors. Each of optim_db's bad inputs raises torch's error type with a
     message matching torch's regex, in ours as in torch's (checked too, so the data holds for this wheel)."""
     inputs = INFO[name].optim_error_inputs_func(device=device, dtype=torch.float32)
-    assert inputs
+    if not inputs:  # torch's data has no CUDA error inputs for SGD (its checks are device-independent)
+        pytest.skip(f"optim_db has no error inputs for {name} on {device}")
     for cls in (theirs(name), ours(name)):
         for error_input in inputs:
             optim_input = error_input.optimizer_error_input
@@ -158,12 +160,18 @@ def test_adam_decoupled_weight_decay_is_adamw():
 def test_optim_inputs_match_torch(name, dtype, device):
     """Origin: TestOptimRenewed.test_foreach_matches_forloop / test_fused_matches_forloop. For every keyword set
     optim_db tests torch with, 5 steps of ours match torch's for-loop implementation within rounding (float64
-    parameters step on torch's fused kernels, float32 ones on ours)."""
+    parameters step on torch's fused kernels, float32 ones on ours). A float32 tensor lr or betas (CUDA's inputs
+    have them) makes torch's for-loop compute its step size in float32 (lr / bias_correction is a float32
+    tensor), where the fused kernels compute it in float64: float64 parameters then agree to float32's rounding
+    (found on the first GPU run: 1.4e-7 relative, over float64's 1e-7 tolerance)."""
     inputs = INFO[name].optim_inputs_func(device=device, dtype=dtype)
     assert inputs
     for optim_input in inputs:
         (mine, _), (reference, _), seed = run_both(name, optim_input.kwargs, dtype, device, group_lr=0.005)
-        assert_same_state(mine, reference, seed)
+        tensor_scalars = any(isinstance(v, torch.Tensor) for value in optim_input.kwargs.values()
+                             for v in (value if isinstance(value, tuple) else (value,)))
+        float32_step = dict(rtol=1.3e-6, atol=1e-5) if tensor_scalars and dtype == torch.float64 else {}
+        assert_same_state(mine, reference, seed, **float32_step)
 
 
 @pytest.mark.parametrize("name", NAMES)
