@@ -237,9 +237,24 @@ CALIBRATION = [
 
 # --- The comparison ---------------------------------------------------------------------------------------
 
-def load_rows(path: str = MEASUREMENTS) -> list:
+HELD_OUT = os.path.join(HERE, "heldout")  # rows added after the model was built: one JSON list per source
+
+
+def load_rows(path: str = MEASUREMENTS, held_out: str = HELD_OUT) -> list:
+    """The fitting rows (measurements.json: every one was looked at while the estimator's terms were built or
+    tuned) and the held-out rows (heldout/*.json: added with "split": "held_out", mapped before their errors were
+    seen, and never used to change a term)."""
     with open(path) as f:
-        return json.load(f)
+        rows = [{**r, "split": r.get("split", "fitting")} for r in json.load(f)]
+    for name in sorted(os.listdir(held_out)) if os.path.isdir(held_out) else []:
+        if name.endswith(".json"):
+            with open(os.path.join(held_out, name)) as f:
+                added = json.load(f)
+            bad = [r.get("id") for r in added if r.get("split") != "held_out"]
+            if bad:
+                raise ValueError(f"heldout/{name}: rows {bad} are not marked \"split\": \"held_out\"")
+            rows += added
+    return rows
 
 
 def chunks_of(row: dict, source: str) -> str:
@@ -327,7 +342,8 @@ def compare(row: dict) -> dict:
     low, high = band_of(kw, b, figure)
     measured = row["measured_gib"] * GIB
     return {
-        "id": row["id"], "family": row["family"], "metric": row["metric"], "gpu": row["gpu"],
+        "id": row["id"], "split": row.get("split", "fitting"), "family": row["family"], "metric": row["metric"],
+        "gpu": row["gpu"],
         "gpuops_gpu": kw.get("gpu"), "figure": figure, "basis": MAPPING[row["id"]][2],
         "measured_gib": row["measured_gib"], "estimated_gib": estimated / GIB,
         "low_gib": low / GIB, "high_gib": high / GIB, "error": (estimated - measured) / measured,
@@ -384,6 +400,50 @@ def summary(rows: list) -> dict:
     }
 
 
+# The three figures a row can measure, by the metric it states.
+FIGURE_CLASS = {"max_memory_allocated": "allocated", "peak_active": "allocated", "max_memory_reserved": "reserved",
+                "nvidia_smi": "device-used"}
+
+
+def split_figures(rows: list) -> list:
+    """Per split (fitting, held-out) and figure: rows, median and max |error|, the signed median (a systematic
+    sign shows here), how often the band holds the measurement and its top covers it (the `fits` verdict reads
+    the top of the device-used band), and the band's median width relative to the estimate."""
+    out = []
+    for split in ("fitting", "held_out"):
+        for figure in ("allocated", "reserved", "device-used"):
+            chosen = [r for r in rows if r["split"] == split and FIGURE_CLASS[r["metric"]] == figure]
+            if not chosen:
+                out.append({"split": split, "figure": figure, "count": 0})
+                continue
+            errors = [r["error"] for r in chosen]
+            out.append({
+                "split": split, "figure": figure, "count": len(chosen),
+                "median_abs_error": statistics.median(abs(e) for e in errors),
+                "max_abs_error": max(abs(e) for e in errors),
+                "median_signed_error": statistics.median(errors),
+                "inside_band_share": sum(r["inside"] for r in chosen) / len(chosen),
+                "top_covers_share": sum(r["measured_gib"] <= r["high_gib"] for r in chosen) / len(chosen),
+                "median_band_width": statistics.median((r["high_gib"] - r["low_gib"]) / r["estimated_gib"]
+                                                       for r in chosen),
+            })
+    return out
+
+
+def split_table(rows: list) -> list:
+    lines = ["| split | figure | rows | median abs error | max abs error | signed median | in band | band top covers "
+             "| band width |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for f in split_figures(rows):
+        if not f["count"]:
+            lines.append(f"| {f['split']} | {f['figure']} | 0 | - | - | - | - | - | - |")
+            continue
+        lines.append(f"| {f['split']} | {f['figure']} | {f['count']} | {100 * f['median_abs_error']:.1f}% | "
+                     f"{100 * f['max_abs_error']:.1f}% | {_pct(f['median_signed_error'])} | "
+                     f"{100 * f['inside_band_share']:.0f}% | {100 * f['top_covers_share']:.0f}% | "
+                     f"{100 * f['median_band_width']:.0f}% |")
+    return lines
+
+
 # --- Output -----------------------------------------------------------------------------------------------
 
 def _pct(x: float) -> str:
@@ -402,10 +462,10 @@ def markdown(result: dict) -> str:
     lines += ["", "**Checked** (basis: stated = the source states every setting; assumed = unknowns set by the "
               "documented assumptions of `validate_published.py`; unresolved = an unknown chosen from the measurement, "
               "not counted in the summary)", "",
-              "| id | family | metric | GPU (catalog) | basis | measured GiB | estimated GiB | error | band GiB | "
-              "in band |", "|---|---|---|---|---|---:|---:|---:|---|:-:|"]
+              "| id | split | family | metric | GPU (catalog) | basis | measured GiB | estimated GiB | error | "
+              "band GiB | in band |", "|---|---|---|---|---|---|---:|---:|---:|---|:-:|"]
     for r in result["checked"]:
-        lines.append(f"| {r['id']} | {r['family']} | {r['metric']} | {r['gpu']} ({r['gpuops_gpu']}) | "
+        lines.append(f"| {r['id']} | {r['split']} | {r['family']} | {r['metric']} | {r['gpu']} ({r['gpuops_gpu']}) | "
                      f"{r['basis']} | {r['measured_gib']:.3f} | {r['estimated_gib']:.3f} | {_pct(r['error'])} | "
                      f"{r['low_gib']:.2f}-{r['high_gib']:.2f} | {'yes' if r['inside'] else 'no'} |")
     lines += ["", "**Excluded**", "", "| id | reason |", "|---|---|"]
@@ -420,7 +480,8 @@ def markdown(result: dict) -> str:
                 f"({s['worst_abs_id']}); {worst}; {100 * s['inside_band_share']:.0f}% inside the band.")
 
     lines += ["", "**Summary.** " + said(acc, "Stated and assumed rows") + " " + said(every, "All checked rows"),
-              ""]
+              "", "**Fitting and held-out rows** (stated and assumed rows; error = (estimate - measured) / measured; "
+              "band width = (top - bottom) / estimate)", "", *split_table(accuracy_rows(result)), ""]
     return "\n".join(lines)
 
 
