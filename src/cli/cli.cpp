@@ -195,8 +195,9 @@ cli::Run make_run(std::string label, const est::ModelSpec& model, const est::Tra
     r.notes.push_back("a bare parameter count has no architecture: activations and logits are not modelled "
                       "(use --model or --config for them)");
   if (o.device == "cpu") r.notes.push_back("the breakdown is for the CPU; the GPU table uses the CUDA profile");
-  else r.notes.push_back(fmt::format("{}; band: +-5% of the allocated bytes, +-50% of the allocator's reserve and "
-                                     "NCCL's buffers, the context's range", cuda.context_basis));
+  else r.notes.push_back(fmt::format("{}; band: -5%/+30% of the allocated bytes (+30%: what published runs' stacks "
+                                     "added), +-50% of the allocator's reserve and NCCL's buffers, the context's "
+                                     "range", cuda.context_basis));
   std::vector<std::string> no_precision;
   for (const auto& g : est::gpu_catalog())
     if (!est::runs_precision(g, setup.precision) && (!gpu_given || &g == &est::find_gpu(o.gpu)))

@@ -149,9 +149,14 @@ void validate(const DeviceProfile& d) {
                    static_cast<int>(d.runtime.allocator));
 }
 
-// Relative uncertainty of the allocated bytes: the analytic terms' error on measured peaks (the CPU grid
-// and the published GPU rows, docs/estimator.md "Validation").
-constexpr double kAllocatedBand = 0.05;
+// The band around the allocated bytes, as fractions of them. Below: the analytic terms' error where the setup
+// is known exactly (the CPU grid, the H200 grid: within 5%). Above: what a training stack adds that its settings
+// do not show (library versions, loaders, unstated defaults), set so that the band's top covers every fitting
+// row of the published table: the largest need was 0.291 of the allocated bytes (litgpt-gemma-2b-qlora-a10g;
+// 42 rows, 2026-11-27, validate_published.py's band_fractions); the held-out rows check it
+// (docs/estimator.md, "Fitting and held-out rows").
+constexpr double kAllocatedBandBelow = 0.05;
+constexpr double kAllocatedBandAbove = 0.30;
 
 int64_t fraction_of(int64_t bytes, double f) {
   const double v = static_cast<double>(bytes) * f;
@@ -176,9 +181,11 @@ std::vector<MemoryBreakdown> device_phases(const ModelSpec& m, const TrainingSet
     phase.cuda_context = device.cuda_context_bytes;
     phase.nccl_buffers = nccl_buffer_bytes(s.num_gpus, device.nvlink);
     // The allocator's reserve and NCCL's buffers are known to +-50%, the context to its measured range.
-    const C common = C(fraction_of(phase.allocated_peak(), kAllocatedBand)) + slack / 2 + phase.nccl_buffers / 2;
-    phase.band_below = (common + (device.cuda_context_bytes - device.cuda_context_low)).get();
-    phase.band_above = (common + (device.cuda_context_high - device.cuda_context_bytes)).get();
+    const C common = C(slack / 2) + phase.nccl_buffers / 2;
+    phase.band_below = (common + fraction_of(phase.allocated_peak(), kAllocatedBandBelow) +
+                        (device.cuda_context_bytes - device.cuda_context_low)).get();
+    phase.band_above = (common + fraction_of(phase.allocated_peak(), kAllocatedBandAbove) +
+                        (device.cuda_context_high - device.cuda_context_bytes)).get();
     phase.total_high();  // every figure must fit in int64
   }
   return phases;

@@ -11,18 +11,23 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "estimator_validation", "published"))
 import validate_published as validate  # noqa: E402
 
-# The issue's targets on the stated and assumed rows are median |error| <= 5%, max |error| <= 10% and never
-# under by more than 3% on device memory used. Where the estimator does not meet them yet, the bounds below are
-# the current figures rounded up by at most one percentage point (a regression bound, not the target); see
-# docs/estimator.md, "Validation against published GPU measurements", for the gap and its causes.
-# Measured (42 stated/assumed rows, 6 families, 10 nvidia-smi rows; 2026-11-24, after --bnb-version and
-# --held-logits and FSDP2's reduce-scatter input): median 9.8%, max 23.9% (tt-readme24-llama2-7b-qlora-4090),
-# worst device-used -14.6%
-# (hf-perfone-bertlarge-fp16-b4), 38% inside the band. None of the three targets is met yet.
-MEDIAN_ABS_ERROR_BOUND = 0.105
-MAX_ABS_ERROR_BOUND = 0.25
+# The targets on the stated and assumed rows are median |error| <= 5%, max |error| <= 10% and never under by more
+# than 3% on device memory used, on rows held out from fitting (issue 23). Where the estimator does not meet them
+# yet, the bounds below are the current figures rounded up by at most one percentage point (a regression bound,
+# not the target); docs/estimator.md, "Validation against published GPU measurements", says why.
+# Fitting rows (measurements.json, looked at while the terms were built; 2026-11-27, after torchtune's 1e9-byte
+# "GB" and reserved stat were corrected): 42 rows, median 7.5%, max 22.9% (litgpt-gemma-2b-qlora-a10g), worst
+# device-used -14.6% (hf-perfone-bertlarge-fp16-b4); the band's top covers all of them (the band is set so).
+MEDIAN_ABS_ERROR_BOUND = 0.08
+MAX_ABS_ERROR_BOUND = 0.235
 DEVICE_USED_UNDER_BOUND = -0.15
-INSIDE_BAND_SHARE_FLOOR = 0.37
+# Held-out rows (heldout/*.json, mapped before their errors were computed; 2026-11-27): 26 stated/assumed rows,
+# median 9.3%, max 43.2% (tt-mem-qlora-tut-llama2-7b-qlora-train: a reserved floor left by model loading), worst
+# device-used -17.0% (peft-ds-lora-llama2-70b-zero3-8xh100); the band's top covers 25 of 26.
+HELD_OUT_MEDIAN_BOUND = 0.10
+HELD_OUT_MAX_BOUND = 0.44
+HELD_OUT_DEVICE_USED_UNDER_BOUND = -0.18
+HELD_OUT_TOP_COVERS_FLOOR = 0.95
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +37,13 @@ def result():
 
 @pytest.fixture(scope="module")
 def accuracy(result):
-    return validate.summary(validate.accuracy_rows(result))
+    """The fitting rows' figures (the held-out ones: test_held_out_rows_...)."""
+    return validate.summary([r for r in validate.accuracy_rows(result) if r["split"] == "fitting"])
 
 
 def test_every_row_is_mapped_or_excluded_with_a_reason(result):
     rows = validate.load_rows()
-    assert len(rows) == 51
+    assert sum(r["split"] == "fitting" for r in rows) == 51
     checked = {r["id"] for r in result["checked"]}
     excluded = {e["id"]: e["reason"] for e in result["excluded"]}
     assert checked | set(excluded) == {r["id"] for r in rows}
@@ -115,7 +121,31 @@ def test_accuracy_on_stated_and_assumed_rows(accuracy):
     assert accuracy["median_abs_error"] <= MEDIAN_ABS_ERROR_BOUND
     assert accuracy["max_abs_error"] <= MAX_ABS_ERROR_BOUND
     assert accuracy["worst_device_used_error"] >= DEVICE_USED_UNDER_BOUND
-    assert accuracy["inside_band_share"] >= INSIDE_BAND_SHARE_FLOOR
+    assert accuracy["inside_band_share"] == 1.0  # the band's share above is set from these rows
+
+
+def test_the_band_share_is_the_smallest_that_covers_every_fitting_row(result):
+    """estimate.cpp's 30% above: the fitting rows' largest need, rounded up to the next 5% (29.1% on 2026-11-27);
+    5% below covers them too. A change of terms that moves the need past it shows here."""
+    fitting = [r for r in validate.accuracy_rows(result) if r["split"] == "fitting"]
+    needs = validate.band_fractions(fitting)
+    assert validate.BAND_ABOVE - 0.05 < needs["above"][0][0] <= validate.BAND_ABOVE
+    assert needs["below"][0][0] <= validate.BAND_BELOW
+
+
+def test_held_out_rows_are_a_third_marked_and_reported(result):
+    rows = validate.load_rows()
+    held_out = [r for r in rows if r["split"] == "held_out"]
+    assert len(held_out) >= len(rows) / 3
+    assert all(r["added"] and r["source"] and r["quote"] for r in held_out)
+    chosen = [r for r in validate.accuracy_rows(result) if r["split"] == "held_out"]
+    s = validate.summary(chosen)
+    assert s["median_abs_error"] <= HELD_OUT_MEDIAN_BOUND
+    assert s["max_abs_error"] <= HELD_OUT_MAX_BOUND
+    assert s["worst_device_used_error"] >= HELD_OUT_DEVICE_USED_UNDER_BOUND
+    assert sum(r["measured_gib"] <= r["high_gib"] for r in chosen) / len(chosen) >= HELD_OUT_TOP_COVERS_FLOOR
+    figures = {(f["split"], f["figure"]): f for f in validate.split_figures(validate.accuracy_rows(result))}
+    assert all(figures[("held_out", figure)]["count"] > 0 for figure in ("allocated", "reserved", "device-used"))
 
 
 def test_unknown_values_are_refused_not_guessed():

@@ -503,6 +503,19 @@ def split_figures(rows: list) -> list:
     return out
 
 
+# The band's share of the allocated bytes above and below the estimate (src/estimator/estimate.cpp).
+BAND_ABOVE, BAND_BELOW = 0.30, 0.05
+
+
+def band_fractions(rows: list) -> dict:
+    """The smallest shares of the allocated bytes that would put each row inside the band (the other band terms
+    as they are): the fitting rows' largest sets the estimator's band (estimate.cpp), the held-out rows check it."""
+    def need(r, side):
+        gap = r["measured_gib"] - r["high_gib"] if side == "above" else r["low_gib"] - r["measured_gib"]
+        return (BAND_ABOVE if side == "above" else BAND_BELOW) + gap / r["allocated_gib"]
+    return {side: sorted(((need(r, side), r["id"]) for r in rows), reverse=True) for side in ("above", "below")}
+
+
 def split_table(rows: list) -> list:
     lines = ["| split | figure | rows | median abs error | max abs error | signed median | in band | band top covers "
              "| band width |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
