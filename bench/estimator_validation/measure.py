@@ -157,8 +157,9 @@ def make_config(kind: str, cfg: dict, attn: str = "sdpa"):
 
     kind 'gpt2': keys h, L, a, V, n_pos (default seq max 256), dropout (default 0.0), tied (default True)
     kind 'llama': keys h, L, a, kv, i, V, n_pos, tied
+    kind 'phi3': the llama keys (Phi-3: fused qkv_proj and gate_up_proj, no dropout)
     """
-    from transformers import GPT2Config, LlamaConfig
+    from transformers import GPT2Config, LlamaConfig, Phi3Config
 
     if kind == "gpt2":
         p = cfg.get("dropout", 0.0)
@@ -175,6 +176,14 @@ def make_config(kind: str, cfg: dict, attn: str = "sdpa"):
             max_position_embeddings=cfg.get("n_pos", 256), tie_word_embeddings=cfg.get("tied", False),
             use_cache=False, attention_dropout=0.0, rms_norm_eps=1e-6,
         )
+    elif kind == "phi3":
+        c = Phi3Config(
+            hidden_size=cfg["h"], num_hidden_layers=cfg["L"], num_attention_heads=cfg["a"],
+            num_key_value_heads=cfg.get("kv", cfg["a"]), intermediate_size=cfg["i"], vocab_size=cfg["V"],
+            max_position_embeddings=cfg.get("n_pos", 256), tie_word_embeddings=cfg.get("tied", False),
+            use_cache=False, attention_dropout=0.0, resid_pdrop=0.0, embd_pdrop=0.0, rms_norm_eps=1e-6,
+            sliding_window=None, pad_token_id=0,
+        )
     else:
         raise ValueError(kind)
     c._attn_implementation = attn
@@ -187,7 +196,9 @@ def model_factory_for(kind: str, cfg: dict, attn: str = "sdpa", seed: int = 0) -
     def factory():
         torch.manual_seed(seed)
         c = make_config(kind, cfg, attn)
-        cls = GPT2LMHeadModel if kind == "gpt2" else LlamaForCausalLM
+        from transformers import Phi3ForCausalLM
+
+        cls = {"gpt2": GPT2LMHeadModel, "llama": LlamaForCausalLM, "phi3": Phi3ForCausalLM}[kind]
         return cls(c)
 
     return factory

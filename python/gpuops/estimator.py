@@ -160,6 +160,7 @@ def estimate(
     lora_dropout: float = 0.0,
     compile: bool = False,
     held_logits: str = "none",
+    model_code: str = "hf",
     device: str = "cuda",
     gpu: Optional[str] = None,
     cuda: int = 13,
@@ -223,7 +224,9 @@ def estimate(
     tensors; not with ``attention="eager"``). ``held_logits`` is what the training loop keeps of the model's
     output through the backward: ``"none"`` (only the loss, as the Hugging Face Trainer), ``"model"`` (the
     logits in the LM head's dtype: ``out = model(**batch); out.loss.backward()``) or ``"fp32"`` (torchtune
-    before 0.3, which upcasts the logits in the model and keeps them).
+    before 0.3, which upcasts the logits in the model and keeps them). ``model_code`` is the model's
+    implementation: ``"hf"`` (the transformers class) or ``"litgpt"`` (LitGPT's ``GPT``, one fused q|k|v linear
+    on every architecture: with RoPE its output stays alive through the v attention saves).
 
     ``zero_grad`` says what ``optimizer.zero_grad()`` leaves between steps: ``"none"`` (``set_to_none=True``,
     torch >= 2.0's default: the forward runs without gradients) or ``"zeros"`` (torch < 2.0's default: they

@@ -203,6 +203,7 @@ TrainingSetup make_setup(const py::dict& a) {
   if (a.contains("lora_dropout")) s.lora_dropout = float_arg(a["lora_dropout"], "lora_dropout");
   if (a.contains("compile")) s.compile = bool_arg(a["compile"], "compile");
   if (a.contains("held_logits")) s.held_logits = parse_held_logits(str_arg(a["held_logits"], "held_logits", "model"));
+  if (a.contains("model_code")) s.model_code = parse_model_code(str_arg(a["model_code"], "model_code", "litgpt"));
   read_state_options(a, s);
   return s;
 }
@@ -251,6 +252,7 @@ py::dict advised_keywords(const TrainingSetup& s) {
   d["zero_bucket_bytes"] = s.zero_bucket_bytes;
   d["loss"] = loss_to_string(s);
   d["held_logits"] = std::string(to_string(s.held_logits));
+  d["model_code"] = std::string(to_string(s.model_code));
   d["compile"] = s.compile;
   d["offload_optimizer"] = s.offload_optimizer;
   d["amp"] = std::string(to_string(s.amp));
@@ -340,7 +342,7 @@ void bind_estimator(py::module_& m) {
       "Peak of one step; the setup as keywords precision, amp, optimizer, optimizer_impl, zero_stage, num_gpus, "
       "checkpointing, attention, lora_rank, lora_targets, base_dtype, micro_batch, seq_len, grad_accum, zero_reduce, zero_bucket_bytes, sharding, "
       "reshard_after_forward, zero_prefetch, reduce_dtype, offload_optimizer, quantize_lm_head, bnb_version, "
-      "held_logits.");
+      "held_logits, model_code.");
 
   m.def(
       "fit_table_json",

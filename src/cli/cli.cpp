@@ -53,7 +53,7 @@ struct EstimateOptions {
   std::string plot;    ///< --plot FILE.svg
   std::string advise;  ///< --advise GPU
   // Activation-side setups (docs/estimator.md, "Checkpointing policies, chunked loss, LoRA dropout, torch.compile"):
-  std::string loss = "standard", lora_dropout = "0", held_logits = "none";
+  std::string loss = "standard", lora_dropout = "0", held_logits = "none", model_code = "hf";
   bool compile = false;
 };
 
@@ -103,6 +103,7 @@ est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& m
   s.lora_dropout = est::parse_lora_dropout(o.lora_dropout);
   s.compile = o.compile;
   s.held_logits = est::parse_held_logits(o.held_logits);
+  s.model_code = est::parse_model_code(o.model_code);
   s.sharding = est::parse_sharding(o.sharding);
   if (s.sharding != est::ShardingLayout::Flat && s.zero_stage == 0) s.zero_stage = 3;  // fsdp2, gpuops: stage 3
   s.zero_prefetch = parse_integer("--zero-prefetch", o.zero_prefetch);
@@ -195,8 +196,8 @@ cli::Run make_run(std::string label, const est::ModelSpec& model, const est::Tra
     r.notes.push_back("a bare parameter count has no architecture: activations and logits are not modelled "
                       "(use --model or --config for them)");
   if (o.device == "cpu") r.notes.push_back("the breakdown is for the CPU; the GPU table uses the CUDA profile");
-  else r.notes.push_back(fmt::format("{}; band: -5%/+30% of the allocated bytes (+30%: what published runs' stacks "
-                                     "added), +-50% of the allocator's reserve and NCCL's buffers, the context's "
+  else r.notes.push_back(fmt::format("{}; band: -10%/+30% of the allocated bytes (what published runs' "
+                                     "stacks changed), +-50% of the allocator's reserve and NCCL's buffers, the context's "
                                      "range", cuda.context_basis));
   std::vector<std::string> no_precision;
   for (const auto& g : est::gpu_catalog())
@@ -337,6 +338,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       estimate->add_option("--held-logits", o.held_logits, "Logits the training loop keeps through the backward: none "
                            "(only the loss), model (out = model(...); out.loss.backward()) or fp32 (torchtune < 0.3)")
           ->capture_default_str(),
+      estimate->add_option("--model-code", o.model_code, "The model's implementation: hf (transformers) or litgpt "
+                           "(LitGPT's GPT: one fused q|k|v linear on every architecture)")->capture_default_str(),
       estimate->add_option("--sharding", o.sharding, "ZeRO-3 layout: flat (DeepSpeed's flat partitions), fsdp2 "
                            "(torch fully_shard, per-tensor dim-0 shards) or gpuops (gpuops.ZeroOptimizer stage 3: "
                            "a flat buffer per block); fsdp2 and gpuops imply --zero 3")->capture_default_str(),

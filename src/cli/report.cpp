@@ -43,6 +43,7 @@ std::string describe_state_options(const est::TrainingSetup& s) {
   if (s.lora_dropout > 0) out += fmt::format(", LoRA dropout {}", s.lora_dropout);
   if (s.compile) out += ", torch.compile";
   if (s.held_logits != est::HeldLogits::None) out += fmt::format(", logits held ({})", est::to_string(s.held_logits));
+  if (s.model_code != est::ModelCode::HuggingFace) out += fmt::format(", {} code", est::to_string(s.model_code));
   return out;
 }
 
@@ -117,6 +118,7 @@ json setup_json(const est::TrainingSetup& s) {
           {"loss", est::loss_to_string(s)},
           {"lora_dropout", s.lora_dropout},
           {"held_logits", std::string(est::to_string(s.held_logits))},
+          {"model_code", std::string(est::to_string(s.model_code))},
           {"compile", s.compile}};
 }
 

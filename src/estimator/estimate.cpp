@@ -149,13 +149,14 @@ void validate(const DeviceProfile& d) {
                    static_cast<int>(d.runtime.allocator));
 }
 
-// The band around the allocated bytes, as fractions of them. Below: the analytic terms' error where the setup
-// is known exactly (the CPU grid, the H200 grid: within 5%). Above: what a training stack adds that its settings
-// do not show (library versions, loaders, unstated defaults), set so that the band's top covers every fitting
-// row of the published table: the largest need was 0.291 of the allocated bytes (litgpt-gemma-2b-qlora-a10g;
-// 42 rows, 2026-11-27, validate_published.py's band_fractions); the held-out rows check it
-// (docs/estimator.md, "Fitting and held-out rows").
-constexpr double kAllocatedBandBelow = 0.05;
+// The band around the allocated bytes, as fractions of them: what a training stack adds or leaves out that its
+// settings do not show (loaders, library versions, unstated defaults), each side the smallest multiple of 5%
+// that puts every fitting row of the published table inside the band. On 2026-11-27 (42 rows,
+// validate_published.py's band_fractions) the largest needs were 0.275 above (litgpt-gemma-2b-qlora-a10g) and
+// 0.074 below (litgpt-tinyllama-lora-a10g); the held-out rows check them (docs/estimator.md, "Fitting and
+// held-out rows"). Where the setup is known exactly the error is far smaller (the CPU grid; 59 cases on an H200
+// within 0.5% median).
+constexpr double kAllocatedBandBelow = 0.10;
 constexpr double kAllocatedBandAbove = 0.30;
 
 int64_t fraction_of(int64_t bytes, double f) {
@@ -262,6 +263,13 @@ int64_t largest_without_overflow(int64_t hi, F overflows_at) {
                                  m.name, s.seq_len, max));
 }
 
+// The model as the setup runs it: LitGPT's code fuses q, k and v into one linear on every architecture.
+ModelSpec as_run(const ModelSpec& m, const TrainingSetup& s) {
+  ModelSpec run = m;
+  if (s.model_code == ModelCode::LitGpt) run.fused_qkv = true;
+  return run;
+}
+
 // `compute()` on validated arguments, a size overflow turned into the error naming what is too large.
 template <typename F>
 auto checked_estimate(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device, F compute) {
@@ -278,11 +286,11 @@ auto checked_estimate(const ModelSpec& m, const TrainingSetup& s, const DevicePr
 }  // namespace
 
 MemoryBreakdown estimate_memory(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
-  return checked_estimate(m, s, device, [&] { return peak_of(m, s, device); });
+  return checked_estimate(m, s, device, [&] { return peak_of(as_run(m, s), s, device); });
 }
 
 std::vector<MemoryBreakdown> estimate_phases(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
-  return checked_estimate(m, s, device, [&] { return device_phases(m, s, device); });
+  return checked_estimate(m, s, device, [&] { return device_phases(as_run(m, s), s, device); });
 }
 
 }  // namespace gpuops::estimator

@@ -51,6 +51,7 @@ constexpr Names<BaseWeightDtype, 6> kBaseDtypes{{{BaseWeightDtype::Fp16, "fp16"}
 constexpr Names<ShardingLayout, 3> kShardings{
     {{ShardingLayout::Flat, "flat"}, {ShardingLayout::Fsdp2, "fsdp2"}, {ShardingLayout::Gpuops, "gpuops"}}};
 constexpr Names<ReduceDtype, 2> kReduceDtypes{{{ReduceDtype::Grad, "grad"}, {ReduceDtype::Fp32, "fp32"}}};
+constexpr Names<ModelCode, 2> kModelCodes{{{ModelCode::HuggingFace, "hf"}, {ModelCode::LitGpt, "litgpt"}}};
 constexpr Names<HeldLogits, 3> kHeldLogits{
     {{HeldLogits::None, "none"}, {HeldLogits::Model, "model"}, {HeldLogits::Fp32, "fp32"}}};
 
@@ -105,6 +106,11 @@ void validate_activation_setups(const TrainingSetup& s, const ModelSpec& m) {
   GPUOPS_CHECK_ARG(s.held_logits == HeldLogits::None || lm_head,
                    "held-logits {} needs a model with a language-model head; model '{}' has none; accepted: none",
                    to_string(s.held_logits), m.name);
+  check_enum(kModelCodes, s.model_code, "model-code");
+  GPUOPS_CHECK_ARG(s.model_code == ModelCode::HuggingFace ||
+                       (m.family == ModelFamily::Decoder && !m.learned_positions && m.kv_lora_rank == 0),
+                   "model-code {} runs decoders with RoPE and q/k/v projections; model '{}' is not one; accepted: hf",
+                   to_string(s.model_code), m.name);
   GPUOPS_CHECK_ARG(s.lora_dropout == 0.0 || s.lora.rank > 0,
                    "lora-dropout {} needs LoRA; accepted: lora-dropout 0 without lora-rank, or lora-rank >= 1",
                    s.lora_dropout);
@@ -123,6 +129,7 @@ AttentionKind parse_attention(std::string_view t) { return parse_name(kAttention
 BaseWeightDtype parse_base_dtype(std::string_view t) { return parse_name(kBaseDtypes, t, "base-dtype"); }
 ShardingLayout parse_sharding(std::string_view t) { return parse_name(kShardings, t, "sharding"); }
 HeldLogits parse_held_logits(std::string_view t) { return parse_name(kHeldLogits, t, "held-logits"); }
+ModelCode parse_model_code(std::string_view t) { return parse_name(kModelCodes, t, "model-code"); }
 ReduceDtype parse_reduce_dtype(std::string_view t) { return parse_name(kReduceDtypes, t, "reduce-dtype"); }
 
 bool parse_bool(std::string_view text, const char* argument) {
@@ -165,6 +172,7 @@ std::string_view to_string(AttentionKind a) { return name_of(kAttention, a); }
 std::string_view to_string(BaseWeightDtype b) { return name_of(kBaseDtypes, b); }
 std::string_view to_string(ShardingLayout l) { return name_of(kShardings, l); }
 std::string_view to_string(HeldLogits h) { return name_of(kHeldLogits, h); }
+std::string_view to_string(ModelCode c) { return name_of(kModelCodes, c); }
 std::string_view to_string(ReduceDtype r) { return name_of(kReduceDtypes, r); }
 
 std::string checkpointing_to_string(const TrainingSetup& s) {

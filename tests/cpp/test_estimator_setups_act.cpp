@@ -280,6 +280,28 @@ TEST(SetupsAct, HeldLogitsAreAliveAtEveryMoment) {
   EXPECT_NE(bad.err.find("held-logits"), std::string::npos) << bad.err;
 }
 
+TEST(SetupsAct, LitgptCodeIsParsedCheckedAndReported) {
+  // The bytes of the term are tested from Python against what autograd saves (test_estimator_fused_qkv.py).
+  EXPECT_EQ(est::parse_model_code("LitGPT"), est::ModelCode::LitGpt);
+  EXPECT_EQ(est::to_string(est::ModelCode::HuggingFace), "hf");
+  auto gpt2 = setup(est::Precision::Fp32);
+  gpt2.model_code = est::ModelCode::LitGpt;
+  try {
+    est::validate(gpt2, est::preset("gpt2"));
+    ADD_FAILURE();
+  } catch (const gpuops::ArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("model-code litgpt runs decoders with RoPE"), std::string::npos) << e.what();
+  }
+  const auto cli = run_cli({"estimate", "--model", "llama-2-7b", "--model-code", "litgpt", "--json"});
+  ASSERT_EQ(cli.code, 0) << cli.err;
+  EXPECT_NE(cli.out.find("\"model_code\": \"litgpt\""), std::string::npos);
+  const auto hf = run_cli({"estimate", "--model", "llama-2-7b", "--json"});
+  EXPECT_NE(hf.out.find("\"model_code\": \"hf\""), std::string::npos);
+  const auto bad = run_cli({"estimate", "--model", "llama-2-7b", "--model-code", "jax"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("model-code"), std::string::npos) << bad.err;
+}
+
 TEST(SetupsAct, CompileMatchesTheMeasuredSavedTensors) {
   // Measured with saved_tensors_hooks on torch 2.11 (CPU, sdpa): Llama h 128, L 2, a 4, kv 4, I 352, V 2000,
   // b 2, s 64: eager saves 4,063,748 bytes, torch.compile 3,331,604; the difference is exactly the terms below.

@@ -16,15 +16,16 @@ import validate_published as validate  # noqa: E402
 # yet, the bounds below are the current figures rounded up by at most one percentage point (a regression bound,
 # not the target); docs/estimator.md, "Validation against published GPU measurements", says why.
 # Fitting rows (measurements.json, looked at while the terms were built; 2026-11-27, after torchtune's 1e9-byte
-# "GB" and reserved stat were corrected): 42 rows, median 7.5%, max 22.9% (litgpt-gemma-2b-qlora-a10g), worst
-# device-used -14.6% (hf-perfone-bertlarge-fp16-b4); the band's top covers all of them (the band is set so).
+# "GB" and reserved stat were corrected and LitGPT's fused q|k|v became a term): 42 rows, median 7.4%, max 21.8%
+# (litgpt-gemma-2b-qlora-a10g), worst device-used -14.6% (hf-perfone-bertlarge-fp16-b4); every one inside the
+# band (the band is set so).
 MEDIAN_ABS_ERROR_BOUND = 0.08
-MAX_ABS_ERROR_BOUND = 0.235
+MAX_ABS_ERROR_BOUND = 0.225
 DEVICE_USED_UNDER_BOUND = -0.15
 # Held-out rows (heldout/*.json, mapped before their errors were computed; 2026-11-27): 26 stated/assumed rows,
-# median 9.3%, max 43.2% (tt-mem-qlora-tut-llama2-7b-qlora-train: a reserved floor left by model loading), worst
+# median 6.5%, max 43.2% (tt-mem-qlora-tut-llama2-7b-qlora-train: a reserved floor left by model loading), worst
 # device-used -17.0% (peft-ds-lora-llama2-70b-zero3-8xh100); the band's top covers 25 of 26.
-HELD_OUT_MEDIAN_BOUND = 0.10
+HELD_OUT_MEDIAN_BOUND = 0.075
 HELD_OUT_MAX_BOUND = 0.44
 HELD_OUT_DEVICE_USED_UNDER_BOUND = -0.18
 HELD_OUT_TOP_COVERS_FLOOR = 0.95
@@ -125,12 +126,12 @@ def test_accuracy_on_stated_and_assumed_rows(accuracy):
 
 
 def test_the_band_share_is_the_smallest_that_covers_every_fitting_row(result):
-    """estimate.cpp's 30% above: the fitting rows' largest need, rounded up to the next 5% (29.1% on 2026-11-27);
-    5% below covers them too. A change of terms that moves the need past it shows here."""
+    """estimate.cpp's shares (30% above, 10% below): the fitting rows' largest needs rounded up to the next 5%
+    (27.5% and 7.4% on 2026-11-27). A change of terms that moves a need past its share shows here."""
     fitting = [r for r in validate.accuracy_rows(result) if r["split"] == "fitting"]
     needs = validate.band_fractions(fitting)
     assert validate.BAND_ABOVE - 0.05 < needs["above"][0][0] <= validate.BAND_ABOVE
-    assert needs["below"][0][0] <= validate.BAND_BELOW
+    assert validate.BAND_BELOW - 0.05 < needs["below"][0][0] <= validate.BAND_BELOW
 
 
 def test_held_out_rows_are_a_third_marked_and_reported(result):

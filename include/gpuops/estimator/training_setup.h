@@ -65,6 +65,11 @@ struct BnbVersion {
 /// the model, `self.output(h).float()`, and its recipe keeps `logits` through `loss.backward()`).
 enum class HeldLogits { None, Model, Fp32 };
 
+/// The code the model runs. HuggingFace: the transformers class of the architecture. LitGpt: LitGPT's own model
+/// (`litgpt.model.GPT`), which projects q, k and v with one fused linear on every architecture; with RoPE the v
+/// attention saves is a view of that linear's output and keeps its q and k parts alive too.
+enum class ModelCode { HuggingFace, LitGpt };
+
 /// FSDP2's MixedPrecisionPolicy(reduce_dtype=...): Grad (None, the default) reduce-scatters the gradients in
 /// their own dtype; Fp32 in float32 (torchtitan's default with bf16 parameters).
 enum class ReduceDtype { Grad, Fp32 };
@@ -115,6 +120,7 @@ struct TrainingSetup {
   double lora_dropout = 0.0;   ///< PEFT lora_dropout, 0 <= p < 1 (LoRA only)
   bool compile = false;        ///< torch.compile (inductor's min-cut partition of the joint graph)
   HeldLogits held_logits = HeldLogits::None;  ///< logits the loop keeps alive (an LM head only)
+  ModelCode model_code = ModelCode::HuggingFace;  ///< the model's implementation (a decoder with RoPE for litgpt)
   // Optimizer placement and sharding layout (docs/estimator.md, "Optimizers, offload and sharding").
   bool offload_optimizer = false;           ///< ZeRO-Offload: states, fp32 master and step on the host
   ShardingLayout sharding = ShardingLayout::Flat;  ///< Fsdp2 requires zero_stage 3
@@ -136,6 +142,7 @@ AttentionKind parse_attention(std::string_view text);          ///< eager, sdpa,
 BaseWeightDtype parse_base_dtype(std::string_view text);       ///< fp16, bf16, int8, nf4, nf4-nodq
 ShardingLayout parse_sharding(std::string_view text);          ///< flat, fsdp2, gpuops
 HeldLogits parse_held_logits(std::string_view text);           ///< none, model, fp32
+ModelCode parse_model_code(std::string_view text);             ///< hf, litgpt
 ReduceDtype parse_reduce_dtype(std::string_view text);         ///< grad, fp32
 /// true or false (case-insensitive); ArgumentError naming `argument` otherwise.
 bool parse_bool(std::string_view text, const char* argument);
@@ -150,6 +157,7 @@ std::string_view to_string(AttentionKind a);
 std::string_view to_string(BaseWeightDtype b);
 std::string_view to_string(ShardingLayout l);
 std::string_view to_string(HeldLogits h);
+std::string_view to_string(ModelCode c);
 std::string_view to_string(ReduceDtype r);
 /// none, full, every:K or selective.
 std::string checkpointing_to_string(const TrainingSetup& setup);
