@@ -12,6 +12,7 @@ import torch as _torch  # noqa: F401  (loads libtorch before our extension)
 from . import _C
 from . import optim
 from . import dist  # the communicator (gpuops.dist.Communicator)
+from . import metrics  # training telemetry (gpuops.metrics.Recorder)
 from ._C import DeviceInfo, FlatParams, MemoryStats, device_info
 from .memory import memory_budget
 from .accumulate import GradAccumulator

@@ -14,5 +14,6 @@ void bind_optim_checks(pybind11::module_& m);
 void bind_state_store(pybind11::module_& m);
 void bind_communicator(pybind11::module_& m);
 void bind_zero_optimizer(pybind11::module_& m);
+void bind_telemetry(pybind11::module_& m);
 
 }  // namespace gpuops::python

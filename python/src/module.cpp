@@ -42,4 +42,5 @@ PYBIND11_MODULE(_C, m) {
   gpuops::python::bind_state_store(m);
   gpuops::python::bind_communicator(m);
   gpuops::python::bind_zero_optimizer(m);
+  gpuops::python::bind_telemetry(m);
 }

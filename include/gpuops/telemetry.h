@@ -1,0 +1,73 @@
+#pragma once
+// Training telemetry (issue 24, first part): the figures of each optimizer step, gathered without a host sync on
+// the step path (device values are accumulated on their device; one device-to-host read per log interval) and
+// written, one record per interval, to JSON Lines and CSV files. docs/telemetry.md.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace gpuops::telemetry {
+
+struct RecorderOptions {
+  int64_t log_every = 10;          ///< optimizer steps per record, >= 1
+  std::string jsonl_path;          ///< JSON Lines file, appended (empty: none)
+  std::string csv_path;            ///< CSV file, appended, its header written once (empty: none)
+  int64_t rank = 0;                ///< this process's rank, 0 <= rank < world_size
+  int64_t world_size = 1;
+  bool every_rank_writes = false;  ///< false: rank 0 writes; true: each rank to "<path>.rank<r>"
+};
+
+/// What one optimizer step hands over. The tensors are kept (not read) until the log interval ends.
+struct StepReport {
+  std::optional<at::Tensor> loss;           ///< the step's loss, one element, any device
+  std::optional<at::Tensor> grad_norm;      ///< the global gradient norm (clip_grad_norm_'s result)
+  std::optional<at::Tensor> loss_scale;     ///< the GradScaler's scale after the step
+  std::optional<at::Tensor> skipped_steps;  ///< the GradScaler's running count of skipped (overflow) steps
+  std::vector<double> lrs;                  ///< the learning rate of each parameter group
+  int64_t tokens = 0;                       ///< tokens the step trained on (0: not reported)
+  int64_t samples = 0;                      ///< samples the step trained on (0: not reported)
+};
+
+/// The figures of one log interval, in a fixed order (the CSV's columns), and the learning rates.
+struct Record {
+  int64_t step = 0;                                   ///< optimizer steps done at the interval's end
+  std::vector<std::pair<std::string, double>> figures;  ///< NaN where a figure was not reported
+  std::vector<double> lrs;
+  std::string to_json() const;  ///< one line, no newline
+};
+
+/// Names of Record::figures, in order.
+const std::vector<std::string>& figure_names();
+
+class MetricsRecorder {
+ public:
+  /// Opens the sinks (ValueError naming the option for a bad value or a path that cannot be appended to). A file
+  /// that already holds records is continued: a partial last line (a crash during a write) is cut off, and
+  /// records of steps it already has are not written again (a run resumed from a checkpoint).
+  explicit MetricsRecorder(RecorderOptions options);
+  ~MetricsRecorder();
+  MetricsRecorder(const MetricsRecorder&) = delete;
+  MetricsRecorder& operator=(const MetricsRecorder&) = delete;
+
+  /// Adds optimizer step `step` (>= 1, increasing). Device values are combined with device ops only; at every
+  /// log_every-th step the interval's record is made (one device-to-host read) and written. A non-finite loss
+  /// is counted, not an error.
+  void step_done(int64_t step, const StepReport& report);
+  /// The record of the steps since the last one, made and written now (none if there are none).
+  std::optional<Record> flush();
+  /// Device-to-host reads so far: one per record.
+  int64_t host_reads() const;
+  /// The last step a sink already held when it was opened (0: none).
+  int64_t resumed_after() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace gpuops::telemetry

@@ -1,0 +1,125 @@
+"""Training telemetry: ``gpuops.metrics.Recorder`` over the C++ MetricsRecorder (docs/telemetry.md).
+
+    recorder = gpuops.metrics.Recorder(log_every=10, jsonl="run/metrics.jsonl", csv="run/metrics.csv")
+    for batch in loader:
+        ...
+        scaler.step(optimizer); scaler.update()
+        recorder.step_done(loss, optimizer=optimizer, scaler=scaler, grad_norm=norm, tokens=batch.numel())
+    recorder.close()
+
+Nothing on the step path reads a device value: the loss, the gradient norm and the scaler's scale and skipped
+count are combined on their device and read once per ``log_every`` steps.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from . import _C
+
+
+def _default_rank() -> tuple:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _host_lrs(optimizer: Optional[torch.optim.Optimizer]) -> List[float]:
+    """Each group's lr as a number; a device tensor lr is not read (it would sync): NaN then."""
+    if optimizer is None:
+        return []
+    lrs = []
+    for group in optimizer.param_groups:
+        lr = group["lr"]
+        if isinstance(lr, torch.Tensor):
+            lrs.append(float(lr) if lr.device.type == "cpu" else math.nan)
+        else:
+            lrs.append(float(lr))
+    return lrs
+
+
+def _scaler_tensors(scaler: Any) -> tuple:
+    """(scale, skipped count) of a GradScaler as device tensors, without reading them: gpuops.GradScaler keeps
+    both; torch's keeps its scale only."""
+    if scaler is None or not getattr(scaler, "_enabled", True):
+        return None, None
+    scale = getattr(scaler, "_scale", None)
+    skipped = getattr(scaler, "_skipped", None)
+    return (scale if isinstance(scale, torch.Tensor) else None,
+            skipped if isinstance(skipped, torch.Tensor) else None)
+
+
+class Recorder:
+    """Records the figures of each optimizer step and writes one record per ``log_every`` steps to JSON Lines
+    (``jsonl``) and CSV (``csv``) files. ``rank`` and ``world_size`` default to torch.distributed's; rank 0
+    writes, or every rank to ``<path>.rank<r>`` with ``every_rank_writes=True``. A file that already holds
+    records is continued (a resumed run writes no step twice; a partial last line is cut off). ``start_step``
+    is the number of optimizer steps done before this recorder (a resumed run's step)."""
+
+    def __init__(self, log_every: int = 10, jsonl: Optional[str] = None, csv: Optional[str] = None, *,
+                 rank: Optional[int] = None, world_size: Optional[int] = None, every_rank_writes: bool = False,
+                 start_step: int = 0) -> None:
+        default_rank, default_world = _default_rank()
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"Recorder: start_step must be an int >= 0, got {start_step!r}")
+        self._native = _C.MetricsRecorder(
+            log_every=log_every, jsonl="" if jsonl is None else str(jsonl), csv="" if csv is None else str(csv),
+            rank=default_rank if rank is None else rank,
+            world_size=default_world if world_size is None else world_size, every_rank_writes=every_rank_writes)
+        self._step = start_step
+
+    def step_done(self, loss: Any = None, *, optimizer: Optional[torch.optim.Optimizer] = None, scaler: Any = None,
+                  grad_norm: Optional[torch.Tensor] = None, tokens: int = 0, samples: int = 0) -> None:
+        """One optimizer step done: its loss (a tensor, not read here, or a number), the optimizer (its groups'
+        learning rates), the GradScaler (its scale and skipped steps), the gradient norm ``clip_grad_norm_``
+        returned, and the tokens and samples it trained on."""
+        if loss is not None and not isinstance(loss, torch.Tensor):
+            loss = torch.tensor(float(loss), dtype=torch.float64)
+        if grad_norm is not None and not isinstance(grad_norm, torch.Tensor):
+            grad_norm = torch.tensor(float(grad_norm), dtype=torch.float64)
+        scale, skipped = _scaler_tensors(scaler)
+        self._native.step_done(step=self._step + 1, loss=loss, grad_norm=grad_norm, loss_scale=scale,
+                               skipped_steps=skipped, lrs=_host_lrs(optimizer), tokens=tokens, samples=samples)
+        self._step += 1  # after the native call: a refused report does not count as a step
+
+    def flush(self) -> Optional[Dict[str, Any]]:
+        """The record of the steps since the last one, made and written now (None if there are none)."""
+        record = self._native.flush()
+        return None if record is None else self._as_dict(record)
+
+    close = flush
+
+    @staticmethod
+    def _as_dict(record) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"step": record.step}
+        out.update({name: (None if math.isnan(value) else value) for name, value in record.figures})
+        out["lr"] = list(record.lrs)
+        return out
+
+    @property
+    def host_reads(self) -> int:
+        """Device-to-host reads so far: one per record."""
+        return self._native.host_reads
+
+    @property
+    def resumed_after(self) -> int:
+        """The last step the files already held when the recorder opened them (0: none)."""
+        return self._native.resumed_after
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.flush()
+
+
+FIGURES = tuple(_C.metric_figure_names())

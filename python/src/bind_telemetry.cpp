@@ -1,0 +1,47 @@
+// gpuops.metrics: the C++ MetricsRecorder (types only; the logic is in src/telemetry).
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "gpuops/telemetry.h"
+
+namespace py = pybind11;
+
+namespace gpuops::python {
+
+void bind_telemetry(py::module_& m) {
+  using telemetry::MetricsRecorder;
+  using telemetry::Record;
+  py::class_<Record>(m, "MetricsRecord")
+      .def_readonly("step", &Record::step)
+      .def_readonly("figures", &Record::figures)
+      .def_readonly("lrs", &Record::lrs)
+      .def("to_json", &Record::to_json);
+  m.def("metric_figure_names", &telemetry::figure_names);
+  py::class_<MetricsRecorder>(m, "MetricsRecorder")
+      .def(py::init([](int64_t log_every, const std::string& jsonl, const std::string& csv, int64_t rank,
+                       int64_t world_size, bool every_rank_writes) {
+             return std::make_unique<MetricsRecorder>(
+                 telemetry::RecorderOptions{log_every, jsonl, csv, rank, world_size, every_rank_writes});
+           }),
+           py::arg("log_every"), py::arg("jsonl"), py::arg("csv"), py::arg("rank"), py::arg("world_size"),
+           py::arg("every_rank_writes"))
+      .def(
+          "step_done",
+          [](MetricsRecorder& r, int64_t step, std::optional<at::Tensor> loss, std::optional<at::Tensor> grad_norm,
+             std::optional<at::Tensor> loss_scale, std::optional<at::Tensor> skipped_steps, std::vector<double> lrs,
+             int64_t tokens, int64_t samples) {
+            r.step_done(step, {std::move(loss), std::move(grad_norm), std::move(loss_scale), std::move(skipped_steps),
+                               std::move(lrs), tokens, samples});
+          },
+          py::arg("step"), py::arg("loss"), py::arg("grad_norm"), py::arg("loss_scale"), py::arg("skipped_steps"),
+          py::arg("lrs"), py::arg("tokens"), py::arg("samples"))
+      .def("flush", &MetricsRecorder::flush)
+      .def_property_readonly("host_reads", &MetricsRecorder::host_reads)
+      .def_property_readonly("resumed_after", &MetricsRecorder::resumed_after);
+}
+
+}  // namespace gpuops::python

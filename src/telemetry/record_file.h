@@ -1,0 +1,35 @@
+#pragma once
+// An append-only file of telemetry records (JSON Lines or CSV), continued across restarts (private to
+// src/telemetry).
+#include <cstdint>
+#include <string>
+
+#include "gpuops/telemetry.h"
+
+namespace gpuops::telemetry::detail {
+
+enum class RecordFormat { JsonLines, Csv };
+
+class RecordFile {
+ public:
+  /// Opens `path` for appending (created if missing). An existing file is continued: a last line without its
+  /// newline (a crash during a write) is cut off, and last_step() is the step of its last record.
+  RecordFile(std::string path, RecordFormat format);
+  ~RecordFile();
+  RecordFile(const RecordFile&) = delete;
+  RecordFile& operator=(const RecordFile&) = delete;
+
+  /// Appends the record as one whole line (one write of the line, then fsync), unless its step is not after
+  /// last_step(); CSV writes its header before the first record of a new file.
+  void append(const Record& record);
+  int64_t last_step() const { return last_step_; }
+
+ private:
+  std::string path_;
+  RecordFormat format_;
+  int fd_ = -1;
+  int64_t last_step_ = 0;
+  int64_t lr_columns_ = -1;  // CSV: learning-rate columns of the header (-1: no header yet)
+};
+
+}  // namespace gpuops::telemetry::detail

@@ -1,0 +1,145 @@
+"""gpuops.metrics.Recorder (issue 24, first part): every figure against an independent computation on a small run,
+no device read on the step path, the JSON Lines and CSV files (resume, a cut-off line), and bad input."""
+
+import csv
+import json
+import math
+import random
+
+import pytest
+import torch
+
+import gpuops
+from conftest import requires_cuda
+
+
+def _run(recorder, steps, overflow_at=(), device="cpu", log=None):
+    """A small AMP-style loop with our GradScaler (fp32 here), an overflow injected at the given steps; returns
+    what the test computes itself per step: loss, grad norm, scale, skipped count and lrs."""
+    torch.manual_seed(random.randint(0, 2**31))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).to(device)
+    optimizer = gpuops.optim.AdamW([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 3e-3}],
+                                   lr=1e-3)
+    scaler = gpuops.GradScaler(device, init_scale=2.0**10, growth_interval=3)
+    truth = [] if log is None else log
+    for step in range(1, steps + 1):
+        loss = model(torch.randn(16, 6, device=device)).pow(2).mean()
+        scaler.scale(loss).backward()
+        if step in overflow_at:
+            model[0].weight.grad[0, 0] = float("inf")
+        scaler.unscale_(optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        recorder.step_done(loss, optimizer=optimizer, scaler=scaler, grad_norm=norm, tokens=16 * 6, samples=16)
+        truth.append(dict(loss=loss.item(), norm=norm.item(), scale=scaler.get_scale(),
+                          skipped=scaler.skipped_steps, lrs=[g["lr"] for g in optimizer.param_groups]))
+    return truth
+
+
+def _records(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_every_figure_matches_the_run_it_records(tmp_path):
+    path = tmp_path / "m.jsonl"
+    recorder = gpuops.metrics.Recorder(log_every=5, jsonl=path)
+    truth = _run(recorder, 12, overflow_at=(3, 9, 10))
+    recorder.close()
+    records = _records(path)
+    assert [r["step"] for r in records] == [5, 10, 12]
+    for record, (first, last) in zip(records, [(0, 5), (5, 10), (10, 12)]):
+        window = truth[first:last]
+        assert record["loss"] == pytest.approx(sum(t["loss"] for t in window) / len(window), rel=1e-12)
+        assert record["loss_last"] == pytest.approx(window[-1]["loss"], rel=1e-12)
+        assert record["nonfinite_losses"] == 0
+        norms = [t["norm"] for t in window]
+        if math.isfinite(norms[-1]):
+            assert record["grad_norm"] == norms[-1]
+        else:  # inf on an overflow step, written as null (JSON has no inf)
+            assert record["grad_norm"] is None
+        assert (record["grad_norm_max"] is None) == any(math.isinf(n) for n in norms)
+        assert record["loss_scale"] == window[-1]["scale"]
+        assert record["skipped_steps"] == window[-1]["skipped"]
+        assert record["lr"] == window[-1]["lrs"]
+        assert record["tokens_per_s"] > 0 and record["samples_per_s"] == pytest.approx(record["tokens_per_s"] / 6)
+    assert [r["skipped_steps"] for r in records] == [1, 3, 3]
+    assert [r["skip_streak"] for r in records] == [0, 2, 0]  # steps 9 and 10 skipped in a row, then 11 ran
+
+
+def test_no_device_value_is_read_on_the_step_path(tmp_path):
+    recorder = gpuops.metrics.Recorder(log_every=10, jsonl=tmp_path / "m.jsonl")
+    _run(recorder, 9)
+    assert recorder.host_reads == 0
+    _run(recorder, 1)
+    assert recorder.host_reads == 1  # the interval's one read, at step 10
+
+
+@requires_cuda
+def test_the_cuda_step_path_makes_no_host_sync(tmp_path):
+    recorder = gpuops.metrics.Recorder(log_every=4, jsonl=tmp_path / "m.jsonl")
+    _run(recorder, 2, device="cuda")  # warm-up: the scaler's and the recorder's tensors are made here
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _run(recorder, 1, device="cuda")  # step 3 of the interval: nothing may be read
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert recorder.host_reads == 0
+    record = _records(tmp_path / "m.jsonl") if recorder.flush() else []
+    assert record and record[-1]["peak_allocated_bytes"] > 0
+
+
+def test_a_nonfinite_loss_is_counted_and_training_goes_on(tmp_path):
+    recorder = gpuops.metrics.Recorder(log_every=3, jsonl=tmp_path / "m.jsonl")
+    for value in (1.0, float("nan"), 3.0):
+        recorder.step_done(torch.tensor(value))
+    (record,) = _records(tmp_path / "m.jsonl")
+    assert record["nonfinite_losses"] == 1 and record["loss"] == 2.0 and record["loss_last"] == 3.0
+
+
+def test_a_resumed_run_writes_no_step_twice_and_a_cut_line_is_dropped(tmp_path):
+    path, table = tmp_path / "m.jsonl", tmp_path / "m.csv"
+    first = gpuops.metrics.Recorder(log_every=5, jsonl=path, csv=table)
+    _run(first, 12)
+    first.close()
+    with open(path, "a") as f:
+        f.write('{"step": 99, "lo')  # a SIGKILL during a write
+    with open(table, "a") as f:
+        f.write("99,0.5")
+    second = gpuops.metrics.Recorder(log_every=5, jsonl=path, csv=table, start_step=10)  # resumed at step 10
+    assert second.resumed_after == 12
+    _run(second, 5)  # steps 11-15: the record at 15 is new
+    second.close()
+    assert [r["step"] for r in _records(path)] == [5, 10, 12, 15]
+    with open(table) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == [5, 10, 12, 15]
+    assert float(rows[-1]["lr_1"]) == pytest.approx(3e-3) and rows[0]["loss_scale"] != ""
+
+
+def test_ranks_write_only_where_asked(tmp_path):
+    quiet = gpuops.metrics.Recorder(log_every=1, jsonl=tmp_path / "m.jsonl", rank=1, world_size=2)
+    quiet.step_done(torch.tensor(1.0))
+    assert not (tmp_path / "m.jsonl").exists() and quiet.host_reads == 1
+    loud = gpuops.metrics.Recorder(log_every=1, jsonl=tmp_path / "m.jsonl", rank=1, world_size=2,
+                                   every_rank_writes=True)
+    loud.step_done(torch.tensor(1.0))
+    assert [r["step"] for r in _records(tmp_path / "m.jsonl.rank1")] == [1]
+
+
+def test_bad_input_is_refused_naming_it(tmp_path):
+    with pytest.raises(ValueError, match="log_every 0 .*accepted: >= 1"):
+        gpuops.metrics.Recorder(log_every=0)
+    with pytest.raises(ValueError, match="rank 3 .*world_size"):
+        gpuops.metrics.Recorder(rank=3, world_size=2)
+    with pytest.raises(ValueError, match="no-such-folder.*cannot be opened"):
+        gpuops.metrics.Recorder(jsonl=tmp_path / "no-such-folder" / "m.jsonl")
+    with pytest.raises(ValueError, match="start_step"):
+        gpuops.metrics.Recorder(start_step=-1)
+    recorder = gpuops.metrics.Recorder(log_every=2)
+    with pytest.raises(ValueError, match="loss must be a one-element tensor"):
+        recorder.step_done(torch.ones(3))
+    with pytest.raises(ValueError, match="tokens -1"):
+        recorder.step_done(torch.tensor(1.0), tokens=-1)
