@@ -58,6 +58,8 @@ def main() -> None:
     parser.add_argument("--signal-self-at", type=int, default=None,
                         help="send this process SIGUSR1 at that step (to try preemption)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--metrics", default=None, help="JSON Lines file of training figures, one record per 10 "
+                        "steps (default: <state-dir>.metrics.jsonl)")
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
@@ -74,6 +76,8 @@ def main() -> None:
         first_step = resumed["step"] + 1 if resumed else 0
         print(f"checkpointed layers {checkpointed}; " +
               (f"resumed from {resumed['path']} at step {resumed['step']}" if resumed else "fresh start"))
+        metrics = args.metrics or args.state_dir.rstrip("/") + ".metrics.jsonl"
+        recorder = gpuops.metrics.Recorder(log_every=10, jsonl=metrics, start_step=first_step)  # no step twice
         for step in range(first_step, args.steps):
             window_loss = torch.zeros((), device=device)
             window_tokens = 0
@@ -87,6 +91,8 @@ def main() -> None:
                 accumulator.backward(loss_sum, count)  # steps on the window's last micro-batch
                 window_loss += loss_sum.detach()
                 window_tokens += count
+            recorder.step_done(window_loss / window_tokens, optimizer=optimizer, scaler=scaler, tokens=window_tokens,
+                               samples=args.window * MICRO_BATCH)
             print(f"step {step} loss {(window_loss / window_tokens).item()!r}", flush=True)
             if args.signal_self_at == step:
                 os.kill(os.getpid(), signal.SIGUSR1)
@@ -94,8 +100,10 @@ def main() -> None:
                 path = state.save(step=step, model=model, optimizer=optimizer, scaler=scaler,
                                   data_position=(step + 1) * args.window)
                 if state.should_stop():
+                    recorder.close()
                     print(f"stop requested: saved {path} at step {step}; run again to resume")
                     return
+        recorder.close()
     print("done")
 
 

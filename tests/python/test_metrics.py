@@ -143,3 +143,22 @@ def test_bad_input_is_refused_naming_it(tmp_path):
         recorder.step_done(torch.ones(3))
     with pytest.raises(ValueError, match="tokens -1"):
         recorder.step_done(torch.tensor(1.0), tokens=-1)
+
+
+def test_a_run_is_drawn_and_a_bad_file_is_refused(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.jsonl"
+    recorder = gpuops.metrics.Recorder(log_every=2, jsonl=path)
+    _run(recorder, 6, overflow_at=(3,))
+    recorder.close()
+    out = tmp_path / "run.png"
+    done = subprocess.run([sys.executable, "-m", "gpuops.metrics", "plot", str(path), "-o", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "bad.jsonl").write_text('{"step": 1}\nnot json\n')
+    bad = subprocess.run([sys.executable, "-m", "gpuops.metrics", "plot", str(tmp_path / "bad.jsonl")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "bad.jsonl:2 is not a JSON record" in bad.stderr

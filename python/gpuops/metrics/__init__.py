@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from . import _C
+from .. import _C
 
 
 def _default_rank() -> tuple:
@@ -123,3 +123,4 @@ class Recorder:
 
 
 FIGURES = tuple(_C.metric_figure_names())
+
