@@ -19,7 +19,7 @@ class RecordFile {
   RecordFile(const RecordFile&) = delete;
   RecordFile& operator=(const RecordFile&) = delete;
 
-  /// Appends the record as one whole line (one write of the line, then fsync), unless its step is not after
+  /// Appends the record as one whole line (one write of the line), unless its step is not after
   /// last_step(); CSV writes its header before the first record of a new file.
   void append(const Record& record);
   int64_t last_step() const { return last_step_; }
