@@ -3,6 +3,7 @@
 // the step path (device values are accumulated on their device; one device-to-host read per log interval) and
 // written, one record per interval, to JSON Lines and CSV files. docs/telemetry.md.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +22,10 @@ struct RecorderOptions {
   int64_t world_size = 1;
   bool every_rank_writes = false;  ///< false: rank 0 writes; true: each rank to "<path>.rank<r>"
 };
+
+struct Record;
+/// A user's sink: called with each record on the ranks that write (an exception it throws is a warning).
+using RecordCallback = std::function<void(const Record&)>;
 
 /// What one optimizer step hands over. The tensors are kept (not read) until the log interval ends.
 struct StepReport {
@@ -49,7 +54,7 @@ class MetricsRecorder {
   /// Opens the sinks (ValueError naming the option for a bad value or a path that cannot be appended to). A file
   /// that already holds records is continued: a partial last line (a crash during a write) is cut off, and
   /// records of steps it already has are not written again (a run resumed from a checkpoint).
-  explicit MetricsRecorder(RecorderOptions options);
+  explicit MetricsRecorder(RecorderOptions options, RecordCallback callback = nullptr);
   ~MetricsRecorder();
   MetricsRecorder(const MetricsRecorder&) = delete;
   MetricsRecorder& operator=(const MetricsRecorder&) = delete;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>  // torch::PyWarningHandler
 
 #include "bindings.h"
 #include "gpuops/telemetry.h"
@@ -23,23 +24,40 @@ void bind_telemetry(py::module_& m) {
   m.def("metric_figure_names", &telemetry::figure_names);
   py::class_<MetricsRecorder>(m, "MetricsRecorder")
       .def(py::init([](int64_t log_every, const std::string& jsonl, const std::string& csv, int64_t rank,
-                       int64_t world_size, bool every_rank_writes) {
+                       int64_t world_size, bool every_rank_writes, py::object callback) {
+             telemetry::RecordCallback call;
+             if (!callback.is_none()) {
+               TORCH_CHECK_TYPE(PyCallable_Check(callback.ptr()), "Recorder: callback must be callable or None");
+               call = [callback](const Record& r) {
+                 py::gil_scoped_acquire gil;
+                 try {
+                   callback(r);
+                 } catch (py::error_already_set& e) {  // a C++ exception, so that the recorder warns and goes on
+                   throw std::runtime_error(e.what());
+                 }
+               };
+             }
              return std::make_unique<MetricsRecorder>(
-                 telemetry::RecorderOptions{log_every, jsonl, csv, rank, world_size, every_rank_writes});
+                 telemetry::RecorderOptions{log_every, jsonl, csv, rank, world_size, every_rank_writes}, call);
            }),
            py::arg("log_every"), py::arg("jsonl"), py::arg("csv"), py::arg("rank"), py::arg("world_size"),
-           py::arg("every_rank_writes"))
+           py::arg("every_rank_writes"), py::arg("callback") = py::none())
       .def(
           "step_done",
           [](MetricsRecorder& r, int64_t step, std::optional<at::Tensor> loss, std::optional<at::Tensor> grad_norm,
              std::optional<at::Tensor> loss_scale, std::optional<at::Tensor> skipped_steps, std::vector<double> lrs,
              int64_t tokens, int64_t samples) {
+            torch::PyWarningHandler warnings;  // a failed sink's TORCH_WARN becomes a Python UserWarning
             r.step_done(step, {std::move(loss), std::move(grad_norm), std::move(loss_scale), std::move(skipped_steps),
                                std::move(lrs), tokens, samples});
           },
           py::arg("step"), py::arg("loss"), py::arg("grad_norm"), py::arg("loss_scale"), py::arg("skipped_steps"),
           py::arg("lrs"), py::arg("tokens"), py::arg("samples"))
-      .def("flush", &MetricsRecorder::flush)
+      .def("flush",
+           [](MetricsRecorder& r) {
+             torch::PyWarningHandler warnings;
+             return r.flush();
+           })
       .def_property_readonly("host_reads", &MetricsRecorder::host_reads)
       .def_property_readonly("resumed_after", &MetricsRecorder::resumed_after);
 }

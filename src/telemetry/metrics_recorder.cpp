@@ -83,6 +83,7 @@ std::string Record::to_json() const {
 struct MetricsRecorder::State {
   RecorderOptions options;
   std::vector<std::unique_ptr<detail::RecordFile>> sinks;
+  RecordCallback callback;
   at::Tensor acc;  // kSlots doubles on the device of the first tensor reported
   bool reported[kSlots] = {};
   bool skipped_seen = false;
@@ -185,10 +186,12 @@ struct MetricsRecorder::State {
   }
 };
 
-MetricsRecorder::MetricsRecorder(RecorderOptions options) : state_(std::make_unique<State>()) {
+MetricsRecorder::MetricsRecorder(RecorderOptions options, RecordCallback callback)
+    : state_(std::make_unique<State>()) {
   check_options(options);
   state_->options = options;
   const bool writes = options.every_rank_writes || options.rank == 0;
+  if (writes) state_->callback = std::move(callback);
   if (writes && !options.jsonl_path.empty())
     state_->sinks.push_back(std::make_unique<detail::RecordFile>(rank_path(options.jsonl_path, options),
                                                                  detail::RecordFormat::JsonLines));
@@ -229,6 +232,13 @@ std::optional<Record> MetricsRecorder::flush() {
       sink->append(record);
     } catch (const c10::Error& e) {
       TORCH_WARN("MetricsRecorder: the record of step ", record.step, " was not written: ", e.what_without_backtrace());
+    }
+  }
+  if (s.callback) {
+    try {  // a user's sink that fails costs its record, never the training
+      s.callback(record);
+    } catch (const std::exception& e) {
+      TORCH_WARN("MetricsRecorder: the callback failed on the record of step ", record.step, ": ", e.what());
     }
   }
   return record;

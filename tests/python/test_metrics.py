@@ -162,3 +162,22 @@ def test_a_run_is_drawn_and_a_bad_file_is_refused(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "gpuops.metrics", "plot", str(tmp_path / "bad.jsonl")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "bad.jsonl:2 is not a JSON record" in bad.stderr
+
+
+def test_a_callback_gets_every_record_and_its_failure_is_a_warning():
+    seen = []
+    recorder = gpuops.metrics.Recorder(log_every=2, callback=seen.append)
+    for value in (1.0, 2.0, 3.0, 4.0):
+        recorder.step_done(torch.tensor(value))
+    assert [(r["step"], r["loss"]) for r in seen] == [(2, 1.5), (4, 3.5)]
+
+    def broken(record):
+        raise RuntimeError("sink down")
+
+    failing = gpuops.metrics.Recorder(log_every=1, callback=broken)
+    with pytest.warns(UserWarning, match="callback failed on the record of step 1.*sink down"):
+        failing.step_done(torch.tensor(1.0))
+    failing.step_done(torch.tensor(2.0))  # training goes on
+    assert failing.step == 2
+    with pytest.raises(TypeError, match="callback must be callable"):
+        gpuops.metrics.Recorder(callback=3)

@@ -14,7 +14,7 @@ count are combined on their device and read once per ``log_every`` steps.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -59,18 +59,22 @@ class Recorder:
     (``jsonl``) and CSV (``csv``) files. ``rank`` and ``world_size`` default to torch.distributed's; rank 0
     writes, or every rank to ``<path>.rank<r>`` with ``every_rank_writes=True``. A file that already holds
     records is continued (a resumed run writes no step twice; a partial last line is cut off). ``start_step``
-    is the number of optimizer steps done before this recorder (a resumed run's step)."""
+    is the number of optimizer steps done before this recorder (a resumed run's step). ``callback`` receives
+    each record as a dict on the ranks that write (an exception it raises is a warning; training goes on)."""
 
     def __init__(self, log_every: int = 10, jsonl: Optional[str] = None, csv: Optional[str] = None, *,
                  rank: Optional[int] = None, world_size: Optional[int] = None, every_rank_writes: bool = False,
-                 start_step: int = 0) -> None:
+                 start_step: int = 0, callback: Optional[Callable[[Dict[str, Any]], None]] = None) -> None:
         default_rank, default_world = _default_rank()
+        if callback is not None and not callable(callback):
+            raise TypeError(f"Recorder: callback must be callable or None, got {type(callback).__name__}")
         if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
             raise ValueError(f"Recorder: start_step must be an int >= 0, got {start_step!r}")
         self._native = _C.MetricsRecorder(
             log_every=log_every, jsonl="" if jsonl is None else str(jsonl), csv="" if csv is None else str(csv),
             rank=default_rank if rank is None else rank,
-            world_size=default_world if world_size is None else world_size, every_rank_writes=every_rank_writes)
+            world_size=default_world if world_size is None else world_size, every_rank_writes=every_rank_writes,
+            callback=None if callback is None else (lambda record: callback(self._as_dict(record))))
         self._step = start_step
 
     def step_done(self, loss: Any = None, *, optimizer: Optional[torch.optim.Optimizer] = None, scaler: Any = None,
