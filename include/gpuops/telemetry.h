@@ -65,7 +65,7 @@ class MetricsRecorder {
   void step_done(int64_t step, const StepReport& report);
   /// The record of the steps since the last one, made and written now (none if there are none).
   std::optional<Record> flush();
-  /// Device-to-host reads so far: one per record.
+  /// Device-to-host reads so far: one per record with values on a GPU (CPU values are read where they are).
   int64_t host_reads() const;
   /// The last step a sink already held when it was opened (0: none).
   int64_t resumed_after() const;

@@ -1,10 +1,13 @@
-// MetricsRecorder: the step's device values are combined into one small device tensor with device ops; at the
-// end of a log interval that tensor is read once and the interval's record is written to the sinks.
+// MetricsRecorder: each step's reported values are stored as they are, on their device (a CUDA value is copied
+// into a row of a small device buffer; a CPU value is read, which is no sync); at the end of a log interval the
+// device rows are read once and one host function folds the interval's steps into its record.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -21,19 +24,8 @@ namespace {
 
 constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
 
-// Slots of the device accumulator.
-enum Slot : int64_t {
-  kLossSum,         // finite losses of the interval, summed
-  kLossCount,       // finite losses of the interval
-  kNonFinite,       // non-finite losses of the interval
-  kLossLast,
-  kGradNormLast,
-  kGradNormMax,     // over the interval
-  kScaleLast,
-  kSkippedLast,     // the scaler's running count
-  kSkipStreak,      // skipped steps in a row, up to the last one
-  kSlots
-};
+// The values a step reports, by column of the interval's rows.
+enum Column : int64_t { kLoss, kGradNorm, kScale, kSkipped, kColumns };
 
 const std::vector<std::string> kFigureNames = {
     "loss", "loss_last", "nonfinite_losses", "grad_norm", "grad_norm_max", "loss_scale", "skipped_steps",
@@ -63,11 +55,6 @@ void check_reported(const at::Tensor& t, const char* name) {
                     t.scalar_type());
 }
 
-// A reported one-element tensor as a double on the accumulator's device (no host read).
-at::Tensor on_device(const at::Tensor& t, const at::Tensor& acc) {
-  return t.detach().reshape({}).to(acc.device(), at::kDouble, /*non_blocking=*/true);
-}
-
 }  // namespace
 
 const std::vector<std::string>& figure_names() { return kFigureNames; }
@@ -80,57 +67,79 @@ std::string Record::to_json() const {
   return j.dump();
 }
 
+// What the steps of an interval add up to; the one place where the figures are computed from the values.
+struct Totals {
+  double loss_sum = 0, loss_count = 0, nonfinite = 0, loss_last = kNone;
+  double norm_last = kNone, norm_max = -std::numeric_limits<double>::infinity();
+  double scale_last = kNone, skipped_last = kNone, streak = 0;
+  bool reported[kColumns] = {};
+
+  void add(const double (&row)[kColumns], const bool (&given)[kColumns]) {
+    if (given[kLoss]) {
+      const double l = row[kLoss];
+      if (std::isfinite(l)) {
+        loss_sum += l;
+        loss_count += 1;
+      } else {
+        nonfinite += 1;
+      }
+      loss_last = l;
+    }
+    if (given[kGradNorm]) {
+      norm_last = row[kGradNorm];
+      norm_max = std::isnan(norm_last) || norm_last > norm_max ? norm_last : norm_max;
+    }
+    if (given[kScale]) scale_last = row[kScale];
+    if (given[kSkipped]) {  // a step was skipped when the running count grew: the streak goes on, else ends
+      if (reported[kSkipped]) streak = row[kSkipped] > skipped_last ? streak + 1 : 0;
+      skipped_last = row[kSkipped];
+    }
+    for (int64_t c = 0; c < kColumns; ++c) reported[c] = reported[c] || given[c];
+  }
+  // The interval's figures are over; what goes on across intervals (the running count, the streak) stays.
+  void next_interval() {
+    loss_sum = loss_count = nonfinite = 0;
+    norm_max = -std::numeric_limits<double>::infinity();
+    reported[kLoss] = reported[kGradNorm] = reported[kScale] = false;
+  }
+};
+
 struct MetricsRecorder::State {
   RecorderOptions options;
   std::vector<std::unique_ptr<detail::RecordFile>> sinks;
   RecordCallback callback;
-  at::Tensor acc;  // kSlots doubles on the device of the first tensor reported
-  bool reported[kSlots] = {};
-  bool skipped_seen = false;
-  int64_t last_step = 0, interval_steps = 0, tokens = 0, samples = 0, host_reads = 0, resumed_after = 0;
+  // The interval's steps: values read on the host, and rows of a device buffer for the device's values.
+  std::vector<std::array<double, kColumns>> host_rows;
+  std::vector<std::array<bool, kColumns>> given, on_device;
+  at::Tensor device_rows;  // log_every x kColumns doubles on the device of the first device value reported
+  Totals totals;
+  int64_t last_step = 0, tokens = 0, samples = 0, host_reads = 0, resumed_after = 0;
   std::vector<double> lrs;
   std::chrono::steady_clock::time_point interval_start = std::chrono::steady_clock::now();
 
-  at::Tensor accumulator(const at::Tensor& like) {
-    if (!acc.defined()) {
-      acc = at::zeros({kSlots}, at::TensorOptions().dtype(at::kDouble).device(like.device()));
-      acc[kGradNormMax].fill_(-std::numeric_limits<double>::infinity());
-    }
-    return acc;
-  }
+  int64_t steps() const { return static_cast<int64_t>(host_rows.size()); }
 
-  void add_loss(const at::Tensor& loss) {
-    const at::Tensor a = accumulator(loss), l = on_device(loss, a);
-    const at::Tensor finite = at::isfinite(l);
-    a[kLossSum].add_(at::where(finite, l, at::zeros_like(l)));
-    a[kLossCount].add_(finite.to(at::kDouble));
-    a[kNonFinite].add_(at::logical_not(finite).to(at::kDouble));
-    a[kLossLast].copy_(l);
-    reported[kLossSum] = reported[kLossLast] = true;
-  }
-
-  void add_grad_norm(const at::Tensor& norm) {
-    const at::Tensor a = accumulator(norm), g = on_device(norm, a);
-    a[kGradNormLast].copy_(g);
-    a[kGradNormMax].copy_(at::maximum(a[kGradNormMax], g));
-    reported[kGradNormLast] = true;
-  }
-
-  void add_scaler(const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& skipped) {
-    if (scale) {
-      const at::Tensor a = accumulator(*scale);
-      a[kScaleLast].copy_(on_device(*scale, a));
-      reported[kScaleLast] = true;
-    }
-    if (skipped) {
-      const at::Tensor a = accumulator(*skipped), s = on_device(*skipped, a);
-      if (skipped_seen) {  // a step was skipped when the running count grew: the streak goes on, else ends
-        const at::Tensor grew = at::gt(s, a[kSkippedLast]).to(at::kDouble);
-        a[kSkipStreak].copy_((a[kSkipStreak] + 1) * grew);
+  void store(const StepReport& report) {
+    const std::optional<at::Tensor>* values[kColumns] = {&report.loss, &report.grad_norm, &report.loss_scale,
+                                                         &report.skipped_steps};
+    std::array<double, kColumns> row{};
+    std::array<bool, kColumns> has{}, device{};
+    for (int64_t c = 0; c < kColumns; ++c) {
+      if (!*values[c]) continue;
+      const at::Tensor t = (*values[c])->detach().reshape({});
+      has[c] = true;
+      if (t.is_cpu()) {
+        row[c] = t.item<double>();  // a read of host memory: no sync
+      } else {  // copied (and converted) into this step's row of the device buffer: no host read
+        if (!device_rows.defined())
+          device_rows = at::zeros({options.log_every, kColumns}, t.options().dtype(at::kDouble));
+        device_rows[steps()][c].copy_(t, /*non_blocking=*/true);
+        device[c] = true;
       }
-      a[kSkippedLast].copy_(s);
-      skipped_seen = reported[kSkippedLast] = true;
     }
+    host_rows.push_back(row);
+    given.push_back(has);
+    on_device.push_back(device);
   }
 
   // The peak device memory since the last record, the allocator's retries and OOMs (CUDA: torch's caching
@@ -138,9 +147,9 @@ struct MetricsRecorder::State {
   void memory_figures(std::vector<std::pair<std::string, double>>& out) const {
     double allocated = kNone, reserved = kNone, retries = kNone, ooms = kNone;
 #ifdef GPUOPS_WITH_CUDA
-    if (acc.defined() && acc.is_cuda()) {
+    if (device_rows.defined() && device_rows.is_cuda()) {
       namespace cca = c10::cuda::CUDACachingAllocator;
-      const auto stats = cca::getDeviceStats(acc.device().index());
+      const auto stats = cca::getDeviceStats(device_rows.device().index());
       const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
       allocated = static_cast<double>(stats.allocated_bytes[all].peak);
       reserved = static_cast<double>(stats.reserved_bytes[all].peak);
@@ -153,34 +162,45 @@ struct MetricsRecorder::State {
   }
 
   Record make_record() {
-    std::vector<double> v(kSlots, kNone);
-    if (acc.defined()) {
-      const at::Tensor host = acc.to(at::kCPU);  // the interval's one device-to-host read
+    at::Tensor device_values;
+    if (device_rows.defined() && std::any_of(on_device.begin(), on_device.end(), [](const auto& d) {
+          return std::find(d.begin(), d.end(), true) != d.end();
+        })) {
+      device_values = device_rows.to(at::kCPU);  // the interval's one device-to-host read
       ++host_reads;
-      for (int64_t i = 0; i < kSlots; ++i) v[i] = host[i].item<double>();
-      acc[kLossSum].zero_(), acc[kLossCount].zero_(), acc[kNonFinite].zero_();
-      acc[kGradNormMax].fill_(-std::numeric_limits<double>::infinity());
+    }
+    for (int64_t i = 0; i < steps(); ++i) {
+      double row[kColumns];
+      bool has[kColumns];
+      for (int64_t c = 0; c < kColumns; ++c) {
+        row[c] = on_device[i][c] ? device_values[i][c].item<double>() : host_rows[i][c];
+        has[c] = given[i][c];
+      }
+      totals.add(row, has);
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - interval_start).count();
-    const auto given = [&](Slot s, double value) { return reported[s] ? value : kNone; };
+    const Totals& t = totals;
+    const auto given_or_none = [&](Column c, double value) { return t.reported[c] ? value : kNone; };
     Record r;
     r.step = last_step;
     r.lrs = lrs;
     r.figures = {
-        {"loss", reported[kLossSum] && v[kLossCount] > 0 ? v[kLossSum] / v[kLossCount] : kNone},
-        {"loss_last", given(kLossLast, v[kLossLast])},
-        {"nonfinite_losses", given(kLossSum, v[kNonFinite])},
-        {"grad_norm", given(kGradNormLast, v[kGradNormLast])},
-        {"grad_norm_max", given(kGradNormLast, v[kGradNormMax])},
-        {"loss_scale", given(kScaleLast, v[kScaleLast])},
-        {"skipped_steps", given(kSkippedLast, v[kSkippedLast])},
-        {"skip_streak", given(kSkippedLast, v[kSkipStreak])},
-        {"step_time_s", seconds / static_cast<double>(interval_steps)},
+        {"loss", t.loss_count > 0 ? t.loss_sum / t.loss_count : kNone},
+        {"loss_last", given_or_none(kLoss, t.loss_last)},
+        {"nonfinite_losses", given_or_none(kLoss, t.nonfinite)},
+        {"grad_norm", given_or_none(kGradNorm, t.norm_last)},
+        {"grad_norm_max", given_or_none(kGradNorm, t.norm_max)},
+        {"loss_scale", given_or_none(kScale, t.scale_last)},
+        {"skipped_steps", given_or_none(kSkipped, t.skipped_last)},
+        {"skip_streak", given_or_none(kSkipped, t.streak)},
+        {"step_time_s", seconds / static_cast<double>(steps())},
         {"tokens_per_s", tokens > 0 ? static_cast<double>(tokens) / seconds : kNone},
         {"samples_per_s", samples > 0 ? static_cast<double>(samples) / seconds : kNone}};
     memory_figures(r.figures);
     r.figures.emplace_back("time", seconds_since_epoch());
-    interval_steps = tokens = samples = 0;
+    totals.next_interval();
+    host_rows.clear(), given.clear(), on_device.clear();
+    tokens = samples = 0;
     interval_start = std::chrono::steady_clock::now();
     return r;
   }
@@ -212,20 +232,17 @@ void MetricsRecorder::step_done(int64_t step, const StepReport& report) {
   for (const auto& [value, name] : {std::pair{&report.loss, "loss"}, {&report.grad_norm, "grad_norm"},
                                     {&report.loss_scale, "loss_scale"}, {&report.skipped_steps, "skipped_steps"}})
     if (*value) check_reported(**value, name);  // every value first: a refused report changes nothing
-  if (report.loss) s.add_loss(*report.loss);
-  if (report.grad_norm) s.add_grad_norm(*report.grad_norm);
-  s.add_scaler(report.loss_scale, report.skipped_steps);
+  s.store(report);
   s.lrs = report.lrs;
   s.tokens += report.tokens;
   s.samples += report.samples;
   s.last_step = step;
-  ++s.interval_steps;
-  if (step % s.options.log_every == 0) flush();
+  if (step % s.options.log_every == 0 || s.steps() == s.options.log_every) flush();  // or the rows are full
 }
 
 std::optional<Record> MetricsRecorder::flush() {
   State& s = *state_;
-  if (s.interval_steps == 0) return std::nullopt;
+  if (s.steps() == 0) return std::nullopt;
   Record record = s.make_record();
   for (const auto& sink : s.sinks) {
     try {  // a full disk or a removed folder costs records, never the training

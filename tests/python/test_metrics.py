@@ -69,12 +69,12 @@ def test_every_figure_matches_the_run_it_records(tmp_path):
     assert [r["skip_streak"] for r in records] == [0, 2, 0]  # steps 9 and 10 skipped in a row, then 11 ran
 
 
-def test_no_device_value_is_read_on_the_step_path(tmp_path):
+def test_cpu_values_need_no_device_reads(tmp_path):
+    """On the CPU every value is read where it is (no sync exists there): no device buffer, no device read. The
+    CUDA path (values kept in a device buffer, read once per record) is the next test's, on a GPU."""
     recorder = gpuops.metrics.Recorder(log_every=10, jsonl=tmp_path / "m.jsonl")
-    _run(recorder, 9)
-    assert recorder.host_reads == 0
-    _run(recorder, 1)
-    assert recorder.host_reads == 1  # the interval's one read, at step 10
+    _run(recorder, 20)
+    assert recorder.host_reads == 0 and len(_records(tmp_path / "m.jsonl")) == 2
 
 
 @requires_cuda
@@ -87,8 +87,10 @@ def test_the_cuda_step_path_makes_no_host_sync(tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert recorder.host_reads == 0
-    record = _records(tmp_path / "m.jsonl") if recorder.flush() else []
-    assert record and record[-1]["peak_allocated_bytes"] > 0
+    _run(recorder, 1, device="cuda")  # step 4 ends the interval: its one read
+    assert recorder.host_reads == 1
+    record = _records(tmp_path / "m.jsonl")
+    assert record[-1]["peak_allocated_bytes"] > 0 and record[-1]["loss_scale"] is not None
 
 
 def test_a_nonfinite_loss_is_counted_and_training_goes_on(tmp_path):
@@ -122,7 +124,7 @@ def test_a_resumed_run_writes_no_step_twice_and_a_cut_line_is_dropped(tmp_path):
 def test_ranks_write_only_where_asked(tmp_path):
     quiet = gpuops.metrics.Recorder(log_every=1, jsonl=tmp_path / "m.jsonl", rank=1, world_size=2)
     quiet.step_done(torch.tensor(1.0))
-    assert not (tmp_path / "m.jsonl").exists() and quiet.host_reads == 1
+    assert not (tmp_path / "m.jsonl").exists() and quiet.step == 1
     loud = gpuops.metrics.Recorder(log_every=1, jsonl=tmp_path / "m.jsonl", rank=1, world_size=2,
                                    every_rank_writes=True)
     loud.step_done(torch.tensor(1.0))

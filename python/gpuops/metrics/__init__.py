@@ -107,7 +107,7 @@ class Recorder:
 
     @property
     def host_reads(self) -> int:
-        """Device-to-host reads so far: one per record."""
+        """Device-to-host reads so far: one per record with values on a GPU (CPU values are read where they are)."""
         return self._native.host_reads
 
     @property
