@@ -21,6 +21,8 @@ struct RecorderOptions {
   int64_t rank = 0;                ///< this process's rank, 0 <= rank < world_size
   int64_t world_size = 1;
   bool every_rank_writes = false;  ///< false: rank 0 writes; true: each rank to "<path>.rank<r>"
+  double flops_per_token = 0;      ///< training FLOPs per token (estimator::training_flops_per_token; 0: no TFLOPS)
+  double peak_flops = 0;           ///< the GPU's peak FLOP/s for the run's dtype (0: no MFU)
 };
 
 struct Record;

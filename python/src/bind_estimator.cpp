@@ -314,6 +314,9 @@ void bind_estimator(py::module_& m) {
         return out;
       })
       .def_property_readonly("parameter_count", [](const ModelSpec& s) { return parameter_count(s); })
+      .def("training_flops_per_token", [](const ModelSpec& s, int64_t seq_len) {
+        return training_flops_per_token(s, seq_len);
+      }, py::arg("seq_len"))
       .def("__repr__", [](const ModelSpec& s) {
         return "ModelSpec(name='" + printable(s.name) + "', parameters=" + std::to_string(parameter_count(s)) + ")";
       });

@@ -24,7 +24,8 @@ void bind_telemetry(py::module_& m) {
   m.def("metric_figure_names", &telemetry::figure_names);
   py::class_<MetricsRecorder>(m, "MetricsRecorder")
       .def(py::init([](int64_t log_every, const std::string& jsonl, const std::string& csv, int64_t rank,
-                       int64_t world_size, bool every_rank_writes, py::object callback) {
+                       int64_t world_size, bool every_rank_writes, py::object callback, double flops_per_token,
+                       double peak_flops) {
              telemetry::RecordCallback call;
              if (!callback.is_none()) {
                TORCH_CHECK_TYPE(PyCallable_Check(callback.ptr()), "Recorder: callback must be callable or None");
@@ -38,10 +39,13 @@ void bind_telemetry(py::module_& m) {
                };
              }
              return std::make_unique<MetricsRecorder>(
-                 telemetry::RecorderOptions{log_every, jsonl, csv, rank, world_size, every_rank_writes}, call);
+                 telemetry::RecorderOptions{log_every, jsonl, csv, rank, world_size, every_rank_writes,
+                                            flops_per_token, peak_flops},
+                 call);
            }),
            py::arg("log_every"), py::arg("jsonl"), py::arg("csv"), py::arg("rank"), py::arg("world_size"),
-           py::arg("every_rank_writes"), py::arg("callback") = py::none())
+           py::arg("every_rank_writes"), py::arg("callback") = py::none(), py::arg("flops_per_token") = 0.0,
+           py::arg("peak_flops") = 0.0)
       .def(
           "step_done",
           [](MetricsRecorder& r, int64_t step, std::optional<at::Tensor> loss, std::optional<at::Tensor> grad_norm,

@@ -253,6 +253,19 @@ int64_t parameter_count(const ModelSpec& spec) {
   return parameter_groups(spec).total();
 }
 
+double training_flops_per_token(const ModelSpec& spec, int64_t seq_len) {
+  GPUOPS_CHECK_ARG(spec.family != ModelFamily::ParamsOnly && spec.num_experts == 0,
+                   "flops per token of model '{}' is not counted: {}; accepted: a dense model with an architecture, "
+                   "or the count given yourself", spec.name,
+                   spec.num_experts > 0 ? "its tokens use experts_per_token of its experts" : "no architecture");
+  GPUOPS_CHECK_ARG(seq_len >= 1, "seq-len {} is not accepted; accepted: >= 1", seq_len);
+  const double table = static_cast<double>(spec.vocab_size) * static_cast<double>(spec.hidden_size);
+  const double params = static_cast<double>(parameter_count(spec)) - (spec.tied_embeddings ? 0.0 : table);
+  const double attention = 12.0 * static_cast<double>(spec.num_layers) * static_cast<double>(spec.num_heads) *
+                           static_cast<double>(effective_head_dim(spec)) * static_cast<double>(seq_len);
+  return 6.0 * params + attention;
+}
+
 void validate(const ModelSpec& s) {
   GPUOPS_CHECK_ARG(s.family == ModelFamily::Decoder || s.family == ModelFamily::Encoder ||
                        s.family == ModelFamily::ParamsOnly,

@@ -29,8 +29,8 @@ enum Column : int64_t { kLoss, kGradNorm, kScale, kSkipped, kColumns };
 
 const std::vector<std::string> kFigureNames = {
     "loss", "loss_last", "nonfinite_losses", "grad_norm", "grad_norm_max", "loss_scale", "skipped_steps",
-    "skip_streak", "step_time_s", "tokens_per_s", "samples_per_s", "peak_allocated_bytes", "peak_reserved_bytes",
-    "alloc_retries", "ooms", "time"};
+    "skip_streak", "step_time_s", "tokens_per_s", "samples_per_s", "tflops", "mfu", "peak_tflops",
+    "peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "ooms", "time"};
 
 double seconds_since_epoch() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -46,6 +46,10 @@ void check_options(const RecorderOptions& o) {
                     " is not accepted; accepted: >= 1");
   TORCH_CHECK_VALUE(o.rank >= 0 && o.rank < o.world_size, "MetricsRecorder: rank ", o.rank,
                     " is not accepted; accepted: 0 <= rank < world_size (", o.world_size, ")");
+  TORCH_CHECK_VALUE(std::isfinite(o.flops_per_token) && o.flops_per_token >= 0, "MetricsRecorder: flops_per_token ",
+                    o.flops_per_token, " is not accepted; accepted: a finite number >= 0 (0: no TFLOPS)");
+  TORCH_CHECK_VALUE(std::isfinite(o.peak_flops) && o.peak_flops >= 0, "MetricsRecorder: peak_flops ", o.peak_flops,
+                    " is not accepted; accepted: a finite number >= 0 (0: no MFU)");
 }
 
 void check_reported(const at::Tensor& t, const char* name) {
@@ -196,6 +200,13 @@ struct MetricsRecorder::State {
         {"step_time_s", seconds / static_cast<double>(steps())},
         {"tokens_per_s", tokens > 0 ? static_cast<double>(tokens) / seconds : kNone},
         {"samples_per_s", samples > 0 ? static_cast<double>(samples) / seconds : kNone}};
+    // Model FLOPs of this rank's tokens, against the peak of one GPU.
+    const double flops = tokens > 0 && options.flops_per_token > 0
+                             ? static_cast<double>(tokens) * options.flops_per_token / seconds : kNone;
+    r.figures.insert(r.figures.end(),
+                     {{"tflops", flops / 1e12},
+                      {"mfu", options.peak_flops > 0 ? flops / options.peak_flops : kNone},
+                      {"peak_tflops", options.peak_flops > 0 ? options.peak_flops / 1e12 : kNone}});
     memory_figures(r.figures);
     r.figures.emplace_back("time", seconds_since_epoch());
     totals.next_interval();

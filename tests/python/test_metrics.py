@@ -183,3 +183,40 @@ def test_a_callback_gets_every_record_and_its_failure_is_a_warning():
     assert failing.step == 2
     with pytest.raises(TypeError, match="callback must be callable"):
         gpuops.metrics.Recorder(callback=3)
+
+
+def test_tflops_and_mfu_follow_a_flop_count_done_by_hand(monkeypatch):
+    """PaLM's count by hand for Llama-2-7B at 4096 tokens: 6 x (parameters - the 32000 x 4096 token table)
+    + 12 x 32 layers x 4096 x 4096; the recorder's TFLOPS is tokens/s times that, its MFU over the peak."""
+    params = 6_738_415_616  # LlamaForCausalLM(llama-2-7b).num_parameters(), transformers' own count
+    by_hand = 6 * (params - 32000 * 4096) + 12 * 32 * 4096 * 4096
+    spec = gpuops.estimator._model_spec("llama-2-7b", None, None)
+    assert spec.parameter_count == params and spec.training_flops_per_token(4096) == by_hand
+    tied = gpuops.estimator._model_spec("gpt2", None, None)  # GPT-2's head is its token table: its matmul counts
+    assert tied.training_flops_per_token(1024) == 6 * tied.parameter_count + 12 * 12 * 768 * 1024
+    seen = []
+    recorder = gpuops.metrics.Recorder(log_every=2, model="llama-2-7b", seq_len=4096, gpu="H100-80GB",
+                                       callback=seen.append)
+    for value in (1.0, 2.0):
+        recorder.step_done(torch.tensor(value), tokens=8192)
+    (record,) = seen
+    assert record["tflops"] == pytest.approx(record["tokens_per_s"] * by_hand / 1e12, rel=1e-12)
+    h100 = next(g["tensor_tflops"] for g in gpuops.gpu_catalog() if g["name"] == "H100-80GB")
+    assert record["peak_tflops"] == h100 and record["mfu"] == pytest.approx(record["tflops"] / h100, rel=1e-12)
+    with pytest.raises(ValueError, match="mixtral-8x7b.*experts"):
+        gpuops.metrics.Recorder(model="mixtral-8x7b", seq_len=4096)
+    with pytest.raises(ValueError, match="seq_len"):
+        gpuops.metrics.Recorder(model="llama-2-7b")
+    with pytest.raises(ValueError, match="gpu 'B200' is not in the catalog"):
+        gpuops.metrics.Recorder(peak_tflops=None, gpu="B200", flops_per_token=1.0)
+
+
+@pytest.mark.parametrize("device_name, catalog_name", [
+    ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA H100 80GB HBM3", "H100-80GB"), ("NVIDIA H200", "H200"),
+    ("NVIDIA GeForce RTX 4090", "RTX-4090"), ("NVIDIA L4", "L4"), ("Tesla T4", "T4"), ("Quadro RTX 8000", None)])
+def test_the_peak_is_the_catalog_gpu_the_device_name_names(monkeypatch, device_name, catalog_name):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: device_name)
+    peak = gpuops.metrics._peak_flops(None, None)
+    expected = next((g["tensor_tflops"] for g in gpuops.gpu_catalog() if g["name"] == catalog_name), 0.0)
+    assert peak == expected * 1e12

@@ -146,6 +146,13 @@ ParameterGroups parameter_groups(const ModelSpec& spec);
 /// BertModel (with pooler) or, with masked_lm_head, BertForMaskedLM. ParamsOnly: explicit_param_count.
 int64_t parameter_count(const ModelSpec& spec);
 
+/// Training FLOPs per token, PaLM's count (Chowdhery et al. 2022, appendix B; torchtitan's too): 6 per parameter
+/// (forward 2, backward 4) over the parameters without the token embedding table (a lookup; a tied LM head's
+/// matmul stays counted), plus 12·layers·heads·head_dim·seq_len for the attention scores and their product
+/// with v. ArgumentError for a bare parameter count (no architecture) and for MoE models (their tokens use
+/// experts_per_token of the experts: give the count yourself).
+double training_flops_per_token(const ModelSpec& spec, int64_t seq_len);
+
 /// Number of parameter tensors (what per-parameter optimizer bookkeeping scales with); 0 for ParamsOnly.
 int64_t parameter_tensor_count(const ModelSpec& spec);
 

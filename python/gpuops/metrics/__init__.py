@@ -54,17 +54,58 @@ def _scaler_tensors(scaler: Any) -> tuple:
             skipped if isinstance(skipped, torch.Tensor) else None)
 
 
+def _flops_per_token(given: Optional[float], model: Any, seq_len: Optional[int]) -> float:
+    if given is not None:
+        if model is not None:
+            raise ValueError("Recorder: give flops_per_token or model, not both")
+        return float(given)
+    if model is None:
+        return 0.0
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"Recorder: seq_len must be an int >= 1 with model=, got {seq_len!r}")
+    from ..estimator import _model_spec  # the estimator's model resolution: presets, Hub ids, configs, modules
+
+    return _model_spec(model, None, None).training_flops_per_token(seq_len)
+
+
+def _peak_flops(peak_tflops: Optional[float], gpu: Optional[str]) -> float:
+    """The peak FLOP/s MFU is measured against: given, the catalog GPU named, or the catalog GPU all of whose name's
+    parts are words of the CUDA device's name ("NVIDIA A100-SXM4-80GB" is A100-80GB); 0 when none is known."""
+    if peak_tflops is not None:
+        return float(peak_tflops) * 1e12
+    from ..estimator import gpu_catalog
+
+    catalog = {g["name"]: g["tensor_tflops"] for g in gpu_catalog()}
+    if gpu is not None:
+        if gpu not in catalog:
+            raise ValueError(f"Recorder: gpu {gpu!r} is not in the catalog; accepted: {', '.join(catalog)}")
+        return catalog[gpu] * 1e12
+    if not torch.cuda.is_available():
+        return 0.0
+    words = set(torch.cuda.get_device_name().upper().replace("-", " ").split())
+    matches = [name for name in catalog if set(name.upper().split("-")) <= words]
+    return catalog[max(matches, key=lambda n: len(n.split("-")))] * 1e12 if matches else 0.0
+
+
 class Recorder:
     """Records the figures of each optimizer step and writes one record per ``log_every`` steps to JSON Lines
     (``jsonl``) and CSV (``csv``) files. ``rank`` and ``world_size`` default to torch.distributed's; rank 0
     writes, or every rank to ``<path>.rank<r>`` with ``every_rank_writes=True``. A file that already holds
     records is continued (a resumed run writes no step twice; a partial last line is cut off). ``start_step``
     is the number of optimizer steps done before this recorder (a resumed run's step). ``callback`` receives
-    each record as a dict on the ranks that write (an exception it raises is a warning; training goes on)."""
+    each record as a dict on the ranks that write (an exception it raises is a warning; training goes on).
+
+    TFLOPS and MFU: ``flops_per_token``, or ``model`` (a preset, Hub id, config or Hugging Face model, as
+    ``gpuops.estimate`` takes it) with ``seq_len``, counted by PaLM's formula (6 per parameter without the token
+    table, plus attention); the peak is ``peak_tflops``, else the catalog GPU named ``gpu``, else the catalog GPU
+    whose name the CUDA device's contains (its dense 16-bit tensor rate). The record's ``peak_tflops`` says
+    which peak was used."""
 
     def __init__(self, log_every: int = 10, jsonl: Optional[str] = None, csv: Optional[str] = None, *,
                  rank: Optional[int] = None, world_size: Optional[int] = None, every_rank_writes: bool = False,
-                 start_step: int = 0, callback: Optional[Callable[[Dict[str, Any]], None]] = None) -> None:
+                 start_step: int = 0, callback: Optional[Callable[[Dict[str, Any]], None]] = None,
+                 flops_per_token: Optional[float] = None, model: Any = None, seq_len: Optional[int] = None,
+                 peak_tflops: Optional[float] = None, gpu: Optional[str] = None) -> None:
         default_rank, default_world = _default_rank()
         if callback is not None and not callable(callback):
             raise TypeError(f"Recorder: callback must be callable or None, got {type(callback).__name__}")
@@ -74,7 +115,9 @@ class Recorder:
             log_every=log_every, jsonl="" if jsonl is None else str(jsonl), csv="" if csv is None else str(csv),
             rank=default_rank if rank is None else rank,
             world_size=default_world if world_size is None else world_size, every_rank_writes=every_rank_writes,
-            callback=None if callback is None else (lambda record: callback(self._as_dict(record))))
+            callback=None if callback is None else (lambda record: callback(self._as_dict(record))),
+            flops_per_token=_flops_per_token(flops_per_token, model, seq_len),
+            peak_flops=_peak_flops(peak_tflops, gpu))
         self._step = start_step
 
     def step_done(self, loss: Any = None, *, optimizer: Optional[torch.optim.Optimizer] = None, scaler: Any = None,
