@@ -12,6 +12,10 @@
 
 #include <ATen/core/Tensor.h>
 
+namespace gpuops::dist {
+class Communicator;
+}
+
 namespace gpuops::telemetry {
 
 struct RecorderOptions {
@@ -55,8 +59,11 @@ class MetricsRecorder {
  public:
   /// Opens the sinks (ValueError naming the option for a bad value or a path that cannot be appended to). A file
   /// that already holds records is continued: a partial last line (a crash during a write) is cut off, and
-  /// records of steps it already has are not written again (a run resumed from a checkpoint).
-  explicit MetricsRecorder(RecorderOptions options, RecordCallback callback = nullptr);
+  /// records of steps it already has are not written again (a run resumed from a checkpoint). With a
+  /// communicator (copied), every record also holds figures over all ranks (two small all-reduces per record:
+  /// every rank must record the same steps) and this rank's collective bytes per step.
+  explicit MetricsRecorder(RecorderOptions options, RecordCallback callback = nullptr,
+                           const dist::Communicator* communicator = nullptr);
   ~MetricsRecorder();
   MetricsRecorder(const MetricsRecorder&) = delete;
   MetricsRecorder& operator=(const MetricsRecorder&) = delete;

@@ -7,6 +7,7 @@
 #include <torch/csrc/Exceptions.h>  // torch::PyWarningHandler
 
 #include "bindings.h"
+#include "gpuops/communicator.h"
 #include "gpuops/telemetry.h"
 
 namespace py = pybind11;
@@ -25,7 +26,7 @@ void bind_telemetry(py::module_& m) {
   py::class_<MetricsRecorder>(m, "MetricsRecorder")
       .def(py::init([](int64_t log_every, const std::string& jsonl, const std::string& csv, int64_t rank,
                        int64_t world_size, bool every_rank_writes, py::object callback, double flops_per_token,
-                       double peak_flops) {
+                       double peak_flops, const dist::Communicator* communicator) {
              telemetry::RecordCallback call;
              if (!callback.is_none()) {
                TORCH_CHECK_TYPE(PyCallable_Check(callback.ptr()), "Recorder: callback must be callable or None");
@@ -41,17 +42,20 @@ void bind_telemetry(py::module_& m) {
              return std::make_unique<MetricsRecorder>(
                  telemetry::RecorderOptions{log_every, jsonl, csv, rank, world_size, every_rank_writes,
                                             flops_per_token, peak_flops},
-                 call);
+                 call, communicator);
            }),
            py::arg("log_every"), py::arg("jsonl"), py::arg("csv"), py::arg("rank"), py::arg("world_size"),
            py::arg("every_rank_writes"), py::arg("callback") = py::none(), py::arg("flops_per_token") = 0.0,
-           py::arg("peak_flops") = 0.0)
+           py::arg("peak_flops") = 0.0, py::arg("communicator") = nullptr)
       .def(
           "step_done",
           [](MetricsRecorder& r, int64_t step, std::optional<at::Tensor> loss, std::optional<at::Tensor> grad_norm,
              std::optional<at::Tensor> loss_scale, std::optional<at::Tensor> skipped_steps, std::vector<double> lrs,
              int64_t tokens, int64_t samples) {
             torch::PyWarningHandler warnings;  // a failed sink's TORCH_WARN becomes a Python UserWarning
+            // Without the GIL, as the communicator's calls: a record's all-reduces wait on c10d's threads (a
+            // callback takes the GIL back).
+            py::gil_scoped_release release;
             r.step_done(step, {std::move(loss), std::move(grad_norm), std::move(loss_scale), std::move(skipped_steps),
                                std::move(lrs), tokens, samples});
           },
@@ -60,6 +64,7 @@ void bind_telemetry(py::module_& m) {
       .def("flush",
            [](MetricsRecorder& r) {
              torch::PyWarningHandler warnings;
+             py::gil_scoped_release release;
              return r.flush();
            })
       .def_property_readonly("host_reads", &MetricsRecorder::host_reads)

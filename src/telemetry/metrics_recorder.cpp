@@ -12,6 +12,7 @@
 #include <cmath>
 #include <limits>
 
+#include "gpuops/communicator.h"
 #include "gpuops/telemetry.h"
 #include "record_file.h"
 
@@ -30,7 +31,9 @@ enum Column : int64_t { kLoss, kGradNorm, kScale, kSkipped, kColumns };
 const std::vector<std::string> kFigureNames = {
     "loss", "loss_last", "nonfinite_losses", "grad_norm", "grad_norm_max", "loss_scale", "skipped_steps",
     "skip_streak", "step_time_s", "tokens_per_s", "samples_per_s", "tflops", "mfu", "peak_tflops",
-    "peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "ooms", "time"};
+    "peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "ooms", "tokens_per_s_all_ranks",
+    "samples_per_s_all_ranks", "step_time_s_max_rank", "peak_allocated_bytes_max_rank", "peak_reserved_bytes_max_rank",
+    "comm_bytes_per_step", "time"};
 
 double seconds_since_epoch() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -112,6 +115,8 @@ struct MetricsRecorder::State {
   RecorderOptions options;
   std::vector<std::unique_ptr<detail::RecordFile>> sinks;
   RecordCallback callback;
+  std::optional<dist::Communicator> communicator;
+  int64_t traffic_at_record = 0;  // the communicator's ring bytes when the last record was made
   // The interval's steps: values read on the host, and rows of a device buffer for the device's values.
   std::vector<std::array<double, kColumns>> host_rows;
   std::vector<std::array<bool, kColumns>> given, on_device;
@@ -165,6 +170,37 @@ struct MetricsRecorder::State {
                            {"alloc_retries", retries}, {"ooms", ooms}});
   }
 
+  // Over all ranks (a communicator given): total rates, the slowest step and the largest peaks, in two small
+  // all-reduces on the group's control device; and the collective bytes this rank sent per step since the last
+  // record (the traffic counters: no sync), the recorder's own all-reduces left out.
+  void rank_figures(std::vector<std::pair<std::string, double>>& out, double interval_steps) {
+    double total[2] = {kNone, kNone}, largest[3] = {kNone, kNone, kNone}, bytes = kNone;
+    if (communicator) {
+      const auto figure = [&](const char* name) {
+        for (const auto& [n, v] : out) if (n == name) return v;
+        return kNone;
+      };
+      const int64_t sent = communicator->traffic().ring_sent_bytes();
+      bytes = static_cast<double>(sent - traffic_at_record) / interval_steps;
+      const auto options = at::TensorOptions().dtype(at::kDouble).device(communicator->control_device());
+      const auto zero_if_none = [](double v) { return std::isnan(v) ? 0.0 : v; };
+      const auto low_if_none = [](double v) { return std::isnan(v) ? -1.0 : v; };
+      at::Tensor sums = at::tensor({zero_if_none(figure("tokens_per_s")), zero_if_none(figure("samples_per_s"))},
+                                   at::kDouble).to(options);
+      at::Tensor maxes = at::tensor({low_if_none(figure("step_time_s")), low_if_none(figure("peak_allocated_bytes")),
+                                     low_if_none(figure("peak_reserved_bytes"))}, at::kDouble).to(options);
+      communicator->all_reduce(sums, dist::ReduceOp::Sum).wait();
+      communicator->all_reduce(maxes, dist::ReduceOp::Max).wait();
+      const at::Tensor s = sums.cpu(), m = maxes.cpu();
+      for (int i = 0; i < 2; ++i) total[i] = s[i].item<double>() > 0 ? s[i].item<double>() : kNone;
+      for (int i = 0; i < 3; ++i) largest[i] = m[i].item<double>() >= 0 ? m[i].item<double>() : kNone;
+      traffic_at_record = communicator->traffic().ring_sent_bytes();
+    }
+    out.insert(out.end(), {{"tokens_per_s_all_ranks", total[0]}, {"samples_per_s_all_ranks", total[1]},
+                           {"step_time_s_max_rank", largest[0]}, {"peak_allocated_bytes_max_rank", largest[1]},
+                           {"peak_reserved_bytes_max_rank", largest[2]}, {"comm_bytes_per_step", bytes}});
+  }
+
   Record make_record() {
     at::Tensor device_values;
     if (device_rows.defined() && std::any_of(on_device.begin(), on_device.end(), [](const auto& d) {
@@ -208,6 +244,7 @@ struct MetricsRecorder::State {
                       {"mfu", options.peak_flops > 0 ? flops / options.peak_flops : kNone},
                       {"peak_tflops", options.peak_flops > 0 ? options.peak_flops / 1e12 : kNone}});
     memory_figures(r.figures);
+    rank_figures(r.figures, static_cast<double>(steps()));
     r.figures.emplace_back("time", seconds_since_epoch());
     totals.next_interval();
     host_rows.clear(), given.clear(), on_device.clear();
@@ -217,9 +254,18 @@ struct MetricsRecorder::State {
   }
 };
 
-MetricsRecorder::MetricsRecorder(RecorderOptions options, RecordCallback callback)
+MetricsRecorder::MetricsRecorder(RecorderOptions options, RecordCallback callback,
+                                 const dist::Communicator* communicator)
     : state_(std::make_unique<State>()) {
   check_options(options);
+  if (communicator != nullptr) {
+    TORCH_CHECK_VALUE(communicator->rank() == options.rank && communicator->size() == options.world_size,
+                      "MetricsRecorder: rank ", options.rank, " of ", options.world_size,
+                      " is not accepted with a communicator of rank ", communicator->rank(), " of ",
+                      communicator->size(), "; accepted: the communicator's");
+    state_->communicator.emplace(communicator->unchecked());
+    state_->traffic_at_record = communicator->traffic().ring_sent_bytes();
+  }
   state_->options = options;
   const bool writes = options.every_rank_writes || options.rank == 0;
   if (writes) state_->callback = std::move(callback);

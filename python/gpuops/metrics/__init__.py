@@ -99,14 +99,19 @@ class Recorder:
     ``gpuops.estimate`` takes it) with ``seq_len``, counted by PaLM's formula (6 per parameter without the token
     table, plus attention); the peak is ``peak_tflops``, else the catalog GPU named ``gpu``, else the catalog GPU
     whose name the CUDA device's contains (its dense 16-bit tensor rate). The record's ``peak_tflops`` says
-    which peak was used."""
+    which peak was used.
+
+    ``communicator`` (a ``gpuops.dist.Communicator``): every record also holds figures over all ranks (total
+    tokens/s and samples/s, the slowest step, the largest peaks) and this rank's collective bytes per step; every
+    rank must then record the same steps and close the recorder."""
 
     def __init__(self, log_every: int = 10, jsonl: Optional[str] = None, csv: Optional[str] = None, *,
                  rank: Optional[int] = None, world_size: Optional[int] = None, every_rank_writes: bool = False,
                  start_step: int = 0, callback: Optional[Callable[[Dict[str, Any]], None]] = None,
                  flops_per_token: Optional[float] = None, model: Any = None, seq_len: Optional[int] = None,
-                 peak_tflops: Optional[float] = None, gpu: Optional[str] = None) -> None:
-        default_rank, default_world = _default_rank()
+                 peak_tflops: Optional[float] = None, gpu: Optional[str] = None, communicator: Any = None) -> None:
+        default_rank, default_world = ((communicator.rank, communicator.size) if communicator is not None
+                                        else _default_rank())
         if callback is not None and not callable(callback):
             raise TypeError(f"Recorder: callback must be callable or None, got {type(callback).__name__}")
         if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
@@ -117,7 +122,7 @@ class Recorder:
             world_size=default_world if world_size is None else world_size, every_rank_writes=every_rank_writes,
             callback=None if callback is None else (lambda record: callback(self._as_dict(record))),
             flops_per_token=_flops_per_token(flops_per_token, model, seq_len),
-            peak_flops=_peak_flops(peak_tflops, gpu))
+            peak_flops=_peak_flops(peak_tflops, gpu), communicator=communicator)
         self._step = start_step
 
     def step_done(self, loss: Any = None, *, optimizer: Optional[torch.optim.Optimizer] = None, scaler: Any = None,

@@ -1,0 +1,59 @@
+"""gpuops.metrics.Recorder with a communicator: two real processes over Gloo (this file run as a script, one per
+rank, each writing its own file). The all-rank figures equal what each rank recorded itself, combined (sum of
+rates, max of step times), on every rank, and the collective bytes per step are the ring's 2(N-1)/N of what the
+loop all-reduced (the recorder's own all-reduces left out)."""
+
+import json
+import sys
+
+import torch
+
+import gpuops
+from multiprocess_launch import launch
+
+NUMEL, STEPS, LOG_EVERY = 1 << 12, 6, 3
+
+
+def test_figures_over_ranks(tmp_path):
+    outputs = launch(__file__, "record", 2, 40, args=(str(tmp_path / "m.jsonl"),))
+    assert all(code == 0 for code, _ in outputs), "\n".join(f"rank {r} ({code}):\n{out}"
+                                                           for r, (code, out) in enumerate(outputs))
+    own = []
+    for rank in range(2):
+        with open(tmp_path / f"m.jsonl.rank{rank}") as f:
+            own.append([json.loads(line) for line in f])
+    assert [r["step"] for r in own[0]] == [r["step"] for r in own[1]] == [3, 6]
+    for mine, theirs in zip(*own):
+        for figure in ("tokens_per_s_all_ranks", "step_time_s_max_rank", "comm_bytes_per_step"):
+            assert mine[figure] == theirs[figure]
+        assert mine["tokens_per_s_all_ranks"] == mine["tokens_per_s"] + theirs["tokens_per_s"]
+        assert mine["step_time_s_max_rank"] == max(mine["step_time_s"], theirs["step_time_s"])
+        assert mine["comm_bytes_per_step"] == 2 * (2 - 1) / 2 * NUMEL * 4  # one fp32 all-reduce a step
+        assert mine["peak_allocated_bytes_max_rank"] is None  # the CPU reports no device memory
+
+
+def _rank_main(path):
+    import datetime
+    import faulthandler
+
+    faulthandler.dump_traceback_later(15, exit=True)  # a hung rank prints where it is
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    comm = gpuops.dist.Communicator(timeout=20)
+    recorder = gpuops.metrics.Recorder(log_every=LOG_EVERY, jsonl=path, communicator=comm, every_rank_writes=True)
+    for step in range(STEPS):
+        comm.all_reduce(torch.ones(NUMEL)).wait()  # the training's own collective
+        recorder.step_done(torch.tensor(float(step)), tokens=100 * (comm.rank + 1))
+    recorder.close()
+    import gc
+
+    del recorder, comm  # our communicators go before the group is destroyed (test_communicator.py)
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _rank_main(sys.argv[2])
