@@ -61,7 +61,8 @@ class MetricsRecorder {
   /// that already holds records is continued: a partial last line (a crash during a write) is cut off, and
   /// records of steps it already has are not written again (a run resumed from a checkpoint). With a
   /// communicator (copied), every record also holds figures over all ranks (two small all-reduces per record:
-  /// every rank must record the same steps) and this rank's collective bytes per step.
+  /// every rank must record the same steps; with check_collectives, ranks that do not raise naming the call) and
+  /// this rank's collective bytes per step.
   explicit MetricsRecorder(RecorderOptions options, RecordCallback callback = nullptr,
                            const dist::Communicator* communicator = nullptr);
   ~MetricsRecorder();

@@ -263,7 +263,9 @@ MetricsRecorder::MetricsRecorder(RecorderOptions options, RecordCallback callbac
                       "MetricsRecorder: rank ", options.rank, " of ", options.world_size,
                       " is not accepted with a communicator of rank ", communicator->rank(), " of ",
                       communicator->size(), "; accepted: the communicator's");
-    state_->communicator.emplace(communicator->unchecked());
+    // The communicator as given: a checked one agrees on each call first, so that ranks recording different
+    // steps raise naming the mismatch instead of pairing the wrong collectives.
+    state_->communicator.emplace(*communicator);
     state_->traffic_at_record = communicator->traffic().ring_sent_bytes();
   }
   state_->options = options;

@@ -4,6 +4,7 @@ rates, max of step times), on every rank, and the collective bytes per step are 
 loop all-reduced (the recorder's own all-reduces left out)."""
 
 import json
+import os
 import sys
 
 import torch
@@ -32,6 +33,14 @@ def test_figures_over_ranks(tmp_path):
         assert mine["peak_allocated_bytes_max_rank"] is None  # the CPU reports no device memory
 
 
+def test_ranks_recording_different_steps_raise_naming_the_call(tmp_path):
+    """Rank 1 records every 2 steps, rank 0 every 3: at step 2 rank 1's record all-reduces while rank 0 runs the
+    training's own; the checked communicator's agreement makes both raise, naming the call, within seconds."""
+    for rank, (code, out) in enumerate(launch(__file__, "disagree", 2, 30, args=(str(tmp_path / "m.jsonl"),))):
+        assert code == 0, f"rank {rank}:\n{out}"
+        assert "raised: " in out and "rank 1 calls all_reduce of 2 elements of Double" in out, out
+
+
 def _rank_main(path):
     import datetime
     import faulthandler
@@ -42,11 +51,16 @@ def _rank_main(path):
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     comm = gpuops.dist.Communicator(timeout=20)
-    recorder = gpuops.metrics.Recorder(log_every=LOG_EVERY, jsonl=path, communicator=comm, every_rank_writes=True)
-    for step in range(STEPS):
-        comm.all_reduce(torch.ones(NUMEL)).wait()  # the training's own collective
-        recorder.step_done(torch.tensor(float(step)), tokens=100 * (comm.rank + 1))
-    recorder.close()
+    log_every = LOG_EVERY if sys.argv[1] == "record" else 3 - comm.rank  # "disagree": rank 1 every 2 steps
+    recorder = gpuops.metrics.Recorder(log_every=log_every, jsonl=path, communicator=comm, every_rank_writes=True)
+    try:
+        for step in range(STEPS):
+            comm.all_reduce(torch.ones(NUMEL)).wait()  # the training's own collective
+            recorder.step_done(torch.tensor(float(step)), tokens=100 * (comm.rank + 1))
+        recorder.close()
+    except (RuntimeError, ValueError) as e:  # ValueError: the agreement names both ranks' calls
+        print(f"raised: {e}", flush=True)
+        os._exit(0)  # the group may be broken: skip torch.distributed's teardown
     import gc
 
     del recorder, comm  # our communicators go before the group is destroyed (test_communicator.py)
