@@ -128,6 +128,18 @@ struct MetricsRecorder::State {
 
   int64_t steps() const { return static_cast<int64_t>(host_rows.size()); }
 
+  // A row for this step in the device buffer: 64 rows at first, doubled when full (a large log_every costs
+  // memory only as its steps come).
+  void reserve_row(const at::Tensor& like) {
+    if (!device_rows.defined()) {
+      device_rows = at::zeros({std::min<int64_t>(options.log_every, 64), kColumns}, like.options().dtype(at::kDouble));
+    } else if (steps() == device_rows.size(0)) {
+      at::Tensor wider = at::zeros({2 * device_rows.size(0), kColumns}, device_rows.options());
+      wider.narrow(0, 0, device_rows.size(0)).copy_(device_rows);
+      device_rows = wider;
+    }
+  }
+
   void store(const StepReport& report) {
     const std::optional<at::Tensor>* values[kColumns] = {&report.loss, &report.grad_norm, &report.loss_scale,
                                                          &report.skipped_steps};
@@ -140,8 +152,7 @@ struct MetricsRecorder::State {
       if (t.is_cpu()) {
         row[c] = t.item<double>();  // a read of host memory: no sync
       } else {  // copied (and converted) into this step's row of the device buffer: no host read
-        if (!device_rows.defined())
-          device_rows = at::zeros({options.log_every, kColumns}, t.options().dtype(at::kDouble));
+        reserve_row(t);
         device_rows[steps()][c].copy_(t, /*non_blocking=*/true);
         device[c] = true;
       }
@@ -296,7 +307,7 @@ void MetricsRecorder::step_done(int64_t step, const StepReport& report) {
   s.tokens += report.tokens;
   s.samples += report.samples;
   s.last_step = step;
-  if (step % s.options.log_every == 0 || s.steps() == s.options.log_every) flush();  // or the rows are full
+  if (step % s.options.log_every == 0 || s.steps() == s.options.log_every) flush();  // or log_every steps came
 }
 
 std::optional<Record> MetricsRecorder::flush() {
