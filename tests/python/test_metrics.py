@@ -145,6 +145,12 @@ def test_bad_input_is_refused_naming_it(tmp_path):
         recorder.step_done(torch.ones(3))
     with pytest.raises(ValueError, match="tokens -1"):
         recorder.step_done(torch.tensor(1.0), tokens=-1)
+    with pytest.raises(TypeError, match="loss must be a tensor, a number or None, got str"):
+        recorder.step_done("1.5")
+    with pytest.raises(TypeError, match="samples must be an int"):
+        recorder.step_done(1.5, samples=2.5)
+    recorder.step_done(1.5, grad_norm=3)  # numbers are accepted as they are
+    assert recorder.step == 1  # the refused calls counted no step
 
 
 def test_a_run_is_drawn_and_a_bad_file_is_refused(tmp_path):

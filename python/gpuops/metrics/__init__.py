@@ -87,6 +87,15 @@ def _peak_flops(peak_tflops: Optional[float], gpu: Optional[str]) -> float:
     return catalog[max(matches, key=lambda n: len(n.split("-")))] * 1e12 if matches else 0.0
 
 
+def _as_value(name: str, value: Any) -> Optional[torch.Tensor]:
+    """A reported value as a tensor (kept as it is: not read): a tensor, a real number or None."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return torch.tensor(float(value), dtype=torch.float64)
+    raise TypeError(f"Recorder.step_done: {name} must be a tensor, a number or None, got {type(value).__name__}")
+
+
 class Recorder:
     """Records the figures of each optimizer step and writes one record per ``log_every`` steps to JSON Lines
     (``jsonl``) and CSV (``csv``) files. ``rank`` and ``world_size`` default to torch.distributed's; rank 0
@@ -130,10 +139,10 @@ class Recorder:
         """One optimizer step done: its loss (a tensor, not read here, or a number), the optimizer (its groups'
         learning rates), the GradScaler (its scale and skipped steps), the gradient norm ``clip_grad_norm_``
         returned, and the tokens and samples it trained on."""
-        if loss is not None and not isinstance(loss, torch.Tensor):
-            loss = torch.tensor(float(loss), dtype=torch.float64)
-        if grad_norm is not None and not isinstance(grad_norm, torch.Tensor):
-            grad_norm = torch.tensor(float(grad_norm), dtype=torch.float64)
+        loss, grad_norm = _as_value("loss", loss), _as_value("grad_norm", grad_norm)
+        for name, count in (("tokens", tokens), ("samples", samples)):
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise TypeError(f"Recorder.step_done: {name} must be an int >= 0, got {type(count).__name__}")
         scale, skipped = _scaler_tensors(scaler)
         self._native.step_done(step=self._step + 1, loss=loss, grad_norm=grad_norm, loss_scale=scale,
                                skipped_steps=skipped, lrs=_host_lrs(optimizer), tokens=tokens, samples=samples)
