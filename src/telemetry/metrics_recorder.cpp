@@ -162,8 +162,9 @@ struct MetricsRecorder::State {
     on_device.push_back(device);
   }
 
-  // The peak device memory since the last record, the allocator's retries and OOMs (CUDA: torch's caching
-  // allocator, read without a sync; the CPU: not reported).
+  // The peak device memory (since the process began or the user's last torch.cuda.reset_peak_memory_stats: the
+  // recorder does not reset it, which would change what the user reads), the allocator's retries and OOMs (CUDA:
+  // torch's caching allocator, read without a sync; the CPU: not reported).
   void memory_figures(std::vector<std::pair<std::string, double>>& out) const {
     double allocated = kNone, reserved = kNone, retries = kNone, ooms = kNone;
 #ifdef GPUOPS_WITH_CUDA
@@ -220,11 +221,12 @@ struct MetricsRecorder::State {
       device_values = device_rows.to(at::kCPU);  // the interval's one device-to-host read
       ++host_reads;
     }
+    const double* read = device_values.defined() ? device_values.data_ptr<double>() : nullptr;  // rows x kColumns
     for (int64_t i = 0; i < steps(); ++i) {
       double row[kColumns];
       bool has[kColumns];
       for (int64_t c = 0; c < kColumns; ++c) {
-        row[c] = on_device[i][c] ? device_values[i][c].item<double>() : host_rows[i][c];
+        row[c] = on_device[i][c] ? read[i * kColumns + c] : host_rows[i][c];
         has[c] = given[i][c];
       }
       totals.add(row, has);

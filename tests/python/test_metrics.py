@@ -213,6 +213,8 @@ def test_tflops_and_mfu_follow_a_flop_count_done_by_hand(monkeypatch):
         gpuops.metrics.Recorder(model="mixtral-8x7b", seq_len=4096)
     with pytest.raises(ValueError, match="seq_len"):
         gpuops.metrics.Recorder(model="llama-2-7b")
+    with pytest.raises(ValueError, match="peak_tflops must be a finite number > 0, got nan"):
+        gpuops.metrics.Recorder(peak_tflops=float("nan"), flops_per_token=1.0)
     with pytest.raises(ValueError, match="gpu 'B200' is not in the catalog"):
         gpuops.metrics.Recorder(peak_tflops=None, gpu="B200", flops_per_token=1.0)
 

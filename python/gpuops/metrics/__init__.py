@@ -72,6 +72,8 @@ def _peak_flops(peak_tflops: Optional[float], gpu: Optional[str]) -> float:
     """The peak FLOP/s MFU is measured against: given, the catalog GPU named, or the catalog GPU all of whose name's
     parts are words of the CUDA device's name ("NVIDIA A100-SXM4-80GB" is A100-80GB); 0 when none is known."""
     if peak_tflops is not None:
+        if isinstance(peak_tflops, bool) or not isinstance(peak_tflops, (int, float)) or not 0 < peak_tflops < math.inf:
+            raise ValueError(f"Recorder: peak_tflops must be a finite number > 0, got {peak_tflops!r}")
         return float(peak_tflops) * 1e12
     from ..estimator import gpu_catalog
 
