@@ -102,9 +102,9 @@ bool sdpa_math_path(const ModelSpec& m, const TrainingSetup& t, const Shape& x) 
 // two full-width copies instead. Measured on the CPU against Llama of the same shape, SDPA, frozen weights: HF
 // Phi-3 2 N·h more per layer with as many k/v heads as q heads and 1.25 N·h with a quarter; LitGPT 0.5.3's GPT
 // 2 N·h and 1.5 N·h. Eager attention is not measured.
-C fused_qkv_extra(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+C fused_qkv_extra(const ModelSpec& m, const Shape& x) {
   if (!m.fused_qkv || m.learned_positions || x.compiled) return 0;
-  if (t.model_code == ModelCode::LitGpt && m.num_kv_heads != m.num_heads)
+  if (m.kv_expanded_copies && m.num_kv_heads != m.num_heads)
     return 2 * x.N * (x.a - m.num_kv_heads) * x.d * x.e;
   return x.N * (x.a + m.num_kv_heads) * x.d * x.e;
 }
@@ -117,8 +117,8 @@ C block_attention_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape&
   if (t.attention == AttentionKind::Eager) return qkv_and_out + eager_scores_bytes(m, x) + softcap;
   if (sdpa_math_path(m, t, x)) return 3 * x.Nq() * 4 + 3 * x.scores() * 4 + x.Nq() * x.e;
   if (t.attention == AttentionKind::Sdpa && x.cpu)  // + mask (compiled: one shared mask, in extras)
-    return qkv_and_out + (x.compiled ? C(0) : x.b * x.s * x.s * x.e) + lse + fused_qkv_extra(m, t, x);
-  return qkv_and_out + lse + fused_qkv_extra(m, t, x);  // flash, or SDPA on CUDA (is_causal, no mask)
+    return qkv_and_out + (x.compiled ? C(0) : x.b * x.s * x.s * x.e) + lse + fused_qkv_extra(m, x);
+  return qkv_and_out + lse + fused_qkv_extra(m, x);  // flash, or SDPA on CUDA (is_causal, no mask)
 }
 
 C block_mlp_bytes(const ModelSpec& m, const Shape& x) {

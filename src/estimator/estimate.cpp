@@ -12,15 +12,13 @@
 
 #include "gpuops/estimator/state_layout.h"
 #include "gpuops/estimator/step_phases.h"
+#include "features/setup_feature.h"
 #include "step_trace.h"
 
 namespace gpuops::estimator {
 namespace {
 
 using C = CheckedInt;  // sizes: overflow throws SizeOverflow (see checked_int.h)
-
-// Bytes per element of trainable weights and of gradients.
-int64_t trainable_weight_bytes(const TrainingSetup& s) { return runs_in_16_bits(s) ? 2 : 4; }
 
 // Optimizer-state bytes for `n` trainable parameters (a local shard) in `tensors` parameter tensors.
 int64_t optimizer_bytes(int64_t n, int64_t tensors, const TrainingSetup& s, const DeviceProfile& device) {
@@ -33,11 +31,11 @@ int64_t optimizer_bytes(int64_t n, int64_t tensors, const TrainingSetup& s, cons
     case OptimizerKind::Sgd: return 0;
     case OptimizerKind::SgdMomentum: return (state * C(n)).get();  // momentum buffer
     case OptimizerKind::AdamW8bit:
-    case OptimizerKind::PagedAdamW8bit:  // where the bytes live: place_optimizer_state (state_layout.cpp)
+    case OptimizerKind::PagedAdamW8bit:  // where the bytes live: features/paged_optimizer.cpp
       // bitsandbytes block-wise 8-bit: two 1-byte states plus one fp32 absmax per 2048-value block each.
       return eight_bit_adam_state_bytes(n);
     case OptimizerKind::PagedAdamW32bit: return (8 * C(n)).get();  // two fp32 states whatever the params' dtype
-    case OptimizerKind::Adafactor: return 0;  // per tensor shape: adafactor_state_bytes (state_layout.cpp)
+    case OptimizerKind::Adafactor: return 0;  // per tensor shape: features/adafactor.cpp
   }
   return 0;
 }
@@ -90,7 +88,7 @@ int64_t zero_shard(int64_t count, const TrainingSetup& s, int from_stage) {
 // Non-parameter state of the module: GPT-2's per-layer causal-mask buffer (and its masked_bias scalar),
 // RoPE's inverse frequencies (an fp32 original is kept when the model is cast to bf16).
 int64_t buffer_bytes(const ModelSpec& m, const TrainingSetup& s) {
-  const int64_t pb = trainable_weight_bytes(s);
+  const int64_t pb = trainable_element_bytes(s);
   if (m.causal_mask_buffers) return (m.num_layers * (C(m.max_positions) * m.max_positions + pb)).get();
   if (m.family == ModelFamily::Decoder && !m.learned_positions) {
     const int64_t half = effective_head_dim(m) / 2;
@@ -107,29 +105,20 @@ int64_t trainable_tensor_count(const ModelSpec& m, const TrainingSetup& s) {
 }
 
 MemoryBreakdown persistent_memory(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
-  const int64_t wbytes = trainable_weight_bytes(s);
+  const int64_t wbytes = trainable_element_bytes(s);
   // Local shares: the flat layout divides totals (zero_shard), FSDP2 pads every tensor (state_layout.cpp).
   const int64_t local_weights = sharded_trainable_elements(m, s, 3), local_grads = sharded_trainable_elements(m, s, 2),
                 local_states = sharded_trainable_elements(m, s, 1);
   MemoryBreakdown b;
   b.weights = (C(local_weights) * wbytes + sharded_frozen_bytes(m, s) + buffer_bytes(m, s)).get();
   b.gradients = (C(local_grads) * wbytes).get();
-  if (s.zero_reduce_at_step) {
-    // gpuops' ZeroOptimizer: the whole flat gradient lives through the step; an fp32 shard beside it when
-    // stage 2 keeps one, or when 16-bit gradients are reduced in fp32.
-    const bool fp32_shard = s.zero_stage == 2 || wbytes != 4;
-    b.gradients = (C(trainable_parameter_count(m, s)) * wbytes + (fp32_shard ? 4 * C(local_states) : C(0))).get();
-  }
-  if (s.zero_bucket_bytes > 0) {  // ZeroOptimizer(reduce_in_backward): the fp32 shard; stage 1 keeps the flat gradient
-    const C flat = s.zero_stage == 1 ? C(trainable_parameter_count(m, s)) * wbytes : C(0);
-    b.gradients = (flat + 4 * C(local_states)).get();
-  }
-  if (s.sharding == ShardingLayout::Gpuops) b.gradients = (4 * C(local_states)).get();  // the fp32 gradient shards
   b.master_weights = is_mixed(s.precision) && s.amp == AmpLayout::MasterCopy ? (C(local_states) * 4).get() : 0;
-  b.optimizer_states = s.optimizer == OptimizerKind::Adafactor
-                           ? adafactor_state_bytes(m, s)
-                           : optimizer_bytes(local_states, trainable_tensor_count(m, s), s, device);
-  place_optimizer_state(m, s, device, b);  // paged and offloaded states move to host_memory
+  b.optimizer_states = optimizer_bytes(local_states, trainable_tensor_count(m, s), s, device);
+  // The setup's features: their own sizes first, then where the state lives (offloaded, paged).
+  const StepContext context{m, s, device};
+  const std::vector<const SetupFeature*> features = features_of(s);
+  for (const SetupFeature* f : features) f->persistent(context, b);
+  for (const SetupFeature* f : features) f->place(context, b);
   return b;
 }
 
@@ -263,10 +252,10 @@ int64_t largest_without_overflow(int64_t hi, F overflows_at) {
                                  m.name, s.seq_len, max));
 }
 
-// The model as the setup runs it: LitGPT's code fuses q, k and v into one linear on every architecture.
+// The model as the setup runs it (LitGPT's code fuses q, k and v on every architecture: features/model_code.cpp).
 ModelSpec as_run(const ModelSpec& m, const TrainingSetup& s) {
   ModelSpec run = m;
-  if (s.model_code == ModelCode::LitGpt) run.fused_qkv = true;
+  for (const SetupFeature* f : features_of(s)) f->run_model(run);
   return run;
 }
 

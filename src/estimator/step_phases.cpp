@@ -8,6 +8,7 @@
 #include "gpuops/estimator/estimate.h"
 #include "gpuops/estimator/param_tensors.h"
 #include "gpuops/estimator/state_layout.h"
+#include "features/setup_feature.h"
 
 namespace gpuops::estimator {
 namespace {
@@ -15,8 +16,6 @@ namespace {
 using C = CheckedInt;  // sizes: overflow throws SizeOverflow (see checked_int.h)
 
 bool has_lm_head(const ModelSpec& m) { return m.family == ModelFamily::Decoder || m.masked_lm_head; }
-
-int64_t trainable_element_bytes(const TrainingSetup& s) { return runs_in_16_bits(s) ? 2 : 4; }
 
 int64_t state_element_bytes(const TrainingSetup& s) { return s.precision == Precision::Bf16Pure ? 2 : 4; }
 
@@ -42,45 +41,6 @@ int64_t backward_extras(const ModelSpec& m, const TrainingSetup& s) {
       largest = std::max(largest, C(g.shape.in_features) * g.shape.out_features);
     bytes += 2 * largest;
   }
-  return bytes.get();
-}
-
-// gpuops' ZeroOptimizer reduces a 16-bit bucket in fp32 chunks of kZeroReduceChunk elements per rank, two in
-// flight, one bucket at a time: each chunk an fp32 copy of N ranks' chunks and, over Gloo (the CPU), its clone.
-int64_t fp32_reduce_chunks(const TrainingSetup& s, const DeviceProfile& device, int64_t bucket_elements) {
-  if (!runs_in_16_bits(s)) return 0;  // fp32 buckets are reduce-scattered as they are
-  const int64_t chunks = std::min(bucket_elements, (C(2) * s.num_gpus * kZeroReduceChunk).get());
-  return (C(chunks) * 4 * (device.is_cpu() ? 2 : 1)).get();
-}
-
-// gpuops' ZeroOptimizer reducing in the backward (TrainingSetup::zero_bucket_bytes): buckets are cut in
-// backward order, each up to zero_bucket_bytes unless one parameter is larger. Stage 2 allocates a bucket's
-// whole buffer at its first gradient and frees it once reduced; stage 1 keeps its flat gradient anyway
-// (persistent). At most three consecutive buckets are alive (two reducing, one filling): at the last block's
-// backward the untied LM head's bucket and two of the last blocks', at the end the embeddings' and two of
-// the first blocks' (bounded by the bucket of the largest such tensor outside the blocks and twice that of
-// the largest inside). Every launched bucket has its fp32 reduced shard and, on the CPU, Gloo's clone of its input
-// (ProcessGroupGloo reduce-scatters by all-reducing a clone; a 16-bit bucket's fp32 chunks instead, see
-// fp32_reduce_chunks). At the end all are launched and the first parameter's own gradient (autograd's, copied
-// into its bucket) is still held.
-int64_t buckets_in_flight(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device, StepPhase phase) {
-  const bool end = phase == StepPhase::BackwardEnd;
-  if (s.zero_bucket_bytes == 0 || !(end || phase == StepPhase::AttentionBackward)) return 0;
-  const int64_t g = trainable_element_bytes(s), total = trainable_parameter_count(m, s);
-  int64_t largest_outer = 0, largest_head = 0, largest_block = 0;
-  for (const ParamTensor& t : trainable_tensor_shapes(m, s)) {
-    (t.root ? largest_outer : largest_block) = std::max(t.root ? largest_outer : largest_block, t.elements());
-    if (t.lm_head) largest_head = std::max(largest_head, t.elements());  // an untied head: the first bucket
-  }
-  const int64_t cap = std::min(total, ceil_div(s.zero_bucket_bytes, g));  // a bucket past the model is the model
-  const int64_t outer = std::max(cap, end ? largest_outer : largest_head), block = std::max(cap, largest_block);
-  const int64_t alive = std::min(total, (C(outer) + 2 * C(block)).get());
-  const int64_t launched = end ? alive : std::min(std::max<int64_t>(total - block, 0), (C(outer) + block).get());
-  C bytes = C(ceil_div(launched, s.num_gpus)) * 4;                                // reduced shards
-  if (s.zero_stage == 2) bytes += C(alive) * g;                                   // bucket buffers
-  if (s.zero_stage == 2 && end) bytes += C(std::max(largest_outer, largest_block)) * g;  // the last gradient
-  if (device.is_cpu() && !runs_in_16_bits(s)) bytes += C(launched) * g;         // Gloo's clones
-  if (launched > 0) bytes += fp32_reduce_chunks(s, device, std::min(total, std::max(outer, block)));
   return bytes.get();
 }
 
@@ -117,15 +77,13 @@ int64_t loss_moment_bytes(const ModelSpec& m, const TrainingSetup& s, int64_t sa
 
 }  // namespace
 
-// Alive at every moment of the step: the loop's variable is replaced only by the next forward's output.
-int64_t held_logits_bytes(const ModelSpec& m, const TrainingSetup& s) {
-  if (s.held_logits == HeldLogits::None || !has_lm_head(m)) return 0;
-  const int64_t e = s.held_logits == HeldLogits::Fp32 ? 4 : compute_dtype_bytes(s.precision);
-  return (C(s.micro_batch) * s.seq_len * m.vocab_size * e).get();
-}
-
 int64_t optimizer_step_temporaries(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {
-  if (const auto own = state_step_temporaries(m, s, device)) return *own;  // Adafactor, paged, offloaded
+  // Adafactor, paged and offloaded optimizers decide their own (a later feature's answer replaces an earlier one's).
+  std::optional<int64_t> own;
+  const StepContext context{m, s, device};
+  for (const SetupFeature* f : features_of(s))
+    if (const auto bytes = f->step_temporaries(context)) own = bytes;
+  if (own) return *own;
   if (s.optimizer != OptimizerKind::Adam && s.optimizer != OptimizerKind::AdamW) return 0;  // in place
   OptimizerImpl impl = s.optimizer_impl;
   if (impl == OptimizerImpl::Default) impl = device.is_cpu() ? OptimizerImpl::ForLoop : OptimizerImpl::Foreach;
@@ -148,97 +106,59 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
                                               const MemoryBreakdown& persistent) {
   const ForwardSaved f = forward_saved(m, s, device);
   const C tokens = C(s.micro_batch) * s.seq_len, Nh = tokens * m.hidden_size;
-  const bool full_ft = s.lora.rank == 0;
   const int64_t pb = trainable_element_bytes(s);
   const int64_t all_grads = persistent.gradients;
   // Gradients are None in the forward and the early backward, unless accumulation keeps them.
-  const int64_t grads_so_far = gradients_alive_in_forward(s) ? all_grads : 0;
-  const int64_t extras = backward_extras(m, s);
+  const MomentTerms terms{f, gradients_alive_in_forward(s) ? all_grads : 0,
+                          s.lora.rank == 0 && has_lm_head(m) ? (C(m.vocab_size) * m.hidden_size * pb).get() : 0,
+                          backward_extras(m, s), (Nh * pb).get()};
 
   MemoryBreakdown base = persistent;
   base.gradients = 0;
-  std::vector<MemoryBreakdown> phases(4, base);
+  Moments phases(4, base);
 
   // Backward at the loss: log-softmax's backward holds its saved output, the incoming and the produced
   // fp32 logit gradients; the shifted labels are already freed.
-  MemoryBreakdown& loss = phases[static_cast<int>(StepPhase::LossBackward)];
+  MemoryBreakdown& loss = moment(phases, StepPhase::LossBackward);
   loss.peak_phase = StepPhase::LossBackward;
-  loss.gradients = grads_so_far;
+  loss.gradients = terms.gradients_so_far;
   loss.activations = f.total() - f.loss;
   loss.logits = has_lm_head(m) ? loss_moment_bytes(m, s, f.loss) : 0;
-  loss.temporaries = extras;
-  loss.temporaries = (C(loss.temporaries) + unsharded_bytes(m, s, StepPhase::LossBackward)).get();  // ZeRO-3/FSDP2
-  // (gpuops' stage 3 holds the head's gradient in unit 0's buffer: unsharded_bytes)
-  const int64_t head_grad = full_ft && has_lm_head(m) && s.sharding != ShardingLayout::Gpuops
-                                ? (C(m.vocab_size) * m.hidden_size * pb).get()
-                                : 0;
-  // gpuops' ZeroOptimizer reducing in the backward: the first gradient (the LM head's; the final norm's under
-  // a tied head) allocates the first bucket whole right after the loss. That moment holds the loss moment's
-  // activations, the head's weight and input gradients and the bucket, and can pass the logit gradients'.
-  if (s.zero_bucket_bytes > 0 && has_lm_head(m)) {
-    MemoryBreakdown head = loss;
-    head.logits = 0;
-    head.gradients = (C(grads_so_far) + head_grad).get();
-    head.temporaries = (Nh * pb + extras + buckets_in_flight(m, s, device, StepPhase::AttentionBackward)).get();
-    if (head.total() > loss.total()) loss = head;
-  }
-
-  if (s.sharding == ShardingLayout::Gpuops && has_lm_head(m)) {  // gpuops' stage 3: unit 0's gradient buffer
-    MemoryBreakdown head = loss;
-    head.logits = 0;
-    head.temporaries = (Nh * pb + extras + gpuops_head_bytes(m, s)).get();
-    if (head.total() > loss.total()) loss = head;
-  }
+  loss.temporaries = (C(terms.backward_extras) + unsharded_bytes(m, s, StepPhase::LossBackward)).get();
 
   // Backward through the last block's attention: the head's tensors are freed, the LM-head gradient and
   // the hidden-state gradient exist; the block's MLP half is freed (or, checkpointed, the block has just
   // been recomputed, attention half included).
-  MemoryBreakdown& attn = phases[static_cast<int>(StepPhase::AttentionBackward)];
+  MemoryBreakdown& attn = moment(phases, StepPhase::AttentionBackward);
   attn.peak_phase = StepPhase::AttentionBackward;
-  attn.gradients = std::max(grads_so_far, head_grad);
+  attn.gradients = std::max(terms.gradients_so_far, terms.head_gradient);
   attn.activations = (C(f.total()) - f.loss - f.final_norm +
                       (f.last_block_checkpointed ? f.block_attention - f.last_block_cache : -f.block_mlp)).get();
   if (m.family == ModelFamily::ParamsOnly) attn.activations = 0;
-  attn.temporaries = (Nh * (runs_in_16_bits(s) ? 2 : 4) + attention_backward_bytes(m, s, device) + extras).get();
-  attn.temporaries = (C(attn.temporaries) + unsharded_bytes(m, s, StepPhase::AttentionBackward) +
-                      buckets_in_flight(m, s, device, StepPhase::AttentionBackward)).get();
+  attn.temporaries = (C(terms.hidden_gradient) + attention_backward_bytes(m, s, device) + terms.backward_extras +
+                      unsharded_bytes(m, s, StepPhase::AttentionBackward)).get();
 
   // End of the backward: every gradient. A tied embedding gets its second gradient (the embedding
   // backward's dense V x h) accumulated out of place: old, new and sum alive together; under autocast the
   // LM-head gradient arrived through an fp32 copy, leaving one extra.
-  MemoryBreakdown& end = phases[static_cast<int>(StepPhase::BackwardEnd)];
+  MemoryBreakdown& end = moment(phases, StepPhase::BackwardEnd);
   end.peak_phase = StepPhase::BackwardEnd;
   end.gradients = all_grads;
   end.activations = f.inputs;
   const bool autocast = is_mixed(s.precision) && s.amp == AmpLayout::Autocast;
-  if (full_ft && m.tied_embeddings && m.family == ModelFamily::Decoder)
+  if (s.lora.rank == 0 && m.tied_embeddings && m.family == ModelFamily::Decoder)
     end.temporaries = ((autocast ? 1 : 2) * C(m.vocab_size) * m.hidden_size * pb).get();
-  // The tied gradient's sum comes before the last reductions (buckets_in_flight hold that sum as the last gradient).
-  end.temporaries = std::max(end.temporaries, buckets_in_flight(m, s, device, StepPhase::BackwardEnd));
   end.temporaries = (C(end.temporaries) + unsharded_bytes(m, s, StepPhase::BackwardEnd)).get();  // FSDP2's root
 
   // The optimizer step: activations are gone; the optimizer's own temporaries.
-  MemoryBreakdown& step = phases[static_cast<int>(StepPhase::OptimizerStep)];
+  MemoryBreakdown& step = moment(phases, StepPhase::OptimizerStep);
   step.peak_phase = StepPhase::OptimizerStep;
-  step.gradients = s.offload_optimizer ? 0 : all_grads;  // offloaded: copied to the host during the backward
+  step.gradients = all_grads;
   step.activations = f.inputs;
   step.temporaries = optimizer_step_temporaries(m, s, device);
-  // gpuops' ZeroOptimizer over Gloo (the CPU): after the step every bucket's all-gather gathers into a flat
-  // copy of it; reducing at the step, every bucket's reduce-scatter first all-reduced a clone of it, which
-  // Gloo's worker thread may still hold when the all-gathers start (measured: now and then both, 2 x the
-  // gradient's bytes, on llama-gqa-untied's stage 1; stage 2 has freed its flat gradient by then).
-  if (device.is_cpu() && s.num_gpus > 1 && (s.zero_reduce_at_step || s.zero_bucket_bytes > 0)) {
-    const bool clones_linger = s.zero_reduce_at_step && s.zero_stage == 1 && !runs_in_16_bits(s);
-    const C copies = C(trainable_parameter_count(m, s)) * pb * (clones_linger ? 2 : 1);
-    step.temporaries = std::max(step.temporaries, copies.get());
-  }
-  // Reducing at the step, a 16-bit bucket's fp32 chunks come before the step (buckets up to 25 MiB, the
-  // default; bounded by the model).
-  if (s.zero_reduce_at_step && s.num_gpus > 1) {
-    const int64_t bucket = std::min(trainable_parameter_count(m, s), ceil_div(int64_t{25} << 20, pb));
-    step.temporaries = std::max(step.temporaries, fp32_reduce_chunks(s, device, bucket));
-  }
-  for (MemoryBreakdown& p : phases) p.logits = (C(p.logits) + held_logits_bytes(m, s)).get();
+
+  const StepContext context{m, s, device};
+  for (const SetupFeature* feature : features_of(s)) feature->moments(context, terms, phases);
   return phases;
 }
 

@@ -15,6 +15,7 @@
 
 #include "gpuops/errors.h"
 #include "gpuops/estimator/state_layout.h"
+#include "features/setup_feature.h"
 
 namespace gpuops::estimator {
 namespace {
@@ -103,14 +104,7 @@ void validate_activation_setups(const TrainingSetup& s, const ModelSpec& m) {
   GPUOPS_CHECK_ARG(std::isfinite(s.lora_dropout) && s.lora_dropout >= 0.0 && s.lora_dropout < 1.0,
                    "lora-dropout {} is not accepted; accepted: a probability 0 <= p < 1", s.lora_dropout);
   check_enum(kHeldLogits, s.held_logits, "held-logits");
-  GPUOPS_CHECK_ARG(s.held_logits == HeldLogits::None || lm_head,
-                   "held-logits {} needs a model with a language-model head; model '{}' has none; accepted: none",
-                   to_string(s.held_logits), m.name);
   check_enum(kModelCodes, s.model_code, "model-code");
-  GPUOPS_CHECK_ARG(s.model_code == ModelCode::HuggingFace ||
-                       (m.family == ModelFamily::Decoder && !m.learned_positions && m.kv_lora_rank == 0),
-                   "model-code {} runs decoders with RoPE and q/k/v projections; model '{}' is not one; accepted: hf",
-                   to_string(s.model_code), m.name);
   GPUOPS_CHECK_ARG(s.lora_dropout == 0.0 || s.lora.rank > 0,
                    "lora-dropout {} needs LoRA; accepted: lora-dropout 0 without lora-rank, or lora-rank >= 1",
                    s.lora_dropout);
@@ -307,7 +301,8 @@ void validate(const TrainingSetup& s, const ModelSpec& m) {
                      "seq {} exceeds the {} learned positions of model '{}'; accepted: 1 to {}", s.seq_len,
                      m.max_positions, m.name, m.max_positions);
   }
-  validate_state_options(s, m);  // optimizers, offload, sharding (state_layout.cpp)
+  validate_state_options(s, m);  // sharding layouts (state_layout.cpp)
+  validate_features(s, m);       // every setup feature's own options (features/)
   const auto& lora = s.lora;
   GPUOPS_CHECK_ARG(lora.rank >= 0, "lora-rank must be >= 0 (0 = no LoRA), got {}", lora.rank);
   if (lora.rank == 0) {

@@ -39,6 +39,7 @@ struct ModelSpec {
   bool dropout = false;           ///< dropout on embeddings and the residual stream (saves masks)
   bool attention_dropout = false; ///< dropout on the attention probabilities (saves s x s masks)
   bool fused_qkv = false;         ///< q, k and v come from one linear (GPT-2's c_attn): one saved input
+  bool kv_expanded_copies = false;  ///< grouped k and v expanded to every head as copies, not views (LitGPT's code)
   bool composite_gelu = false;    ///< GELU written as tensor ops (GPT-2's gelu_new): 3 more saved intermediates
   bool softmax_upcast = false;    ///< eager attention's softmax runs in fp32 and is cast back (Llama family)
   bool causal_mask_buffers = false;  ///< a bool max_positions x max_positions causal mask per layer (GPT-2)

@@ -41,17 +41,6 @@ int64_t sharded_frozen_bytes(const ModelSpec& model, const TrainingSetup& setup)
 /// fp32 partitions, which Adafactor sees as 1-D) a full second moment of the local partition.
 int64_t adafactor_state_bytes(const ModelSpec& model, const TrainingSetup& setup);
 
-/// Moves the optimizer state to the host where the setup says so: paged optimizers (states of tensors of
-/// >= kPagedMinElements values, on CUDA only) and offload_optimizer (states, fp32 master and fp32
-/// gradient partition). `b` holds persistent_memory's device figures on entry.
-void place_optimizer_state(const ModelSpec& model, const TrainingSetup& setup, const DeviceProfile& device,
-                           MemoryBreakdown& b);
-
-/// Optimizer-step temporaries on the device for the optimizers and placements of this file (Adafactor,
-/// paged, offloaded); nullopt for the others (step_phases.cpp's Adam / SGD model).
-std::optional<int64_t> state_step_temporaries(const ModelSpec& model, const TrainingSetup& setup,
-                                              const DeviceProfile& device);
-
 /// Unsharded parameters and gradients of ZeRO-3 / FSDP2 alive at `phase` (both layouts, one function):
 /// flat ZeRO-3: the gathered weights of the current and the prefetched block in the backward moments;
 /// FSDP2: the same with reshard_after_forward (every block's without), plus the root module's parameters

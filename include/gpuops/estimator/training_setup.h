@@ -174,10 +174,7 @@ int64_t compute_dtype_bytes(Precision p);
 
 /// True when the gradients exist during the forward and the early backward: kept zeroed between steps, or
 /// accumulated over several micro-batches.
-inline bool gradients_alive_in_forward(const TrainingSetup& s) {
-  return s.grad_accum > 1 || !s.grads_set_to_none || s.zero_reduce_at_step || s.zero_bucket_bytes > 0 ||
-         s.sharding == ShardingLayout::Gpuops;  // its fp32 gradient shards live from construction on
-}
+bool gradients_alive_in_forward(const TrainingSetup& setup);  // src/estimator/features/features.cpp
 
 /// "backward" or "step" (TrainingSetup::zero_reduce_at_step); ArgumentError naming --zero-reduce otherwise.
 bool parse_zero_reduce(std::string_view text);

@@ -1,0 +1,35 @@
+// The registry of setup features (setup_feature.h): the one list of units, in the order they apply. A new
+// setup option is a new unit here plus its CLI option and Python keyword.
+#include "setup_feature.h"
+
+namespace gpuops::estimator {
+
+const std::vector<const SetupFeature*>& all_features() {
+  // Order matters where two units touch one figure: the states' sizes (Adafactor) before their placement
+  // (offload, paging), whose step temporaries then replace Adafactor's.
+  static const std::vector<const SetupFeature*> features = {
+      &model_code_feature(),     &adafactor_feature(),       &gpuops_zero12_feature(), &gpuops_stage3_feature(),
+      &offload_feature(),        &paged_optimizer_feature(), &held_logits_feature(),
+  };
+  return features;
+}
+
+std::vector<const SetupFeature*> features_of(const TrainingSetup& setup) {
+  std::vector<const SetupFeature*> on;
+  for (const SetupFeature* f : all_features())
+    if (f->on(setup)) on.push_back(f);
+  return on;
+}
+
+void validate_features(const TrainingSetup& setup, const ModelSpec& model) {
+  for (const SetupFeature* f : all_features()) f->validate(setup, model);
+}
+
+bool gradients_alive_in_forward(const TrainingSetup& s) {
+  if (s.grad_accum > 1 || !s.grads_set_to_none) return true;
+  for (const SetupFeature* f : features_of(s))
+    if (f->gradients_before_backward()) return true;
+  return false;
+}
+
+}  // namespace gpuops::estimator

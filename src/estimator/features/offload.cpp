@@ -1,0 +1,47 @@
+// ZeRO-Offload of the optimizer (TrainingSetup::offload_optimizer, DeepSpeed's): the host holds the optimizer
+// states, the fp32 master partition and the fp32 gradient partition the CPU optimizer reads, and runs the step;
+// the device keeps the model's weights. Gradients are copied to the host during the backward.
+#include "gpuops/errors.h"
+#include "gpuops/estimator/state_layout.h"
+#include "setup_feature.h"
+
+namespace gpuops::estimator {
+namespace {
+
+using C = CheckedInt;
+
+class OffloadFeature final : public SetupFeature {
+ public:
+  void validate(const TrainingSetup& s, const ModelSpec&) const override {
+    if (!on(s)) return;
+    GPUOPS_CHECK_ARG(s.optimizer == OptimizerKind::AdamW || s.optimizer == OptimizerKind::Adam ||
+                         s.optimizer == OptimizerKind::SgdMomentum || s.optimizer == OptimizerKind::Adafactor,
+                     "offload-optimizer with optimizer {} is not accepted ({}); accepted: adamw, adam, sgd-momentum, "
+                     "adafactor", to_string(s.optimizer),
+                     s.optimizer == OptimizerKind::Sgd ? "plain SGD has no state to offload"
+                                                       : "bitsandbytes' optimizers step on the GPU");
+    GPUOPS_CHECK_ARG(s.sharding != ShardingLayout::Fsdp2, "offload-optimizer models DeepSpeed's ZeRO-Offload (flat "
+                     "partitions); FSDP2's CPUOffloadPolicy also offloads the parameters and is not modelled; "
+                     "accepted: sharding flat");
+  }
+  bool on(const TrainingSetup& s) const override { return s.offload_optimizer; }
+  void place(const StepContext& c, MemoryBreakdown& b) const override {
+    const int64_t local = sharded_trainable_elements(c.model, c.setup, 1);
+    b.host_memory = (C(b.host_memory) + b.optimizer_states + 4 * C(local) + 4 * C(local)).get();
+    b.optimizer_states = 0;
+    b.master_weights = 0;
+  }
+  std::optional<int64_t> step_temporaries(const StepContext&) const override { return 0; }  // on the CPU
+  void moments(const StepContext&, const MomentTerms&, Moments& moments) const override {
+    moment(moments, StepPhase::OptimizerStep).gradients = 0;  // already on the host
+  }
+};
+
+}  // namespace
+
+const SetupFeature& offload_feature() {
+  static const OffloadFeature feature;
+  return feature;
+}
+
+}  // namespace gpuops::estimator

@@ -1,0 +1,87 @@
+#pragma once
+// A setup feature of the estimator: all that one TrainingSetup option changes in an estimate, in one unit
+// (src/estimator/features/<name>.cpp). The core walks a step in order (the model as run, its persistent state,
+// the forward, the four moments, the allocator's trace) and at each stage lets the features the setup turns on
+// contribute, in registry order (features.cpp), a later one adjusting what an earlier one made. The core itself
+// reads no option that a feature owns. Private to src/estimator.
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "gpuops/estimator/activations.h"
+#include "gpuops/estimator/device_profile.h"
+#include "gpuops/estimator/memory_breakdown.h"
+#include "gpuops/estimator/model_spec.h"
+#include "gpuops/estimator/training_setup.h"
+
+namespace gpuops::estimator {
+
+/// What every stage of the walk is computed from (the model as run).
+struct StepContext {
+  const ModelSpec& model;
+  const TrainingSetup& setup;
+  const DeviceProfile& device;
+};
+
+/// The core's figures of the backward that a feature's moments build on.
+struct MomentTerms {
+  const ForwardSaved& forward;
+  int64_t gradients_so_far = 0;  ///< gradients alive before the backward made any (accumulated, kept, or none)
+  int64_t head_gradient = 0;     ///< the LM head's weight gradient (full fine-tune with an LM head), else 0
+  int64_t backward_extras = 0;   ///< transients of every backward moment (a quantised base's dequantised weight)
+  int64_t hidden_gradient = 0;   ///< one hidden-state gradient, N x h in the trainable dtype
+};
+
+/// One breakdown per StepPhase, in enum order.
+using Moments = std::vector<MemoryBreakdown>;
+inline MemoryBreakdown& moment(Moments& moments, StepPhase phase) { return moments[static_cast<size_t>(phase)]; }
+
+class SetupFeature {
+ public:
+  virtual ~SetupFeature() = default;
+  /// Checks of this feature's options and their consistency with the model and the rest of the setup; called
+  /// for every feature, on or off (an option given without its feature is refused here). ArgumentError.
+  virtual void validate(const TrainingSetup&, const ModelSpec&) const {}
+  /// True when `setup` turns the feature on; only then does it contribute below.
+  virtual bool on(const TrainingSetup& setup) const = 0;
+
+  /// 1. The model as the setup runs it.
+  virtual void run_model(ModelSpec&) const {}
+  /// 2. Persistent state on one device: sizes of the weights, gradients, master weights and states.
+  virtual void persistent(const StepContext&, MemoryBreakdown&) const {}
+  /// 2b. Where that state lives (moves bytes to host_memory), after every feature's sizes.
+  virtual void place(const StepContext&, MemoryBreakdown&) const {}
+  /// Gradients (or their shards) exist before the backward makes them: from construction or kept between steps.
+  virtual bool gradients_before_backward() const { return false; }
+  /// 3. Bytes the optimizer step allocates for itself, where this feature decides them (a later feature's
+  ///    answer replaces an earlier one's); nullopt: not this feature's to say.
+  virtual std::optional<int64_t> step_temporaries(const StepContext&) const { return std::nullopt; }
+  /// 4. Unsharded parameters and gradients (ZeRO-3 layouts) alive at a backward moment, added to its temporaries.
+  virtual int64_t gathered_bytes(const ModelSpec&, const TrainingSetup&, StepPhase) const { return 0; }
+  /// 4b. Anything else at the moments, once the core has built all four.
+  virtual void moments(const StepContext&, const MomentTerms&, Moments&) const {}
+  /// 5. Bytes allocated before the first step that stay alive through every step (the allocator's trace).
+  virtual int64_t held_through_steps(const StepContext&) const { return 0; }
+};
+
+/// Every feature, in the order their contributions apply.
+const std::vector<const SetupFeature*>& all_features();
+/// The features `setup` turns on, in that order.
+std::vector<const SetupFeature*> features_of(const TrainingSetup& setup);
+/// Runs every feature's validate.
+void validate_features(const TrainingSetup& setup, const ModelSpec& model);
+
+/// Bytes of one trainable weight or gradient element: 2 when the model runs in 16 bits, else 4.
+inline int64_t trainable_element_bytes(const TrainingSetup& s) { return runs_in_16_bits(s) ? 2 : 4; }
+
+// The units (features/<name>.cpp), each one object.
+const SetupFeature& adafactor_feature();
+const SetupFeature& gpuops_zero12_feature();
+const SetupFeature& gpuops_stage3_feature();
+const SetupFeature& offload_feature();
+const SetupFeature& paged_optimizer_feature();
+const SetupFeature& held_logits_feature();
+const SetupFeature& model_code_feature();
+
+}  // namespace gpuops::estimator
