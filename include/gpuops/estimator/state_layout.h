@@ -1,7 +1,7 @@
 #pragma once
-// Where the persistent training state lives and how it is cut: Adafactor's factored states, bitsandbytes'
-// paged optimizers, ZeRO-Offload of the optimizer, FSDP2's per-tensor sharding and its unsharded buffers
-// (docs/estimator.md, "Optimizers, offload and sharding"). Torch-free.
+// How the persistent training state is cut: quantised and 8-bit sizes, each layout's local share and unsharded
+// buffers (docs/estimator.md, "Optimizers, offload and sharding"). Torch-free. The terms of each setup feature
+// (Adafactor, paged optimizers, offload, FSDP2, ZeRO-3, gpuops' stage 3) live in its unit, src/estimator/features/.
 
 #include <cstdint>
 #include <optional>

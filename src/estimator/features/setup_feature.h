@@ -48,9 +48,17 @@ class SetupFeature {
 
   /// 1. The model as the setup runs it.
   virtual void run_model(ModelSpec&) const {}
-  /// 2. Persistent state on one device: sizes of the weights, gradients, master weights and states.
+  /// 2. A sharding layout's local share of the trainable elements from ZeRO stage `from_stage` on, and of the
+  ///    frozen (LoRA base) bytes; nullopt: the core's flat partitions (zero_shard).
+  virtual std::optional<int64_t> local_trainable_elements(const ModelSpec&, const TrainingSetup&, int) const {
+    return std::nullopt;
+  }
+  virtual std::optional<int64_t> local_frozen_bytes(const ModelSpec&, const TrainingSetup&) const {
+    return std::nullopt;
+  }
+  /// 2b. Persistent state on one device: sizes of the weights, gradients, master weights and states.
   virtual void persistent(const StepContext&, MemoryBreakdown&) const {}
-  /// 2b. Where that state lives (moves bytes to host_memory), after every feature's sizes.
+  /// 2c. Where that state lives (moves bytes to host_memory), after every feature's sizes.
   virtual void place(const StepContext&, MemoryBreakdown&) const {}
   /// Gradients (or their shards) exist before the backward makes them: from construction or kept between steps.
   virtual bool gradients_before_backward() const { return false; }
@@ -78,6 +86,8 @@ inline int64_t trainable_element_bytes(const TrainingSetup& s) { return runs_in_
 // The units (features/<name>.cpp), each one object.
 const SetupFeature& adafactor_feature();
 const SetupFeature& gpuops_zero12_feature();
+const SetupFeature& zero3_flat_feature();
+const SetupFeature& fsdp2_feature();
 const SetupFeature& gpuops_stage3_feature();
 const SetupFeature& offload_feature();
 const SetupFeature& paged_optimizer_feature();
