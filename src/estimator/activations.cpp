@@ -6,9 +6,11 @@
 #include "gpuops/estimator/activations.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "gpuops/estimator/estimate.h"
 #include "gpuops/estimator/param_tensors.h"
+#include "features/setup_feature.h"
 
 namespace gpuops::estimator {
 namespace {
@@ -41,10 +43,9 @@ struct Shape {
 
 Shape shape_of(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& dev) {
   Shape x{};
-  // A LoRA base in 16 bits makes the residual stream 16-bit even under autocast.
-  const bool half = runs_in_16_bits(t) ||
-                    (t.lora.rank > 0 && t.precision != Precision::Fp32 && t.lora.base != BaseWeightDtype::Fp32);
-  x.mode = t.precision == Precision::Fp32 ? Numerics::Fp32 : half ? Numerics::Half : Numerics::Autocast;
+  x.mode = t.precision == Precision::Fp32 ? Numerics::Fp32
+           : residual_stream_bytes(t) == 2 ? Numerics::Half
+                                           : Numerics::Autocast;
   x.b = t.micro_batch, x.s = t.seq_len, x.N = x.b * x.s;
   x.h = m.hidden_size, x.V = m.vocab_size, x.i = m.intermediate_size, x.L = m.num_layers;
   x.a = m.num_heads, x.d = effective_head_dim(m);
@@ -193,19 +194,12 @@ C selective_cache_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape&
   return bytes;
 }
 
-// The loss's saved bytes. Standard (Hugging Face): the fp32 log-softmax, the shifted int64 labels, the loss;
-// compiled (standard or chunked), the logits in the compute dtype, two fp32 values per row and labels padded
-// by one per sequence. Chunked (eager): the log-softmax of every chunk is saved, N x V fp32 in all. Fused linear CE (Liger): the
-// input gradient (final-norm dtype), the LM-head weight gradient (full fine-tune), the fp32 per-token loss.
-C loss_bytes(const TrainingSetup& t, const Shape& x) {
-  const C labels = x.N * 8 + 4;
-  if (t.loss == LossKind::FusedLinearCe) {
-    const C weight_grad = t.lora.rank == 0 ? x.V * x.h * (runs_in_16_bits(t) ? 2 : 4) : C(0);
-    return x.N * x.h * x.r + weight_grad + x.N * 4 + labels;
-  }
-  // Compiled, a chunked loss is compiled chunk by chunk (torchtune compiles its loss with the model): the same.
+// The loss's saved bytes (Hugging Face's cross-entropy): the fp32 log-softmax, the shifted int64 labels, the
+// loss; compiled, the logits in the compute dtype, two fp32 values per row and labels padded by one per
+// sequence. A loss feature (features/) may compute its own instead.
+C loss_bytes(const Shape& x) {
   if (x.compiled) return x.N * x.V * x.e + 2 * x.N * 4 + x.b * (x.s + 1) * 8 + 4;
-  return x.N * x.V * 4 + labels;
+  return x.N * x.V * 4 + x.N * 8 + 4;
 }
 
 // ---- LoRA as PEFT runs it (docs/estimator.md, "What the forward saves"; FINDINGS.md, "LoRA (PEFT)"):
@@ -467,10 +461,27 @@ ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const Dev
   if (m.family == ModelFamily::Decoder && x.compiled && x.mode == Numerics::Autocast)
     f.final_norm = (2 * Nh * 2 + x.N * 4).get();
   if (m.masked_lm_head) f.final_norm = (norm_bytes(m, x, 1) + 2 * Nh * x.e).get();  // + dense input, GELU input
-  if (m.family == ModelFamily::Decoder || m.masked_lm_head) f.loss = loss_bytes(t, x).get();
-  if (m.final_logit_softcapping > 0 && t.loss != LossKind::FusedLinearCe) f.loss = (C(f.loss) + x.N * x.V * x.e).get();  // Gemma-2: tanh(logits / cap)
+  if (m.family == ModelFamily::Decoder || m.masked_lm_head) {
+    std::optional<int64_t> own;  // a loss feature's (chunked: the same; fused linear CE: no logits at all)
+    const StepContext context{m, t, dev};
+    for (const SetupFeature* feature : features_of(t))
+      if (const auto bytes = feature->loss_saved(context)) own = bytes;
+    if (own) {
+      f.loss = *own;
+    } else {
+      f.loss = loss_bytes(x).get();
+      if (m.final_logit_softcapping > 0) f.loss = (C(f.loss) + x.N * x.V * x.e).get();  // Gemma-2: tanh(logits / cap)
+    }
+  }
   f.total();  // the sum must fit too
   return f;
+}
+
+int64_t residual_stream_bytes(const TrainingSetup& t) {
+  // A LoRA base in 16 bits makes the residual stream 16-bit even under autocast.
+  const bool half = runs_in_16_bits(t) ||
+                    (t.lora.rank > 0 && t.precision != Precision::Fp32 && t.lora.base != BaseWeightDtype::Fp32);
+  return t.precision != Precision::Fp32 && half ? 2 : 4;
 }
 
 int64_t attention_backward_bytes(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& dev) {

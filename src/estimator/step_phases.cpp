@@ -44,35 +44,17 @@ int64_t backward_extras(const ModelSpec& m, const TrainingSetup& s) {
   return bytes.get();
 }
 
-// The head's bytes at the loss moment (`saved`: the loss's saved bytes, ForwardSaved::loss).
-// Standard: log-softmax's backward holds its saved output, the incoming and the produced fp32 logit
-// gradients; the shifted labels are freed. Chunked (torchtune's CEWithChunkedOutputLoss, eager): the larger
-// of the end of the loss's forward (every chunk's logits in the compute dtype still held by the caller, the
-// last chunk's fp32 upcast) and the first chunk's backward (two fp32 gradients of one chunk). Fused linear
-// CE (Liger): its gradients are made in the forward; the transient is one chunk of logits, chunk =
-// next_pow2(ceil(N / ceil(V / h))) tokens, in the compute dtype. Compiled chunked loss (torchtune compiles
-// each chunk's loss): the saved compute-dtype logits, then one chunk's gradient.
-int64_t loss_moment_bytes(const ModelSpec& m, const TrainingSetup& s, int64_t saved) {
-  const C N = C(s.micro_batch) * s.seq_len, V = m.vocab_size;
-  const int64_t e = compute_dtype_bytes(s.precision);
-  switch (s.loss) {
-    case LossKind::Standard: return (C(saved) + 2 * N * V * 4 - N * 8).get();
-    case LossKind::Chunked: {
-      const C chunk = ceil_div(N.get(), s.loss_chunks);
-      // Compiled: the saved logits are all there is; a chunk's backward makes its gradient in the compute dtype.
-      if (s.compile) return (C(saved) + chunk * V * e).get();
-      const C backward = C(saved) - N * 8 + 2 * chunk * V * 4;
-      const C forward = C(saved) + N * V * e + (e == 4 ? C(0) : chunk * V * 4);
-      return std::max(backward.get(), forward.get());
-    }
-    case LossKind::FusedLinearCe: {
-      const int64_t per_chunk_growth = ceil_div(m.vocab_size, m.hidden_size);
-      int64_t chunk = 1;
-      while (chunk < ceil_div(N.get(), per_chunk_growth)) chunk *= 2;
-      return (C(saved) + C(std::min(chunk, N.get())) * V * e).get();
-    }
-  }
-  return saved;
+// The head's bytes at the loss moment (`saved`: the loss's saved bytes, ForwardSaved::loss): log-softmax's
+// backward holds its saved output, the incoming and the produced fp32 logit gradients; the shifted labels are
+// freed. A loss feature (features/) may say its own.
+int64_t loss_moment_bytes(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device, int64_t saved) {
+  std::optional<int64_t> own;
+  const StepContext context{m, s, device};
+  for (const SetupFeature* f : features_of(s))
+    if (const auto bytes = f->loss_moment(context, saved)) own = bytes;
+  if (own) return *own;
+  const C N = C(s.micro_batch) * s.seq_len;
+  return (C(saved) + 2 * N * m.vocab_size * 4 - N * 8).get();
 }
 
 }  // namespace
@@ -123,7 +105,7 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   loss.peak_phase = StepPhase::LossBackward;
   loss.gradients = terms.gradients_so_far;
   loss.activations = f.total() - f.loss;
-  loss.logits = has_lm_head(m) ? loss_moment_bytes(m, s, f.loss) : 0;
+  loss.logits = has_lm_head(m) ? loss_moment_bytes(m, s, device, f.loss) : 0;
   loss.temporaries = (C(terms.backward_extras) + unsharded_bytes(m, s, StepPhase::LossBackward)).get();
 
   // Backward through the last block's attention: the head's tensors are freed, the LM-head gradient and

@@ -94,13 +94,6 @@ void check_enum(const Names<E, N>& names, E value, const char* argument) {
 void validate_activation_setups(const TrainingSetup& s, const ModelSpec& m) {
   GPUOPS_CHECK_ARG(s.loss == LossKind::Standard || s.loss == LossKind::Chunked || s.loss == LossKind::FusedLinearCe,
                    "loss {} is out of range; accepted: standard, chunked:C, fused-linear-ce", static_cast<int>(s.loss));
-  if (s.loss == LossKind::Chunked)
-    GPUOPS_CHECK_ARG(s.loss_chunks >= 1, "loss chunked:{} is not accepted; accepted: chunked:C with C >= 1",
-                     s.loss_chunks);
-  const bool lm_head = m.family == ModelFamily::Decoder || m.masked_lm_head;
-  GPUOPS_CHECK_ARG(s.loss == LossKind::Standard || lm_head,
-                   "loss {} needs a model with a language-model head; model '{}' has none; accepted: standard",
-                   s.loss == LossKind::Chunked ? fmt::format("chunked:{}", s.loss_chunks) : "fused-linear-ce", m.name);
   GPUOPS_CHECK_ARG(std::isfinite(s.lora_dropout) && s.lora_dropout >= 0.0 && s.lora_dropout < 1.0,
                    "lora-dropout {} is not accepted; accepted: a probability 0 <= p < 1", s.lora_dropout);
   check_enum(kHeldLogits, s.held_logits, "held-logits");

@@ -28,6 +28,10 @@ struct ForwardSaved {
 /// Saved bytes of the forward for `setup` (arguments are assumed validated).
 ForwardSaved forward_saved(const ModelSpec& model, const TrainingSetup& setup, const DeviceProfile& device);
 
+/// Bytes of one element of the residual stream and the norms' inputs: 2 when the model runs in 16 bits (or a
+/// 16-bit LoRA base under mixed precision), else 4.
+int64_t residual_stream_bytes(const TrainingSetup& setup);
+
 /// Transient bytes of one block's attention backward: score gradients (eager, or the CPU's math SDPA
 /// with dropout) or the q/k/v gradients of a flash kernel.
 int64_t attention_backward_bytes(const ModelSpec& model, const TrainingSetup& setup, const DeviceProfile& device);

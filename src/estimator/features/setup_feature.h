@@ -62,7 +62,11 @@ class SetupFeature {
   virtual void place(const StepContext&, MemoryBreakdown&) const {}
   /// Gradients (or their shards) exist before the backward makes them: from construction or kept between steps.
   virtual bool gradients_before_backward() const { return false; }
-  /// 3. Bytes the optimizer step allocates for itself, where this feature decides them (a later feature's
+  /// 3. The loss's saved bytes where this feature computes the loss (nullopt: the core's cross-entropy), and the
+  ///    head's bytes at the loss moment given them.
+  virtual std::optional<int64_t> loss_saved(const StepContext&) const { return std::nullopt; }
+  virtual std::optional<int64_t> loss_moment(const StepContext&, int64_t /*saved*/) const { return std::nullopt; }
+  /// 3b. Bytes the optimizer step allocates for itself, where this feature decides them (a later feature's
   ///    answer replaces an earlier one's); nullopt: not this feature's to say.
   virtual std::optional<int64_t> step_temporaries(const StepContext&) const { return std::nullopt; }
   /// 4. Unsharded parameters and gradients (ZeRO-3 layouts) alive at a backward moment, added to its temporaries.
@@ -92,6 +96,8 @@ const SetupFeature& gpuops_stage3_feature();
 const SetupFeature& offload_feature();
 const SetupFeature& paged_optimizer_feature();
 const SetupFeature& held_logits_feature();
+const SetupFeature& chunked_loss_feature();
+const SetupFeature& fused_linear_ce_feature();
 const SetupFeature& model_code_feature();
 
 }  // namespace gpuops::estimator
