@@ -10,36 +10,10 @@
 
 #include "gpuops/estimator/estimate.h"
 #include "gpuops/estimator/param_tensors.h"
+#include "activation_shape.h"
 #include "features/setup_feature.h"
 
 namespace gpuops::estimator {
-namespace {
-
-// Every size below is a CheckedInt: products of batch, sequence and model sizes throw SizeOverflow
-// instead of wrapping (estimate_memory names the argument).
-using C = CheckedInt;
-
-// CPU RNG state a reentrant checkpoint saves per block (torch.get_rng_state(), host memory on CUDA).
-constexpr int64_t kCpuRngStateBytes = 5056;
-
-// How a block's tensors are typed: all fp32, autocast (fp32 residual stream, 16-bit matmuls), or 16-bit.
-enum class Numerics { Fp32, Autocast, Half };
-
-// The sizes the terms are written in, for one micro-batch.
-struct Shape {
-  Numerics mode;
-  C N, h, V, i, L;  // tokens, hidden, vocab, MLP width, layers
-  C b, s, a, d;     // batch, sequence, heads, head width
-  C e;              // compute dtype bytes (matmul outputs)
-  C r;              // residual-stream / norm-input dtype bytes
-  C mask;           // dropout mask bytes: the input dtype on the CPU, 1-byte bool on CUDA
-  bool cpu;
-  bool compiled;    // torch.compile: inductor's partition (activation_setups below)
-  bool amp;         // autocast is on (mixed precision, AmpLayout::Autocast)
-  bool peft;        // LoRA as PEFT runs it: frozen base, the LoRA terms below (not compiled)
-  C Nq() const { return N * a * d; }          // q (and k, v after GQA expansion) elements
-  C scores() const { return b * a * s * s; }  // one attention matrix for all heads
-};
 
 Shape shape_of(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& dev) {
   Shape x{};
@@ -58,6 +32,16 @@ Shape shape_of(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& 
   x.peft = t.lora.rank > 0 && !t.compile;
   return x;
 }
+
+namespace {
+
+// Every size below is a CheckedInt: products of batch, sequence and model sizes throw SizeOverflow
+// instead of wrapping (estimate_memory names the argument).
+using C = CheckedInt;
+
+// CPU RNG state a reentrant checkpoint saves per block (torch.get_rng_state(), host memory on CUDA).
+constexpr int64_t kCpuRngStateBytes = 5056;
+
 
 // A norm's saved tensors; `consumers` linears read its output (each casts it to 16 bits under autocast).
 C norm_bytes(const ModelSpec& m, const Shape& x, int64_t consumers) {
@@ -167,30 +151,6 @@ C lora_dropout_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x)
   for (const auto& target : t.lora.targets)
     if (std::find(names.begin(), names.end(), target) != names.end())
       bytes += x.N * projection_shape(m, target).in_features * (x.e + x.mask);
-  return bytes;
-}
-
-// What torchtitan's op-level selective policy keeps of one block (MUST_SAVE outputs, held by the
-// checkpoint until its recomputation pops them): every odd aten.mm of the block in call order (q, k, v, o,
-// then gate, up, down; a LoRA target's A and B matmuls follow its base; biased linears dispatch to addmm and
-// quantised bases to bitsandbytes, which the list does not name), and on CUDA SDPA's output and fp32
-// log-sum-exp (the CPU's _scaled_dot_product_flash_attention_for_cpu, eager's bmm/softmax are not listed).
-C selective_cache_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
-  const bool quantised = t.lora.rank > 0 && (t.lora.base == BaseWeightDtype::Int8 || t.lora.base == BaseWeightDtype::Nf4);
-  C bytes = 0;
-  int64_t count = 0;
-  const auto mm = [&](int64_t out_features) {
-    if (++count % 2 == 1) bytes += x.N * out_features * x.e;
-  };
-  for (const auto& p : projection_names(m)) {
-    const LinearShape l = projection_shape(m, p);
-    if (!l.bias && !quantised) mm(l.out_features);
-    if (t.lora.rank > 0 && std::find(t.lora.targets.begin(), t.lora.targets.end(), p) != t.lora.targets.end()) {
-      mm(t.lora.rank);
-      mm(l.out_features);
-    }
-  }
-  if (t.attention == AttentionKind::Sdpa && !x.cpu) bytes += x.Nq() * x.e + x.b * x.a * x.s * 4;
   return bytes;
 }
 
@@ -367,17 +327,6 @@ C linear_weights_of_layers(const ModelSpec& m, int64_t layers) {
   return layers == m.num_layers ? n : n / m.num_layers * layers;
 }
 
-// Blocks of a MoE model that are MoE and not checkpointed (their MLP saves moe_mlp_bytes).
-int64_t whole_moe_layers(const ModelSpec& m, const TrainingSetup& t) {
-  int64_t n = 0;
-  for (int64_t i = 0; i < m.num_layers; ++i) {
-    const bool checkpointed = t.checkpoint == CheckpointKind::Full || t.checkpoint == CheckpointKind::Selective ||
-                              (t.checkpoint == CheckpointKind::EveryK && i % t.checkpoint_every_k == 0);
-    if (is_moe_layer(m, i) && !checkpointed) ++n;
-  }
-  return n;
-}
-
 }  // namespace
 
 ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& dev) {
@@ -392,45 +341,35 @@ ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const Dev
   f.block_mlp = mlp.get();
   const C block = attention + mlp + block_other_bytes(m, t, x);
 
-  // Checkpointing (reentrant, as Hugging Face's gradient_checkpointing_enable): a checkpointed block
-  // keeps its input hidden states and the CPU RNG state; every k-th block from the first is checkpointed.
+  // Which blocks the forward checkpoints (features/checkpointing.cpp): a checkpointed block keeps its input
+  // hidden states and the CPU RNG state instead of its saved tensors.
   const int64_t L = m.num_layers;
+  const std::vector<const SetupFeature*> features = features_of(t);
+  const auto checkpoints = [&](int64_t layer) {
+    return std::any_of(features.begin(), features.end(),
+                       [&](const SetupFeature* feature) { return feature->checkpoints_layer(t, layer, L); });
+  };
   int64_t checkpointed = 0;
-  if (t.checkpoint == CheckpointKind::Full) checkpointed = L;
-  if (t.checkpoint == CheckpointKind::EveryK) checkpointed = ceil_div(L, t.checkpoint_every_k);
-  // Selective (non-reentrant, op policy): every block keeps its input, the RNG state and the policy's cache,
-  // and, as measured, no autocast weight copies (like a reentrant checkpointed block).
-  const bool selective = t.checkpoint == CheckpointKind::Selective;
-  if (selective) checkpointed = L;
-  f.last_block_checkpointed = selective || t.checkpoint == CheckpointKind::Full ||
-                              (t.checkpoint == CheckpointKind::EveryK && (L - 1) % t.checkpoint_every_k == 0);
+  for (int64_t layer = 0; layer < L; ++layer) checkpointed += checkpoints(layer) ? 1 : 0;
+  f.last_block_checkpointed = L > 0 && checkpoints(L - 1);
   const int64_t rng = x.cpu ? kCpuRngStateBytes : 0;
   f.layers = (checkpointed * (Nh * x.r + rng) + (L - checkpointed) * block).get();
   if (x.peft && checkpointed == 0) f.layers = (C(f.layers) - lora_first_block_unsaved(m, t, x)).get();
   if (moe_layer_count(m) > 0) {  // MoE blocks save the routed experts' tensors instead of a dense MLP's
     const C moe = moe_mlp_bytes(m, x);
-    const int64_t whole_moe = whole_moe_layers(m, t);
+    int64_t whole_moe = 0;  // MoE blocks not checkpointed
+    for (int64_t layer = 0; layer < L; ++layer) whole_moe += is_moe_layer(m, layer) && !checkpoints(layer) ? 1 : 0;
     f.layers = (checkpointed * (Nh * x.r + rng) + (L - checkpointed - whole_moe) * block +
                 whole_moe * (block - mlp + moe)).get();
     if (is_moe_layer(m, L - 1)) f.block_mlp = moe.get();
   }
-  if (selective) {
-    const C cache = selective_cache_bytes(m, t, x);
-    f.last_block_cache = cache.get();
-    f.layers = (C(f.layers) + cache * L).get();
-  }
 
   // Outside the blocks.
   C extras = 0;
-  if (checkpointed > 0) {  // the attention mask is a checkpoint input, alive until the backward
-    if (t.attention == AttentionKind::Eager) extras += x.b * x.s * x.s * x.r;  // additive, model dtype
-    if (t.attention == AttentionKind::Sdpa && x.cpu) extras += x.b * x.s * x.s;  // bool
-  }
   if (m.learned_positions) {
     extras += x.s * 8;  // position ids
-  } else {              // RoPE cos and sin, and with checkpointing the position ids and a scalar
+  } else {              // RoPE cos and sin
     extras += x.compiled ? 2 * x.s * x.d : 2 * x.s * x.d * (x.mode == Numerics::Half ? 2 : 4);  // compiled: fp32 freqs
-    if (checkpointed > 0) extras += x.s * 8 + 4;
   }
   if (x.compiled && t.attention == AttentionKind::Sdpa && x.cpu && checkpointed < L) extras += x.b * x.s * x.s * x.e;
   if (m.dropout) extras += Nh * (x.cpu ? x.r : 1);  // embedding dropout mask
@@ -473,6 +412,7 @@ ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const Dev
       if (m.final_logit_softcapping > 0) f.loss = (C(f.loss) + x.N * x.V * x.e).get();  // Gemma-2: tanh(logits / cap)
     }
   }
+  for (const SetupFeature* feature : features) feature->forward(m, t, x, f);
   f.total();  // the sum must fit too
   return f;
 }

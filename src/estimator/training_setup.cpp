@@ -283,12 +283,6 @@ void validate(const TrainingSetup& s, const ModelSpec& m) {
   GPUOPS_CHECK_ARG(s.amp == AmpLayout::Autocast || is_mixed(s.precision),
                    "amp master-copy applies to mixed precision only; accepted with precision fp16-mixed or "
                    "bf16-mixed, got precision {}", to_string(s.precision));
-  if (s.checkpoint == CheckpointKind::EveryK) {
-    const int64_t max_k = m.family == ModelFamily::ParamsOnly ? std::numeric_limits<int64_t>::max() : m.num_layers;
-    GPUOPS_CHECK_ARG(s.checkpoint_every_k >= 1 && s.checkpoint_every_k <= max_k,
-                     "checkpointing every:{} is not accepted for model '{}'; accepted: every:K with 1 <= K <= {} "
-                     "(num_layers)", s.checkpoint_every_k, m.name, m.num_layers);
-  }
   if (m.learned_positions) {
     GPUOPS_CHECK_ARG(s.seq_len <= m.max_positions,
                      "seq {} exceeds the {} learned positions of model '{}'; accepted: 1 to {}", s.seq_len,

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "../activation_shape.h"
 #include "gpuops/estimator/activations.h"
 #include "gpuops/estimator/device_profile.h"
 #include "gpuops/estimator/memory_breakdown.h"
@@ -62,11 +63,17 @@ class SetupFeature {
   virtual void place(const StepContext&, MemoryBreakdown&) const {}
   /// Gradients (or their shards) exist before the backward makes them: from construction or kept between steps.
   virtual bool gradients_before_backward() const { return false; }
-  /// 3. The loss's saved bytes where this feature computes the loss (nullopt: the core's cross-entropy), and the
+  /// 3. Whether the forward checkpoints block `layer` of `num_layers` (it then keeps only its input).
+  virtual bool checkpoints_layer(const TrainingSetup&, int64_t /*layer*/, int64_t /*num_layers*/) const {
+    return false;
+  }
+  /// 3b. What the feature adds to the forward's saved bytes, once the core has counted the blocks and the head.
+  virtual void forward(const ModelSpec&, const TrainingSetup&, const Shape&, ForwardSaved&) const {}
+  /// 3c. The loss's saved bytes where this feature computes the loss (nullopt: the core's cross-entropy), and the
   ///    head's bytes at the loss moment given them.
   virtual std::optional<int64_t> loss_saved(const StepContext&) const { return std::nullopt; }
   virtual std::optional<int64_t> loss_moment(const StepContext&, int64_t /*saved*/) const { return std::nullopt; }
-  /// 3b. Bytes the optimizer step allocates for itself, where this feature decides them (a later feature's
+  /// 3d. Bytes the optimizer step allocates for itself, where this feature decides them (a later feature's
   ///    answer replaces an earlier one's); nullopt: not this feature's to say.
   virtual std::optional<int64_t> step_temporaries(const StepContext&) const { return std::nullopt; }
   /// 4. Unsharded parameters and gradients (ZeRO-3 layouts) alive at a backward moment, added to its temporaries.
@@ -96,6 +103,7 @@ const SetupFeature& gpuops_stage3_feature();
 const SetupFeature& offload_feature();
 const SetupFeature& paged_optimizer_feature();
 const SetupFeature& held_logits_feature();
+const SetupFeature& checkpointing_feature();
 const SetupFeature& chunked_loss_feature();
 const SetupFeature& fused_linear_ce_feature();
 const SetupFeature& model_code_feature();
