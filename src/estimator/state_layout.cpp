@@ -57,23 +57,13 @@ int64_t unsharded_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase ph
   return bytes.get();
 }
 
-void validate_state_options(const TrainingSetup& s, const ModelSpec& m) {
+void validate_state_options(const TrainingSetup& s, const ModelSpec&) {
   const bool fsdp2 = s.sharding == ShardingLayout::Fsdp2, gpuops = s.sharding == ShardingLayout::Gpuops;
   GPUOPS_CHECK_ARG(s.sharding == ShardingLayout::Flat || fsdp2 || gpuops,
                    "sharding {} is out of range; accepted: flat, fsdp2, gpuops", static_cast<int>(s.sharding));
   GPUOPS_CHECK_ARG(s.reshard_after_forward || fsdp2 || gpuops,
                    "reshard-after-forward false applies to sharding fsdp2 and gpuops only; accepted: sharding fsdp2 or "
                    "gpuops, or reshard-after-forward true");
-  const LoraSetup& lora = s.lora;
-  if (lora.quantize_lm_head) {
-    GPUOPS_CHECK_ARG(lora.rank > 0 && is_quantised_base(lora.base),
-                     "quantize-lm-head needs a quantised LoRA base; accepted with lora-rank >= 1 and base-dtype "
-                     "int8, nf4 or nf4-nodq, got lora-rank {} and base-dtype {}", lora.rank, to_string(lora.base));
-    GPUOPS_CHECK_ARG(m.family == ModelFamily::Decoder && !m.tied_embeddings,
-                     "quantize-lm-head needs an untied LM head; model '{}' has {}; accepted: a decoder with "
-                     "tie_word_embeddings false", m.name,
-                     m.family == ModelFamily::Decoder ? "its LM head tied to the embeddings" : "no separate LM head");
-  }
 }
 
 }  // namespace gpuops::estimator

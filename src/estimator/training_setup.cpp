@@ -5,7 +5,6 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
-#include <set>
 #include <utility>
 
 #include <fmt/format.h>
@@ -90,20 +89,12 @@ void check_enum(const Names<E, N>& names, E value, const char* argument) {
                    static_cast<int64_t>(value), fmt::join(accepted, ", "));
 }
 
-// The activation-side setups: loss, lora-dropout, compile (docs/estimator.md).
-void validate_activation_setups(const TrainingSetup& s, const ModelSpec& m) {
+// The ranges of the activation-side options (their meaning is checked by their feature units, features/).
+void validate_activation_setups(const TrainingSetup& s) {
   GPUOPS_CHECK_ARG(s.loss == LossKind::Standard || s.loss == LossKind::Chunked || s.loss == LossKind::FusedLinearCe,
                    "loss {} is out of range; accepted: standard, chunked:C, fused-linear-ce", static_cast<int>(s.loss));
-  GPUOPS_CHECK_ARG(std::isfinite(s.lora_dropout) && s.lora_dropout >= 0.0 && s.lora_dropout < 1.0,
-                   "lora-dropout {} is not accepted; accepted: a probability 0 <= p < 1", s.lora_dropout);
   check_enum(kHeldLogits, s.held_logits, "held-logits");
   check_enum(kModelCodes, s.model_code, "model-code");
-  GPUOPS_CHECK_ARG(s.lora_dropout == 0.0 || s.lora.rank > 0,
-                   "lora-dropout {} needs LoRA; accepted: lora-dropout 0 without lora-rank, or lora-rank >= 1",
-                   s.lora_dropout);
-  GPUOPS_CHECK_ARG(!s.compile || s.attention != AttentionKind::Eager,
-                   "compile with attention eager is not modelled (inductor's partition was measured with sdpa); "
-                   "accepted with attention sdpa or flash");
 }
 
 }  // namespace
@@ -267,7 +258,7 @@ void validate(const TrainingSetup& s, const ModelSpec& m) {
                        s.checkpoint == CheckpointKind::EveryK || s.checkpoint == CheckpointKind::Selective,
                    "checkpointing {} is out of range; accepted: none, full, every:K, selective",
                    static_cast<int>(s.checkpoint));
-  validate_activation_setups(s, m);
+  validate_activation_setups(s);
   GPUOPS_CHECK_ARG(s.micro_batch >= 1, "batch (micro-batch per GPU) must be >= 1, got {}", s.micro_batch);
   GPUOPS_CHECK_ARG(s.seq_len >= 1, "seq (sequence length) must be >= 1, got {}", s.seq_len);
   GPUOPS_CHECK_ARG(s.grad_accum >= 1, "grad-accum must be >= 1, got {}", s.grad_accum);
@@ -290,34 +281,6 @@ void validate(const TrainingSetup& s, const ModelSpec& m) {
   }
   validate_state_options(s, m);  // sharding layouts (state_layout.cpp)
   validate_features(s, m);       // every setup feature's own options (features/)
-  const auto& lora = s.lora;
-  GPUOPS_CHECK_ARG(lora.rank >= 0, "lora-rank must be >= 0 (0 = no LoRA), got {}", lora.rank);
-  if (lora.rank == 0) {
-    GPUOPS_CHECK_ARG(!is_quantised_base(lora.base),
-                     "base-dtype {} needs LoRA (a quantised base cannot be trained); give lora-rank >= 1 or "
-                     "base-dtype fp16/bf16", to_string(lora.base));
-    return;
-  }
-  GPUOPS_CHECK_ARG(m.family != ModelFamily::ParamsOnly,
-                   "lora-rank needs an architecture (a preset or a config.json), not a bare parameter count");
-  GPUOPS_CHECK_ARG(lora.rank <= m.hidden_size, "lora-rank {} exceeds hidden_size {} of model '{}'; accepted: 1 to {}",
-                   lora.rank, m.hidden_size, m.name, m.hidden_size);
-  GPUOPS_CHECK_ARG(!lora.targets.empty(), "lora-targets is empty; accepted: a comma list of {}",
-                   fmt::join(projection_names(m), ","));
-  auto names = projection_names(m);
-  // Outside the blocks: PEFT's "lm_head" (a model with an LM head) and "embed_tokens" / word embeddings.
-  if (m.family == ModelFamily::Decoder || m.masked_lm_head) names.push_back("lm_head");
-  names.push_back("embed");
-  std::set<std::string> seen;
-  for (const auto& t : lora.targets) {
-    GPUOPS_CHECK_ARG(t != "lm_head" || m.family == ModelFamily::Decoder || m.masked_lm_head,
-                     "lora-targets 'lm_head': model '{}' has no LM head; accepted: {}", m.name, fmt::join(names, ","));
-    GPUOPS_CHECK_ARG(std::find(names.begin(), names.end(), t) != names.end(),
-                     "lora-targets '{}' is not a projection of model '{}'; accepted: {}", t, m.name,
-                     fmt::join(names, ","));
-    GPUOPS_CHECK_ARG(seen.insert(t).second, "lora-targets lists '{}' twice; accepted: each of {} at most once", t,
-                     fmt::join(names, ","));
-  }
 }
 
 int64_t default_seq_len(const ModelSpec& model) {

@@ -5,10 +5,11 @@
 namespace gpuops::estimator {
 
 const std::vector<const SetupFeature*>& all_features() {
-  // Order matters where two units touch one figure: the states' sizes (Adafactor) before their placement
-  // (offload, paging), whose step temporaries then replace Adafactor's.
+  // Order matters where two units touch one figure: compile's model of the ops before LoRA's, which wraps it;
+  // the states' sizes (Adafactor) before their placement (offload, paging), whose step temporaries then replace
+  // Adafactor's.
   static const std::vector<const SetupFeature*> features = {
-      &model_code_feature(),  &checkpointing_feature(), &chunked_loss_feature(), &fused_linear_ce_feature(),
+      &model_code_feature(),  &compile_feature(), &lora_feature(), &checkpointing_feature(), &chunked_loss_feature(), &fused_linear_ce_feature(),
       &zero3_flat_feature(),  &fsdp2_feature(),           &adafactor_feature(),
       &gpuops_zero12_feature(), &gpuops_stage3_feature(), &offload_feature(), &paged_optimizer_feature(),
       &held_logits_feature(),

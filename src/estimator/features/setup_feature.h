@@ -6,10 +6,11 @@
 // reads no option that a feature owns. Private to src/estimator.
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
-#include "../activation_shape.h"
+#include "../forward_ops.h"
 #include "gpuops/estimator/activations.h"
 #include "gpuops/estimator/device_profile.h"
 #include "gpuops/estimator/memory_breakdown.h"
@@ -63,7 +64,12 @@ class SetupFeature {
   virtual void place(const StepContext&, MemoryBreakdown&) const {}
   /// Gradients (or their shards) exist before the backward makes them: from construction or kept between steps.
   virtual bool gradients_before_backward() const { return false; }
-  /// 3. Whether the forward checkpoints block `layer` of `num_layers` (it then keeps only its input).
+  /// 3. What the forward's ops save, where this feature changes it: a model wrapping `inner` (the eager one, or
+  ///    an earlier feature's); nullptr: unchanged.
+  virtual std::unique_ptr<ForwardOps> forward_ops(const TrainingSetup&, const ForwardOps& /*inner*/) const {
+    return nullptr;
+  }
+  /// 3a. Whether the forward checkpoints block `layer` of `num_layers` (it then keeps only its input).
   virtual bool checkpoints_layer(const TrainingSetup&, int64_t /*layer*/, int64_t /*num_layers*/) const {
     return false;
   }
@@ -104,6 +110,8 @@ const SetupFeature& offload_feature();
 const SetupFeature& paged_optimizer_feature();
 const SetupFeature& held_logits_feature();
 const SetupFeature& checkpointing_feature();
+const SetupFeature& compile_feature();
+const SetupFeature& lora_feature();
 const SetupFeature& chunked_loss_feature();
 const SetupFeature& fused_linear_ce_feature();
 const SetupFeature& model_code_feature();

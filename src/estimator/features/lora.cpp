@@ -1,0 +1,290 @@
+// LoRA (TrainingSetup::lora, lora_dropout): its options, and what the forward saves with a frozen base and
+// adapters. As PEFT runs it (docs/estimator.md, "What the forward saves"; FINDINGS.md, "LoRA (PEFT)"): the base
+// is frozen, so a base linear saves no input (its weight gradient is never made) and a norm with a frozen weight
+// keeps only what its input gradient needs; listed with saved_tensors_hooks on transformers 4.57 + PEFT 0.18
+// Llama and GPT-2 blocks (fp32, bf16 base under autocast with fp32 adapters, pure bf16). Compiled, inductor's
+// model of the block plus the adapters' low-rank intermediates. (The adapters as trainable tensors and the frozen
+// base's bytes: param_tensors.cpp and estimate.cpp.)
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <set>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "gpuops/errors.h"
+#include "gpuops/estimator/param_tensors.h"
+#include "gpuops/estimator/state_layout.h"
+#include "setup_feature.h"
+
+namespace gpuops::estimator {
+namespace {
+
+using C = CheckedInt;
+
+// PEFT's lora_dropout > 0: each block target's dropout(x) is a new N x in tensor that lora_A's matmul
+// saves, plus its mask (the input dtype on the CPU, a 1-byte bool on CUDA).
+C lora_dropout_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+  const auto names = projection_names(m);
+  C bytes = 0;
+  for (const auto& target : t.lora.targets)
+    if (std::find(names.begin(), names.end(), target) != names.end())
+      bytes += x.N * projection_shape(m, target).in_features * (x.e + x.mask);
+  return bytes;
+}
+
+bool lora_targets(const TrainingSetup& t, std::string_view p) {
+  return std::find(t.lora.targets.begin(), t.lora.targets.end(), p) != t.lora.targets.end();
+}
+
+// RMSNorm: its fp32 input (a copy when the stream is 16-bit) and rsqrt. LayerNorm: input, mean and rstd, in
+// fp32 under autocast (which runs layer_norm in fp32).
+C frozen_norm_bytes(const ModelSpec& m, const Shape& x) {
+  if (m.norm == NormKind::RmsNorm) return x.N * x.h * 4 + x.N * 4;
+  if (x.mode == Numerics::Half && !x.amp) return x.N * x.h * 2 + 2 * x.N * 2;
+  return x.N * x.h * 4 + 2 * x.N * 4;
+}
+
+// The frozen MLP: SwiGLU keeps gate, up and silu(gate) (the product is down's input, saved only for an
+// adapter); gelu_new keeps its input and 3 intermediates; a plain GELU its input.
+C frozen_mlp_bytes(const ModelSpec& m, const Shape& x) {
+  const C saved = m.mlp == MlpKind::SwiGlu ? 3 : (m.composite_gelu ? 4 : 1);
+  return saved * x.N * x.i * x.e;
+}
+
+// Attention without eager's output-projection input (a frozen o saves none; an o adapter counts it).
+C frozen_attention_bytes(const ForwardOps& inner, const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+  const C full = inner.attention(m, t, x);
+  return t.attention == AttentionKind::Eager ? full - x.Nq() * x.e : full;
+}
+
+// PEFT's dropout mask element: the adapter dtype on the CPU (fp32 adapters under autocast), a bool on CUDA.
+C lora_dropout_mask_bytes(const Shape& x) { return x.cpu ? (x.amp ? C(4) : x.e) : C(1); }
+
+// The adapters of one block: B saves x·A (N x r); A saves its input. Without dropout and autocast the
+// targets reading one tensor share it: the attention norm's output (q, k, v), the MLP norm's output (gate,
+// up), the MLP product (down); o reads SDPA's output, which the kernel saves already (eager: its own copy).
+// Under autocast every A casts its input to 16 bits itself (PEFT casts x to the fp32 adapter dtype first):
+// one copy per target, plus autocast's cached 16-bit A and B (extras). With lora_dropout each target keeps
+// the dropout mask (the adapter dtype on the CPU, a bool on CUDA) and A's own input.
+C lora_adapter_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+  const C mask = lora_dropout_mask_bytes(x);
+  C bytes = 0;
+  bool attention_input = false, mlp_input = false;
+  for (const auto& p : projection_names(m)) {
+    if (!lora_targets(t, p)) continue;
+    const C in = projection_shape(m, p).in_features;
+    bytes += x.N * t.lora.rank * x.e;
+    if (t.lora_dropout > 0) {
+      bytes += x.N * in * (x.e + mask);
+    } else if (x.amp) {
+      bytes += x.N * in * 2;
+    } else if (p == "o") {
+      if (t.attention == AttentionKind::Eager) bytes += x.N * in * x.e;
+    } else if (p == "down") {
+      bytes += x.N * in * x.e;
+    } else {
+      (p == "up" || p == "gate" ? mlp_input : attention_input) = true;
+    }
+  }
+  if (attention_input) bytes += x.N * x.h * x.e;
+  if (mlp_input) bytes += x.N * x.h * x.e;
+  return bytes;
+}
+
+// What bitsandbytes keeps of a quantised base for its backward (BnbVersion, training_setup.h): the int8
+// matmul keeps its input (every release) and before 0.45.0 an int8 transposed copy per linear; the 4-bit
+// matmul keeps its input before 0.43.2; either only for an input that requires grad. Linears reading one
+// tensor keep it once: the attention norm's output (q, k, v, MLA's q_a, kv_a), the MLP norm's output (gate,
+// up). o reads the SDPA kernel's output, which the kernel saves already (eager: a copy of its own). An
+// adapter without dropout or autocast saves the very tensor its base keeps (counted with the adapters). In
+// the first block the block input does not require grad; the later inputs are counted as requiring it
+// (they do once an attention adapter ran: the safe side).
+struct BnbKeeps {
+  bool input = false, int8_copy = false;
+};
+BnbKeeps bnb_keeps(const LoraSetup& lora) {
+  const bool nf4 = lora.base == BaseWeightDtype::Nf4 || lora.base == BaseWeightDtype::Nf4NoDq;
+  const bool int8 = lora.base == BaseWeightDtype::Int8;
+  return {int8 || (nf4 && lora.bnb_version < BnbVersion{0, 43, 2}), int8 && lora.bnb_version < BnbVersion{0, 45, 0}};
+}
+
+C quantised_base_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x, bool first_block) {
+  const BnbKeeps keeps = bnb_keeps(t.lora);
+  if (!keeps.input) return 0;
+  C bytes = 0;
+  bool attention_input = false, mlp_input = false;    // a shared input is kept
+  bool attention_saved = false, mlp_saved = false;    // ... and an adapter saves it already
+  for (const auto& p : projection_names(m)) {
+    const bool reads_attention_input = p == "q" || p == "k" || p == "v" || p == "q_a" || p == "kv_a";
+    const bool reads_mlp_input = p == "gate" || p == "up";
+    if (first_block && reads_attention_input) continue;
+    const C in = projection_shape(m, p).in_features;
+    if (keeps.int8_copy) bytes += x.N * in;
+    const bool adapter_saves_it = lora_targets(t, p) && t.lora_dropout == 0 && !x.amp;
+    if (reads_attention_input) {
+      attention_input = true, attention_saved = attention_saved || adapter_saves_it;
+    } else if (reads_mlp_input) {
+      mlp_input = true, mlp_saved = mlp_saved || adapter_saves_it;
+    } else if (!adapter_saves_it && (p != "o" || t.attention == AttentionKind::Eager)) {
+      bytes += x.N * in * x.e;
+    }
+  }
+  if (attention_input && !attention_saved) bytes += x.N * x.h * x.e;
+  if (mlp_input && !mlp_saved) bytes += x.N * x.h * x.e;
+  return bytes;
+}
+
+// The first block's input does not require grad (frozen embedding): nothing before its first adapter is
+// saved. With checkpointing PEFT's enable_input_require_grads makes it require grad. Eager's q·kᵀ saves q
+// only when k requires grad (a k adapter) and kᵀ only when q does (SDPA's kernel saves all three anyway).
+// lora_dropout on the block's input (q, k, v adapters) saves no mask there, and under autocast A's 16-bit
+// weight is not saved either (only x's gradient would need it).
+C lora_first_block_unsaved(const ForwardOps& inner, const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+  C unsaved = frozen_norm_bytes(m, x) + quantised_base_bytes(m, t, x, false) - quantised_base_bytes(m, t, x, true);
+  for (const char* p : {"q", "k", "v"}) {
+    if (!lora_targets(t, p)) continue;
+    const C in = projection_shape(m, p).in_features;
+    if (t.lora_dropout > 0) unsaved += x.N * in * lora_dropout_mask_bytes(x);
+    if (x.amp) unsaved += 2 * C(t.lora.rank) * in;
+  }
+  if (!lora_targets(t, "q") && !lora_targets(t, "k") && !lora_targets(t, "v")) {  // attention out of the graph
+    unsaved += frozen_attention_bytes(inner, m, t, x);
+    return lora_targets(t, "o") ? unsaved : unsaved + frozen_norm_bytes(m, x);
+  }
+  if (t.attention == AttentionKind::Eager && !m.fused_qkv) {
+    if (!lora_targets(t, "k")) unsaved += x.Nq() * x.e;
+    if (!lora_targets(t, "q")) unsaved += x.Nq() * x.e;
+  }
+  return unsaved;
+}
+
+// 16-bit copies autocast caches of the adapters of one block (A and B, r x (in + out) per target).
+C lora_autocast_weights(const ModelSpec& m, const TrainingSetup& t) {
+  C n = 0;
+  for (const auto& p : projection_names(m))
+    if (lora_targets(t, p)) n += C(t.lora.rank) * (C(projection_shape(m, p).in_features) + projection_shape(m, p).out_features);
+  return 2 * n;
+}
+
+// LoRA on lm_head / embed: B's matmul saves A's output, N x r (x·A; the embedding adapter's gather of
+// lora_embedding_A saves the ids, which are the inputs already counted).
+C outer_adapter_bytes(const TrainingSetup& t, const Shape& x) {
+  return (static_cast<int64_t>(t.lora.targets.size()) - block_lora_target_count(t.lora)) * x.N * t.lora.rank * x.e;
+}
+
+// PEFT's eager LoRA: frozen norms, MLP and attention, the adapters, a quantised base's kept inputs.
+class PeftOps final : public WrappedOps {
+ public:
+  using WrappedOps::WrappedOps;
+  C attention(const ModelSpec& m, const TrainingSetup& t, const Shape& x) const override {
+    return frozen_attention_bytes(inner_, m, t, x);
+  }
+  C mlp(const ModelSpec& m, const Shape& x) const override { return frozen_mlp_bytes(m, x); }
+  // Frozen norms (Gemma-2's post-norms too), the adapters, a quantised base's kept inputs, residual dropout.
+  C block_other(const ModelSpec& m, const TrainingSetup& t, const Shape& x) const override {
+    C bytes = C(std::max<int64_t>(m.norms_per_layer, 2)) * frozen_norm_bytes(m, x) + lora_adapter_bytes(m, t, x) +
+              quantised_base_bytes(m, t, x, false);
+    if (m.dropout) bytes += 2 * x.N * x.h * x.mask;
+    return bytes;
+  }
+  C first_block_unsaved(const ModelSpec& m, const TrainingSetup& t, const Shape& x) const override {
+    return lora_first_block_unsaved(inner_, m, t, x);
+  }
+  // Only the adapters are cached (a frozen weight's cast is not: it does not require grad).
+  C autocast_copies(const ModelSpec& m, const TrainingSetup& t, const Shape& x, int64_t layers) const override {
+    return x.amp ? C(layers) * lora_autocast_weights(m, t) : C(0);
+  }
+  // The outer adapters, and a quantised LM head's kept input (like the block linears').
+  C outer_extras(const ModelSpec& m, const TrainingSetup& t, const Shape& x) const override {
+    C bytes = inner_.outer_extras(m, t, x) + outer_adapter_bytes(t, x);
+    if (t.lora.quantize_lm_head) {
+      const BnbKeeps keeps = bnb_keeps(t.lora);
+      const C Nh = x.N * x.h;
+      bytes += (keeps.input ? Nh * x.e : C(0)) + (keeps.int8_copy ? Nh : C(0));
+    }
+    return bytes;
+  }
+  C final_norm(const ModelSpec& m, const Shape& x) const override { return frozen_norm_bytes(m, x); }
+};
+
+// Compiled LoRA: inductor's block, each adapter's x·A for B's gradient (frozen linears counted as saving their
+// inputs: conservative) and its dropout's tensors; no autocast copies.
+class CompiledLoraOps final : public WrappedOps {
+ public:
+  using WrappedOps::WrappedOps;
+  C block_other(const ModelSpec& m, const TrainingSetup& t, const Shape& x) const override {
+    C bytes = inner_.block_other(m, t, x) + block_lora_target_count(t.lora) * x.N * t.lora.rank * x.e;
+    if (t.lora_dropout > 0) bytes += lora_dropout_bytes(m, t, x);
+    return bytes;
+  }
+  C autocast_copies(const ModelSpec&, const TrainingSetup&, const Shape&, int64_t) const override { return 0; }
+  C outer_extras(const ModelSpec& m, const TrainingSetup& t, const Shape& x) const override {
+    return inner_.outer_extras(m, t, x) + outer_adapter_bytes(t, x);
+  }
+};
+
+class LoraFeature final : public SetupFeature {
+ public:
+  void validate(const TrainingSetup& s, const ModelSpec& m) const override {
+    const LoraSetup& lora = s.lora;
+    GPUOPS_CHECK_ARG(std::isfinite(s.lora_dropout) && s.lora_dropout >= 0.0 && s.lora_dropout < 1.0,
+                     "lora-dropout {} is not accepted; accepted: a probability 0 <= p < 1", s.lora_dropout);
+    GPUOPS_CHECK_ARG(s.lora_dropout == 0.0 || lora.rank > 0,
+                     "lora-dropout {} needs LoRA; accepted: lora-dropout 0 without lora-rank, or lora-rank >= 1",
+                     s.lora_dropout);
+    if (lora.quantize_lm_head) {
+      GPUOPS_CHECK_ARG(lora.rank > 0 && is_quantised_base(lora.base),
+                       "quantize-lm-head needs a quantised LoRA base; accepted with lora-rank >= 1 and base-dtype "
+                       "int8, nf4 or nf4-nodq, got lora-rank {} and base-dtype {}", lora.rank, to_string(lora.base));
+      GPUOPS_CHECK_ARG(m.family == ModelFamily::Decoder && !m.tied_embeddings,
+                       "quantize-lm-head needs an untied LM head; model '{}' has {}; accepted: a decoder with "
+                       "tie_word_embeddings false", m.name,
+                       m.family == ModelFamily::Decoder ? "its LM head tied to the embeddings" : "no separate LM head");
+    }
+    GPUOPS_CHECK_ARG(lora.rank >= 0, "lora-rank must be >= 0 (0 = no LoRA), got {}", lora.rank);
+    if (lora.rank == 0) {
+      GPUOPS_CHECK_ARG(!is_quantised_base(lora.base),
+                       "base-dtype {} needs LoRA (a quantised base cannot be trained); give lora-rank >= 1 or "
+                       "base-dtype fp16/bf16", to_string(lora.base));
+      return;
+    }
+    GPUOPS_CHECK_ARG(m.family != ModelFamily::ParamsOnly,
+                     "lora-rank needs an architecture (a preset or a config.json), not a bare parameter count");
+    GPUOPS_CHECK_ARG(lora.rank <= m.hidden_size, "lora-rank {} exceeds hidden_size {} of model '{}'; accepted: 1 to "
+                     "{}", lora.rank, m.hidden_size, m.name, m.hidden_size);
+    GPUOPS_CHECK_ARG(!lora.targets.empty(), "lora-targets is empty; accepted: a comma list of {}",
+                     fmt::join(projection_names(m), ","));
+    auto names = projection_names(m);
+    // Outside the blocks: PEFT's "lm_head" (a model with an LM head) and "embed_tokens" / word embeddings.
+    const bool lm_head = m.family == ModelFamily::Decoder || m.masked_lm_head;
+    if (lm_head) names.push_back("lm_head");
+    names.push_back("embed");
+    std::set<std::string> seen;
+    for (const auto& t : lora.targets) {
+      GPUOPS_CHECK_ARG(t != "lm_head" || lm_head, "lora-targets 'lm_head': model '{}' has no LM head; accepted: {}",
+                       m.name, fmt::join(names, ","));
+      GPUOPS_CHECK_ARG(std::find(names.begin(), names.end(), t) != names.end(),
+                       "lora-targets '{}' is not a projection of model '{}'; accepted: {}", t, m.name,
+                       fmt::join(names, ","));
+      GPUOPS_CHECK_ARG(seen.insert(t).second, "lora-targets lists '{}' twice; accepted: each of {} at most once", t,
+                       fmt::join(names, ","));
+    }
+  }
+  bool on(const TrainingSetup& s) const override { return s.lora.rank > 0; }
+  std::unique_ptr<ForwardOps> forward_ops(const TrainingSetup& s, const ForwardOps& inner) const override {
+    if (s.compile) return std::make_unique<CompiledLoraOps>(inner);
+    return std::make_unique<PeftOps>(inner);
+  }
+};
+
+}  // namespace
+
+const SetupFeature& lora_feature() {
+  static const LoraFeature feature;
+  return feature;
+}
+
+}  // namespace gpuops::estimator
