@@ -249,10 +249,10 @@ ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const Dev
 }
 
 int64_t residual_stream_bytes(const TrainingSetup& t) {
-  // A LoRA base in 16 bits makes the residual stream 16-bit even under autocast.
-  const bool half = runs_in_16_bits(t) ||
-                    (t.lora.rank > 0 && t.precision != Precision::Fp32 && t.lora.base != BaseWeightDtype::Fp32);
-  return t.precision != Precision::Fp32 && half ? 2 : 4;
+  if (t.precision == Precision::Fp32) return 4;
+  if (runs_in_16_bits(t)) return 2;
+  const std::vector<const SetupFeature*> on = features_of(t);  // a 16-bit LoRA base under autocast
+  return std::any_of(on.begin(), on.end(), [&](const SetupFeature* f) { return f->stream_in_16_bits(t); }) ? 2 : 4;
 }
 
 int64_t attention_backward_bytes(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& dev) {

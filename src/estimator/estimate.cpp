@@ -40,45 +40,15 @@ int64_t optimizer_bytes(int64_t n, int64_t tensors, const TrainingSetup& s, cons
   return 0;
 }
 
-// Quantised storage of one frozen linear weight (bias stays 16-bit).
-int64_t quantised_linear_bytes(const LinearShape& l, BaseWeightDtype dtype) {
-  const C bias = l.bias ? 2 * C(l.out_features) : 0;
-  return (quantised_weight_bytes(l.in_features, l.out_features, dtype) + bias).get();  // see state_layout.h
-}
-
 }  // namespace
 
-int64_t lora_parameter_count(const ModelSpec& m, const LoraSetup& lora) {
-  if (lora.rank == 0 || m.family == ModelFamily::ParamsOnly) return 0;
-  C per_layer = 0, outer = 0;  // outer: the lm_head and embed adapters, once
-  for (const auto& t : lora.targets) {
-    const bool once = is_outer_lora_target(t);
-    const LinearShape l = once ? outer_lora_shape(m, t) : projection_shape(m, t);
-    (once ? outer : per_layer) += lora.rank * (C(l.in_features) + l.out_features);  // A: in x r, B: r x out
-  }
-  return (m.num_layers * per_layer + outer).get();
-}
-
+// The adapters' (features/lora.cpp), or the model's.
 int64_t trainable_parameter_count(const ModelSpec& m, const TrainingSetup& s) {
-  return s.lora.rank > 0 ? lora_parameter_count(m, s.lora) : parameter_count(m);
-}
-
-int64_t frozen_weight_bytes(const ModelSpec& m, const TrainingSetup& s) {
-  if (s.lora.rank == 0) return 0;
-  const BaseWeightDtype base = s.lora.base;
-  const int64_t total = parameter_count(m);
-  if (base == BaseWeightDtype::Fp16 || base == BaseWeightDtype::Bf16) return (2 * C(total)).get();
-  if (base == BaseWeightDtype::Fp32) return (4 * C(total)).get();
-  // bitsandbytes quantises the linears inside the blocks; embeddings, norms and the LM head stay 16-bit.
-  C linear_params = 0, linear_bytes = 0;
-  for (const auto& g : block_linears(m)) {  // every block linear, MoE experts and routers included
-    linear_params += C(g.count) * g.shape.parameters();
-    linear_bytes += C(g.count) * quantised_linear_bytes(g.shape, base);
-  }
-  C bytes = linear_bytes + 2 * (total - linear_params);
-  if (s.lora.quantize_lm_head)  // the untied V x h LM head stored like the base linears
-    bytes = bytes - 2 * C(m.vocab_size) * m.hidden_size + quantised_weight_bytes(m.hidden_size, m.vocab_size, base);
-  return bytes.get();
+  const auto own = feature_trainable_tensors(m, s);
+  if (!own) return parameter_count(m);
+  C n = 0;
+  for (const ParamTensor& t : *own) n += C(t.count) * t.elements();
+  return n.get();
 }
 
 int64_t zero_shard(int64_t count, const TrainingSetup& s, int from_stage) {
@@ -98,10 +68,11 @@ int64_t buffer_bytes(const ModelSpec& m, const TrainingSetup& s) {
 }
 
 int64_t trainable_tensor_count(const ModelSpec& m, const TrainingSetup& s) {
-  if (s.lora.rank > 0)  // A and B per block target and layer, and per outer target
-    return (2 * C(m.num_layers) * block_lora_target_count(s.lora) +
-            2 * (static_cast<int64_t>(s.lora.targets.size()) - block_lora_target_count(s.lora))).get();
-  return parameter_tensor_count(m);
+  const auto own = feature_trainable_tensors(m, s);
+  if (!own) return parameter_tensor_count(m);
+  C n = 0;
+  for (const ParamTensor& t : *own) n += t.count;
+  return n.get();
 }
 
 MemoryBreakdown persistent_memory(const ModelSpec& m, const TrainingSetup& s, const DeviceProfile& device) {

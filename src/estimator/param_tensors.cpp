@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "gpuops/errors.h"
+#include "features/setup_feature.h"
 
 namespace gpuops::estimator {
 namespace {
@@ -119,22 +120,8 @@ LinearShape outer_lora_shape(const ModelSpec& m, std::string_view t) {
 }
 
 std::vector<ParamTensor> trainable_tensor_shapes(const ModelSpec& m, const TrainingSetup& s) {
-  if (s.lora.rank == 0) return model_tensor_shapes(m);
-  std::vector<ParamTensor> out;
-  const int64_t r = s.lora.rank;
-  for (const auto& t : s.lora.targets) {
-    if (t == "embed") {  // PEFT's lora_embedding_A (r x V) and lora_embedding_B (h x r)
-      out.push_back(matrix_of(r, m.vocab_size, 1, true));
-      out.push_back(matrix_of(m.hidden_size, r, 1, true));
-      continue;
-    }
-    const bool outer = is_outer_lora_target(t);
-    const LinearShape l = outer ? outer_lora_shape(m, t) : projection_shape(m, t);
-    const int64_t count = outer ? 1 : m.num_layers;
-    out.push_back(matrix_of(r, l.in_features, count, outer));   // lora_A.weight: r x in
-    out.push_back(matrix_of(l.out_features, r, count, outer));  // lora_B.weight: out x r
-  }
-  return out;
+  if (auto own = feature_trainable_tensors(m, s)) return *own;  // LoRA's adapters (features/lora.cpp)
+  return model_tensor_shapes(m);
 }
 
 int64_t fsdp2_shard_elements(const ParamTensor& t, int64_t num_gpus) {

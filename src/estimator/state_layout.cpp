@@ -44,7 +44,7 @@ int64_t sharded_trainable_elements(const ModelSpec& m, const TrainingSetup& s, i
 }
 
 int64_t sharded_frozen_bytes(const ModelSpec& m, const TrainingSetup& s) {
-  if (s.lora.rank == 0) return 0;
+  if (!model_frozen(s)) return 0;  // no frozen base (features/lora.cpp)
   for (const SetupFeature* f : features_of(s))
     if (const auto local = f->local_frozen_bytes(m, s)) return *local;
   return zero_shard(frozen_weight_bytes(m, s), s, 3);

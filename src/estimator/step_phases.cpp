@@ -19,28 +19,20 @@ bool has_lm_head(const ModelSpec& m) { return m.family == ModelFamily::Decoder |
 
 int64_t state_element_bytes(const TrainingSetup& s) { return s.precision == Precision::Bf16Pure ? 2 : 4; }
 
-// Largest trainable tensor: a model parameter, or the widest LoRA adapter matrix.
+// Largest trainable tensor: a model parameter, or a feature's (the widest LoRA adapter matrix).
 int64_t largest_trainable_tensor(const ModelSpec& m, const TrainingSetup& s) {
-  if (s.lora.rank == 0) return largest_parameter_tensor(m);
+  const auto own = feature_trainable_tensors(m, s);
+  if (!own) return largest_parameter_tensor(m);
   int64_t largest = 0;
-  for (const auto& t : s.lora.targets) {
-    const LinearShape l = is_outer_lora_target(t) ? outer_lora_shape(m, t) : projection_shape(m, t);
-    largest = std::max(largest, (C(s.lora.rank) * std::max(l.in_features, l.out_features)).get());
-  }
+  for (const ParamTensor& t : *own) largest = std::max(largest, t.elements());
   return largest;
 }
 
-// Extra transients of every backward moment: a quantised base weight dequantised for its matmul (the LM
-// head's with quantize_lm_head). ZeRO-3's / FSDP2's unsharded weights: unsharded_bytes (state_layout.cpp).
+// Transients of every backward moment, from the features (a quantised base's dequantised weight). ZeRO-3's /
+// FSDP2's unsharded weights: unsharded_bytes.
 int64_t backward_extras(const ModelSpec& m, const TrainingSetup& s) {
-  if (m.family == ModelFamily::ParamsOnly) return 0;
   C bytes = 0;
-  if (s.lora.rank > 0 && is_quantised_base(s.lora.base)) {
-    C largest = s.lora.quantize_lm_head ? C(m.vocab_size) * m.hidden_size : C(0);
-    for (const auto& g : block_linears(m))  // experts included
-      largest = std::max(largest, C(g.shape.in_features) * g.shape.out_features);
-    bytes += 2 * largest;
-  }
+  for (const SetupFeature* f : features_of(s)) bytes += f->backward_transients(m, s);
   return bytes.get();
 }
 
@@ -91,8 +83,9 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   const int64_t pb = trainable_element_bytes(s);
   const int64_t all_grads = persistent.gradients;
   // Gradients are None in the forward and the early backward, unless accumulation keeps them.
+  const bool model_trained = !model_frozen(s);  // LoRA freezes it
   const MomentTerms terms{f, gradients_alive_in_forward(s) ? all_grads : 0,
-                          s.lora.rank == 0 && has_lm_head(m) ? (C(m.vocab_size) * m.hidden_size * pb).get() : 0,
+                          model_trained && has_lm_head(m) ? (C(m.vocab_size) * m.hidden_size * pb).get() : 0,
                           backward_extras(m, s), (Nh * pb).get()};
 
   MemoryBreakdown base = persistent;
@@ -128,7 +121,7 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   end.gradients = all_grads;
   end.activations = f.inputs;
   const bool autocast = is_mixed(s.precision) && s.amp == AmpLayout::Autocast;
-  if (s.lora.rank == 0 && m.tied_embeddings && m.family == ModelFamily::Decoder)
+  if (model_trained && m.tied_embeddings && m.family == ModelFamily::Decoder)
     end.temporaries = ((autocast ? 1 : 2) * C(m.vocab_size) * m.hidden_size * pb).get();
   end.temporaries = (C(end.temporaries) + unsharded_bytes(m, s, StepPhase::BackwardEnd)).get();  // FSDP2's root
 

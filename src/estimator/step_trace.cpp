@@ -11,6 +11,7 @@
 #include "gpuops/estimator/estimate.h"
 #include "gpuops/estimator/param_tensors.h"
 #include "gpuops/estimator/step_phases.h"
+#include "features/setup_feature.h"
 
 namespace gpuops::estimator {
 namespace {
@@ -128,10 +129,13 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
 
   // Before the first step: the model, the master copy, torch's cuBLAS workspace.
   r.alloc(workspaces(device));
-  if (s.lora.rank > 0) r.alloc(spread(persistent.weights, model_tensors));  // frozen base and adapters
+  if (model_frozen(s)) r.alloc(spread(persistent.weights, model_tensors));  // a frozen base and adapters
   else r.alloc(spread(persistent.weights, trainable));
   r.alloc(spread(persistent.master_weights, trainable));
-  r.alloc(held_logits_bytes(m, s));  // the loop's logits: from the first forward on, always one set alive
+  {  // what the features keep from the first forward on (the loop's logits)
+    const StepContext context{m, s, device};
+    for (const SetupFeature* f : features_of(s)) r.alloc(f->held_through_steps(context));
+  }
 
   // One layer's saved tensors: attention and MLP tensors of their real widths, the rest hidden-sized.
   const int64_t per_layer = f.layers / L;

@@ -2,6 +2,8 @@
 // setup option is a new unit here plus its CLI option and Python keyword.
 #include "setup_feature.h"
 
+#include <algorithm>
+
 namespace gpuops::estimator {
 
 const std::vector<const SetupFeature*>& all_features() {
@@ -22,6 +24,17 @@ std::vector<const SetupFeature*> features_of(const TrainingSetup& setup) {
   for (const SetupFeature* f : all_features())
     if (f->on(setup)) on.push_back(f);
   return on;
+}
+
+std::optional<std::vector<ParamTensor>> feature_trainable_tensors(const ModelSpec& model, const TrainingSetup& setup) {
+  for (const SetupFeature* f : features_of(setup))
+    if (auto own = f->trainable_tensors(model, setup)) return own;
+  return std::nullopt;
+}
+
+bool model_frozen(const TrainingSetup& setup) {
+  const std::vector<const SetupFeature*> on = features_of(setup);
+  return std::any_of(on.begin(), on.end(), [](const SetupFeature* f) { return f->freezes_model(); });
 }
 
 void validate_features(const TrainingSetup& setup, const ModelSpec& model) {

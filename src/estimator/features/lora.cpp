@@ -3,8 +3,8 @@
 // is frozen, so a base linear saves no input (its weight gradient is never made) and a norm with a frozen weight
 // keeps only what its input gradient needs; listed with saved_tensors_hooks on transformers 4.57 + PEFT 0.18
 // Llama and GPT-2 blocks (fp32, bf16 base under autocast with fp32 adapters, pure bf16). Compiled, inductor's
-// model of the block plus the adapters' low-rank intermediates. (The adapters as trainable tensors and the frozen
-// base's bytes: param_tensors.cpp and estimate.cpp.)
+// model of the block plus the adapters' low-rank intermediates. The adapters are the trainable tensors; the frozen
+// base's bytes (16-bit, fp32 or quantised by bitsandbytes) and its dequantised weight in the backward.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -15,6 +15,7 @@
 #include <fmt/ranges.h>
 
 #include "gpuops/errors.h"
+#include "gpuops/estimator/estimate.h"
 #include "gpuops/estimator/param_tensors.h"
 #include "gpuops/estimator/state_layout.h"
 #include "setup_feature.h"
@@ -226,6 +227,36 @@ class CompiledLoraOps final : public WrappedOps {
   }
 };
 
+// Quantised storage of one frozen linear weight (bias stays 16-bit).
+int64_t quantised_linear_bytes(const LinearShape& l, BaseWeightDtype dtype) {
+  const C bias = l.bias ? 2 * C(l.out_features) : 0;
+  return (quantised_weight_bytes(l.in_features, l.out_features, dtype) + bias).get();  // see state_layout.h
+}
+
+// PEFT's adapters: lora_A r x in and lora_B out x r per block target and layer; the LM head's A r x h and B V x r;
+// the embedding's lora_embedding_A r x V and lora_embedding_B h x r.
+std::vector<ParamTensor> adapter_tensors(const ModelSpec& m, const LoraSetup& lora) {
+  std::vector<ParamTensor> out;
+  const auto matrix = [&](int64_t rows, int64_t cols, int64_t count, bool root) {
+    ParamTensor t;
+    t.rows = rows, t.cols = cols, t.count = count, t.root = root;
+    out.push_back(t);
+  };
+  for (const auto& t : lora.targets) {
+    if (t == "embed") {
+      matrix(lora.rank, m.vocab_size, 1, true);
+      matrix(m.hidden_size, lora.rank, 1, true);
+      continue;
+    }
+    const bool outer = is_outer_lora_target(t);
+    const LinearShape l = outer ? outer_lora_shape(m, t) : projection_shape(m, t);
+    const int64_t count = outer ? 1 : m.num_layers;
+    matrix(lora.rank, l.in_features, count, outer);
+    matrix(l.out_features, lora.rank, count, outer);
+  }
+  return out;
+}
+
 class LoraFeature final : public SetupFeature {
  public:
   void validate(const TrainingSetup& s, const ModelSpec& m) const override {
@@ -274,6 +305,21 @@ class LoraFeature final : public SetupFeature {
     }
   }
   bool on(const TrainingSetup& s) const override { return s.lora.rank > 0; }
+  std::optional<std::vector<ParamTensor>> trainable_tensors(const ModelSpec& m,
+                                                            const TrainingSetup& s) const override {
+    return adapter_tensors(m, s.lora);
+  }
+  bool freezes_model() const override { return true; }
+  // A 16-bit base makes the residual stream 16-bit even under autocast.
+  bool stream_in_16_bits(const TrainingSetup& s) const override { return s.lora.base != BaseWeightDtype::Fp32; }
+  // A quantised base weight is dequantised for its matmul (the LM head's with quantize_lm_head).
+  int64_t backward_transients(const ModelSpec& m, const TrainingSetup& s) const override {
+    if (m.family == ModelFamily::ParamsOnly || !is_quantised_base(s.lora.base)) return 0;
+    C largest = s.lora.quantize_lm_head ? C(m.vocab_size) * m.hidden_size : C(0);
+    for (const auto& g : block_linears(m))  // experts included
+      largest = std::max(largest, C(g.shape.in_features) * g.shape.out_features);
+    return (2 * largest).get();
+  }
   std::unique_ptr<ForwardOps> forward_ops(const TrainingSetup& s, const ForwardOps& inner) const override {
     if (s.compile) return std::make_unique<CompiledLoraOps>(inner);
     return std::make_unique<PeftOps>(inner);
@@ -281,6 +327,31 @@ class LoraFeature final : public SetupFeature {
 };
 
 }  // namespace
+
+int64_t lora_parameter_count(const ModelSpec& m, const LoraSetup& lora) {
+  if (lora.rank == 0 || m.family == ModelFamily::ParamsOnly) return 0;
+  C n = 0;
+  for (const ParamTensor& t : adapter_tensors(m, lora)) n += C(t.count) * t.elements();
+  return n.get();
+}
+
+int64_t frozen_weight_bytes(const ModelSpec& m, const TrainingSetup& s) {
+  if (s.lora.rank == 0) return 0;
+  const BaseWeightDtype base = s.lora.base;
+  const int64_t total = parameter_count(m);
+  if (base == BaseWeightDtype::Fp16 || base == BaseWeightDtype::Bf16) return (2 * C(total)).get();
+  if (base == BaseWeightDtype::Fp32) return (4 * C(total)).get();
+  // bitsandbytes quantises the linears inside the blocks; embeddings, norms and the LM head stay 16-bit.
+  C linear_params = 0, linear_bytes = 0;
+  for (const auto& g : block_linears(m)) {  // every block linear, MoE experts and routers included
+    linear_params += C(g.count) * g.shape.parameters();
+    linear_bytes += C(g.count) * quantised_linear_bytes(g.shape, base);
+  }
+  C bytes = linear_bytes + 2 * (total - linear_params);
+  if (s.lora.quantize_lm_head)  // the untied V x h LM head stored like the base linears
+    bytes = bytes - 2 * C(m.vocab_size) * m.hidden_size + quantised_weight_bytes(m.hidden_size, m.vocab_size, base);
+  return bytes.get();
+}
 
 const SetupFeature& lora_feature() {
   static const LoraFeature feature;

@@ -15,6 +15,7 @@
 #include "gpuops/estimator/device_profile.h"
 #include "gpuops/estimator/memory_breakdown.h"
 #include "gpuops/estimator/model_spec.h"
+#include "gpuops/estimator/param_tensors.h"
 #include "gpuops/estimator/training_setup.h"
 
 namespace gpuops::estimator {
@@ -50,7 +51,19 @@ class SetupFeature {
 
   /// 1. The model as the setup runs it.
   virtual void run_model(ModelSpec&) const {}
-  /// 2. A sharding layout's local share of the trainable elements from ZeRO stage `from_stage` on, and of the
+  /// 2. The tensors that get gradients and optimizer states, where this feature decides them (LoRA's adapters);
+  ///    nullopt: the model's own.
+  virtual std::optional<std::vector<ParamTensor>> trainable_tensors(const ModelSpec&, const TrainingSetup&) const {
+    return std::nullopt;
+  }
+  /// The model's own weights are frozen: no LM-head gradient, no tied embedding's second gradient, and the
+  /// allocator's trace lays the weights over the model's tensors.
+  virtual bool freezes_model() const { return false; }
+  /// The residual stream runs in 16 bits under mixed precision (a 16-bit frozen base), not only in pure bf16.
+  virtual bool stream_in_16_bits(const TrainingSetup&) const { return false; }
+  /// Transients of every backward moment (a quantised base weight dequantised for its matmul).
+  virtual int64_t backward_transients(const ModelSpec&, const TrainingSetup&) const { return 0; }
+  /// 2a. A sharding layout's local share of the trainable elements from ZeRO stage `from_stage` on, and of the
   ///    frozen (LoRA base) bytes; nullopt: the core's flat partitions (zero_shard).
   virtual std::optional<int64_t> local_trainable_elements(const ModelSpec&, const TrainingSetup&, int) const {
     return std::nullopt;
@@ -94,6 +107,10 @@ class SetupFeature {
 const std::vector<const SetupFeature*>& all_features();
 /// The features `setup` turns on, in that order.
 std::vector<const SetupFeature*> features_of(const TrainingSetup& setup);
+/// The trainable tensors a feature of `setup` decides (the first that does); nullopt: the model's own.
+std::optional<std::vector<ParamTensor>> feature_trainable_tensors(const ModelSpec& model, const TrainingSetup& setup);
+/// True when a feature of `setup` freezes the model's own weights (LoRA).
+bool model_frozen(const TrainingSetup& setup);
 /// Runs every feature's validate.
 void validate_features(const TrainingSetup& setup, const ModelSpec& model);
 
