@@ -57,13 +57,4 @@ int64_t unsharded_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase ph
   return bytes.get();
 }
 
-void validate_state_options(const TrainingSetup& s, const ModelSpec&) {
-  const bool fsdp2 = s.sharding == ShardingLayout::Fsdp2, gpuops = s.sharding == ShardingLayout::Gpuops;
-  GPUOPS_CHECK_ARG(s.sharding == ShardingLayout::Flat || fsdp2 || gpuops,
-                   "sharding {} is out of range; accepted: flat, fsdp2, gpuops", static_cast<int>(s.sharding));
-  GPUOPS_CHECK_ARG(s.reshard_after_forward || fsdp2 || gpuops,
-                   "reshard-after-forward false applies to sharding fsdp2 and gpuops only; accepted: sharding fsdp2 or "
-                   "gpuops, or reshard-after-forward true");
-}
-
 }  // namespace gpuops::estimator

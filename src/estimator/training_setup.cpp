@@ -279,7 +279,12 @@ void validate(const TrainingSetup& s, const ModelSpec& m) {
                      "seq {} exceeds the {} learned positions of model '{}'; accepted: 1 to {}", s.seq_len,
                      m.max_positions, m.name, m.max_positions);
   }
-  validate_state_options(s, m);  // sharding layouts (state_layout.cpp)
+  const bool fsdp2 = s.sharding == ShardingLayout::Fsdp2, gpuops = s.sharding == ShardingLayout::Gpuops;
+  GPUOPS_CHECK_ARG(s.sharding == ShardingLayout::Flat || fsdp2 || gpuops,
+                   "sharding {} is out of range; accepted: flat, fsdp2, gpuops", static_cast<int>(s.sharding));
+  GPUOPS_CHECK_ARG(s.reshard_after_forward || fsdp2 || gpuops,
+                   "reshard-after-forward false applies to sharding fsdp2 and gpuops only; accepted: sharding fsdp2 or "
+                   "gpuops, or reshard-after-forward true");
   validate_features(s, m);       // every setup feature's own options (features/)
 }
 

@@ -41,18 +41,16 @@ int64_t sharded_frozen_bytes(const ModelSpec& model, const TrainingSetup& setup)
 /// fp32 partitions, which Adafactor sees as 1-D) a full second moment of the local partition.
 int64_t adafactor_state_bytes(const ModelSpec& model, const TrainingSetup& setup);
 
-/// Unsharded parameters and gradients of ZeRO-3 / FSDP2 alive at `phase` (both layouts, one function):
-/// flat ZeRO-3: the gathered weights of the current and the prefetched block in the backward moments;
-/// FSDP2: the same with reshard_after_forward (every block's without), plus the root module's parameters
-/// (never resharded after forward), a block's unsharded gradients in its backward, and the root's
-/// unsharded gradients at the end of the backward. 0 with one GPU.
+/// Unsharded parameters and gradients of a ZeRO-3 layout alive at `phase`, each layout's from its unit
+/// (features/zero3_flat.cpp: the gathered weights of the current and the prefetched block in the backward
+/// moments; fsdp2.cpp: the same with reshard_after_forward, every block's without, plus the root module's
+/// parameters, a block's unsharded gradients in its backward and the root's at its end; gpuops_stage3.cpp:
+/// gpuops' units). 0 with one GPU.
 int64_t unsharded_bytes(const ModelSpec& model, const TrainingSetup& setup, StepPhase phase);
 
 /// gpuops' stage 3 (sharding gpuops), the moment the LM head's gradient arrives, after the loss moment: unit 0
 /// gathered, its whole gradient buffer, and the head's gradient being copied into it. 0 otherwise.
+/// (features/gpuops_stage3.cpp)
 int64_t gpuops_head_bytes(const ModelSpec& model, const TrainingSetup& setup);
-
-/// Checks of the settings of this file; called by validate(TrainingSetup, ModelSpec).
-void validate_state_options(const TrainingSetup& setup, const ModelSpec& model);
 
 }  // namespace gpuops::estimator
