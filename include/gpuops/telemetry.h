@@ -1,7 +1,7 @@
 #pragma once
-// Training telemetry (issue 24, first part): the figures of each optimizer step, gathered without a host sync on
-// the step path (device values are accumulated on their device; one device-to-host read per log interval) and
-// written, one record per interval, to JSON Lines and CSV files. docs/telemetry.md.
+// Training telemetry: the figures of each optimizer step, gathered without a host sync on the step path (device
+// values are accumulated on their device; one device-to-host read per log interval) and written, one record per
+// interval, to JSON Lines and CSV files, a callback and a Prometheus endpoint. docs/telemetry.md.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -27,6 +27,11 @@ struct RecorderOptions {
   bool every_rank_writes = false;  ///< false: rank 0 writes; true: each rank to "<path>.rank<r>"
   double flops_per_token = 0;      ///< training FLOPs per token (estimator::training_flops_per_token; 0: no TFLOPS)
   double peak_flops = 0;           ///< the GPU's peak FLOP/s for the run's dtype (0: no MFU)
+  /// A Prometheus endpoint (GET /metrics, the latest record) on every rank: -1 none; 0 a free port (see
+  /// MetricsRecorder::prometheus_port); else rank 0's port, rank r serving on prometheus_port + r.
+  int64_t prometheus_port = -1;
+  std::string prometheus_address = "127.0.0.1";  ///< the one address the endpoint binds
+  std::string job = "gpuops";                    ///< the endpoint's job label (rank and world_size are labels too)
 };
 
 struct Record;
@@ -52,6 +57,9 @@ struct Record {
   std::string to_json() const;  ///< one line, no newline
 };
 
+/// True when this build of gpuops can serve a Prometheus endpoint (it was built with cpp-httplib).
+bool prometheus_available();
+
 /// Names of Record::figures, in order.
 const std::vector<std::string>& figure_names();
 
@@ -75,10 +83,14 @@ class MetricsRecorder {
   void step_done(int64_t step, const StepReport& report);
   /// The record of the steps since the last one, made and written now (none if there are none).
   std::optional<Record> flush();
+  /// flush(), then the Prometheus endpoint stops serving (its port is free again); later steps are still recorded.
+  std::optional<Record> close();
   /// Device-to-host reads so far: one per record with values on a GPU (CPU values are read where they are).
   int64_t host_reads() const;
   /// The last step a sink already held when it was opened (0: none).
   int64_t resumed_after() const;
+  /// The port this rank's Prometheus endpoint serves on (-1: none).
+  int64_t prometheus_port() const;
 
  private:
   struct State;

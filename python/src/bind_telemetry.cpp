@@ -26,7 +26,8 @@ void bind_telemetry(py::module_& m) {
   py::class_<MetricsRecorder>(m, "MetricsRecorder")
       .def(py::init([](int64_t log_every, const std::string& jsonl, const std::string& csv, int64_t rank,
                        int64_t world_size, bool every_rank_writes, py::object callback, double flops_per_token,
-                       double peak_flops, const dist::Communicator* communicator) {
+                       double peak_flops, const dist::Communicator* communicator, int64_t prometheus_port,
+                       const std::string& prometheus_address, const std::string& job) {
              telemetry::RecordCallback call;
              if (!callback.is_none()) {
                TORCH_CHECK_TYPE(PyCallable_Check(callback.ptr()), "Recorder: callback must be callable or None");
@@ -41,12 +42,13 @@ void bind_telemetry(py::module_& m) {
              }
              return std::make_unique<MetricsRecorder>(
                  telemetry::RecorderOptions{log_every, jsonl, csv, rank, world_size, every_rank_writes,
-                                            flops_per_token, peak_flops},
+                                            flops_per_token, peak_flops, prometheus_port, prometheus_address, job},
                  call, communicator);
            }),
            py::arg("log_every"), py::arg("jsonl"), py::arg("csv"), py::arg("rank"), py::arg("world_size"),
            py::arg("every_rank_writes"), py::arg("callback") = py::none(), py::arg("flops_per_token") = 0.0,
-           py::arg("peak_flops") = 0.0, py::arg("communicator") = nullptr)
+           py::arg("peak_flops") = 0.0, py::arg("communicator") = nullptr, py::arg("prometheus_port") = -1,
+           py::arg("prometheus_address") = "127.0.0.1", py::arg("job") = "gpuops")
       .def(
           "step_done",
           [](MetricsRecorder& r, int64_t step, std::optional<at::Tensor> loss, std::optional<at::Tensor> grad_norm,
@@ -67,8 +69,16 @@ void bind_telemetry(py::module_& m) {
              py::gil_scoped_release release;
              return r.flush();
            })
+      .def("close",
+           [](MetricsRecorder& r) {
+             torch::PyWarningHandler warnings;
+             py::gil_scoped_release release;
+             return r.close();
+           })
       .def_property_readonly("host_reads", &MetricsRecorder::host_reads)
-      .def_property_readonly("resumed_after", &MetricsRecorder::resumed_after);
+      .def_property_readonly("resumed_after", &MetricsRecorder::resumed_after)
+      .def_property_readonly("prometheus_port", &MetricsRecorder::prometheus_port);
+  m.def("prometheus_available", &telemetry::prometheus_available);
 }
 
 }  // namespace gpuops::python

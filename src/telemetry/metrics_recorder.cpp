@@ -14,6 +14,7 @@
 
 #include "gpuops/communicator.h"
 #include "gpuops/telemetry.h"
+#include "prometheus_endpoint.h"
 #include "record_file.h"
 
 #ifdef GPUOPS_WITH_CUDA
@@ -53,6 +54,9 @@ void check_options(const RecorderOptions& o) {
                     o.flops_per_token, " is not accepted; accepted: a finite number >= 0 (0: no TFLOPS)");
   TORCH_CHECK_VALUE(std::isfinite(o.peak_flops) && o.peak_flops >= 0, "MetricsRecorder: peak_flops ", o.peak_flops,
                     " is not accepted; accepted: a finite number >= 0 (0: no MFU)");
+  TORCH_CHECK_VALUE(o.prometheus_port == -1 || (o.prometheus_port >= 0 && o.prometheus_port + o.world_size - 1 <= 65535),
+                    "MetricsRecorder: prometheus_port ", o.prometheus_port, " is not accepted; accepted: -1 (none), "
+                    "0 (a free port) or a port with port + world_size - 1 <= 65535 (rank r serves port + r)");
 }
 
 void check_reported(const at::Tensor& t, const char* name) {
@@ -114,6 +118,7 @@ struct Totals {
 struct MetricsRecorder::State {
   RecorderOptions options;
   std::vector<std::unique_ptr<detail::RecordFile>> sinks;
+  std::unique_ptr<detail::PrometheusEndpoint> endpoint;
   RecordCallback callback;
   std::optional<dist::Communicator> communicator;
   int64_t traffic_at_record = 0;  // the communicator's ring bytes when the last record was made
@@ -282,6 +287,11 @@ MetricsRecorder::MetricsRecorder(RecorderOptions options, RecordCallback callbac
     state_->traffic_at_record = communicator->traffic().ring_sent_bytes();
   }
   state_->options = options;
+  if (options.prometheus_port != -1) {  // before the files: a port in use leaves nothing behind
+    const int64_t port = options.prometheus_port == 0 ? 0 : options.prometheus_port + options.rank;
+    state_->endpoint = std::make_unique<detail::PrometheusEndpoint>(
+        options.prometheus_address, port, detail::PrometheusLabels{options.job, options.rank, options.world_size});
+  }
   const bool writes = options.every_rank_writes || options.rank == 0;
   if (writes) state_->callback = std::move(callback);
   if (writes && !options.jsonl_path.empty())
@@ -323,6 +333,7 @@ std::optional<Record> MetricsRecorder::flush() {
       TORCH_WARN("MetricsRecorder: the record of step ", record.step, " was not written: ", e.what_without_backtrace());
     }
   }
+  if (s.endpoint) s.endpoint->publish(record);
   if (s.callback) {
     try {  // a user's sink that fails costs its record, never the training
       s.callback(record);
@@ -333,8 +344,18 @@ std::optional<Record> MetricsRecorder::flush() {
   return record;
 }
 
+std::optional<Record> MetricsRecorder::close() {
+  std::optional<Record> last = flush();
+  state_->endpoint.reset();
+  return last;
+}
+
 int64_t MetricsRecorder::host_reads() const { return state_->host_reads; }
 
 int64_t MetricsRecorder::resumed_after() const { return state_->resumed_after; }
+
+int64_t MetricsRecorder::prometheus_port() const { return state_->endpoint ? state_->endpoint->port() : -1; }
+
+bool prometheus_available() { return detail::prometheus_built(); }
 
 }  // namespace gpuops::telemetry

@@ -21,6 +21,11 @@ import torch
 from .. import _C
 
 
+def prometheus_available() -> bool:
+    """True when this build of gpuops serves Prometheus (it was built with cpp-httplib)."""
+    return _C.prometheus_available()
+
+
 def _default_rank() -> tuple:
     import torch.distributed as dist
 
@@ -114,13 +119,19 @@ class Recorder:
 
     ``communicator`` (a ``gpuops.dist.Communicator``): every record also holds figures over all ranks (total
     tokens/s and samples/s, the slowest step, the largest peaks) and this rank's collective bytes per step; every
-    rank must then record the same steps and close the recorder."""
+    rank must then record the same steps and close the recorder.
+
+    ``prometheus_port``: every rank serves its latest record at ``http://<prometheus_address>:<port + rank>/metrics``
+    in Prometheus' text format (0: a free port, see ``prometheus_port``), labelled with ``job``, ``rank`` and
+    ``world_size``, from a thread of its own; only ``prometheus_address`` (default 127.0.0.1) is bound."""
 
     def __init__(self, log_every: int = 10, jsonl: Optional[str] = None, csv: Optional[str] = None, *,
                  rank: Optional[int] = None, world_size: Optional[int] = None, every_rank_writes: bool = False,
                  start_step: int = 0, callback: Optional[Callable[[Dict[str, Any]], None]] = None,
                  flops_per_token: Optional[float] = None, model: Any = None, seq_len: Optional[int] = None,
-                 peak_tflops: Optional[float] = None, gpu: Optional[str] = None, communicator: Any = None) -> None:
+                 peak_tflops: Optional[float] = None, gpu: Optional[str] = None, communicator: Any = None,
+                 prometheus_port: Optional[int] = None, prometheus_address: str = "127.0.0.1",
+                 job: str = "gpuops") -> None:
         default_rank, default_world = ((communicator.rank, communicator.size) if communicator is not None
                                         else _default_rank())
         if callback is not None and not callable(callback):
@@ -133,7 +144,9 @@ class Recorder:
             world_size=default_world if world_size is None else world_size, every_rank_writes=every_rank_writes,
             callback=None if callback is None else (lambda record: callback(self._as_dict(record))),
             flops_per_token=_flops_per_token(flops_per_token, model, seq_len),
-            peak_flops=_peak_flops(peak_tflops, gpu), communicator=communicator)
+            peak_flops=_peak_flops(peak_tflops, gpu), communicator=communicator,
+            prometheus_port=-1 if prometheus_port is None else prometheus_port,
+            prometheus_address=prometheus_address, job=job)
         self._step = start_step
 
     def step_done(self, loss: Any = None, *, optimizer: Optional[torch.optim.Optimizer] = None, scaler: Any = None,
@@ -155,7 +168,10 @@ class Recorder:
         record = self._native.flush()
         return None if record is None else self._as_dict(record)
 
-    close = flush
+    def close(self) -> Optional[Dict[str, Any]]:
+        """``flush()``, then the Prometheus endpoint (if any) stops serving and frees its port."""
+        record = self._native.close()
+        return None if record is None else self._as_dict(record)
 
     @staticmethod
     def _as_dict(record) -> Dict[str, Any]:
@@ -175,6 +191,12 @@ class Recorder:
         return self._native.resumed_after
 
     @property
+    def prometheus_port(self) -> Optional[int]:
+        """The port this rank's Prometheus endpoint serves on (None: no endpoint)."""
+        port = self._native.prometheus_port
+        return None if port < 0 else port
+
+    @property
     def step(self) -> int:
         return self._step
 
@@ -182,7 +204,7 @@ class Recorder:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.flush()
+        self.close()
 
 
 FIGURES = tuple(_C.metric_figure_names())

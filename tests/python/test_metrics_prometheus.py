@@ -1,0 +1,93 @@
+"""The telemetry's Prometheus endpoint: Prometheus' own text parser reads real HTTP scrapes of a training run
+(localhost only), twice, with the step advancing; the endpoint binds the one address it is given; a port in use,
+an address not of this host and a port out of range are refused at creation, leaving no file behind."""
+
+import socket
+import urllib.error
+import urllib.request
+
+import psutil
+import pytest
+
+import gpuops
+from test_metrics import _run
+
+parser = pytest.importorskip("prometheus_client.parser")
+pytestmark = pytest.mark.skipif(not gpuops.metrics.prometheus_available(),
+                                reason="this build of gpuops has no Prometheus endpoint (no cpp-httplib)")
+
+
+def _scrape(port):
+    """{metric name: (labels, value)} of one scrape, parsed by prometheus_client."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = response.read().decode()
+    return {s.name: (s.labels, s.value) for family in parser.text_string_to_metric_families(text)
+            for s in family.samples if s.name != "gpuops_lr"}, text
+
+
+def test_two_scrapes_during_training_read_each_record(tmp_path):
+    records = []
+    recorder = gpuops.metrics.Recorder(log_every=3, jsonl=tmp_path / "m.jsonl", prometheus_port=0, job="finetune",
+                                       callback=records.append)
+    port = recorder.prometheus_port
+    assert isinstance(port, int) and port > 0
+    assert _scrape(port)[0] == {}  # nothing recorded yet: no figure is made up
+    scrapes = []
+    for _ in range(2):
+        _run(recorder, 3)  # one record each
+        scrapes.append(_scrape(port))
+    recorder.close()
+    for (samples, text), record in zip(scrapes, records):
+        labels, step = samples["gpuops_step"]
+        assert labels == {"job": "finetune", "rank": "0", "world_size": "1"}
+        assert step == record["step"]
+        for name in ("loss", "grad_norm", "loss_scale", "skipped_steps", "tokens_per_s", "step_time_s"):
+            assert samples[f"gpuops_{name}"][1] == pytest.approx(record[name], rel=1e-12), name
+        assert samples["gpuops_last_step_timestamp_seconds"][1] == pytest.approx(record["time"], rel=1e-12)
+        assert "gpuops_peak_allocated_bytes" not in samples  # not reported on the CPU: left out, not 0
+        assert f'gpuops_lr{{job="finetune",rank="0",world_size="1",group="1"}} {record["lr"][1]}' in text
+    assert [s[0]["gpuops_step"][1] for s in scrapes] == [3, 6]
+    assert scrapes[1][0]["gpuops_last_step_timestamp_seconds"][1] > scrapes[0][0]["gpuops_last_step_timestamp_seconds"][1]
+    with pytest.raises(urllib.error.URLError):  # closed: the port is free again
+        _scrape(port)
+
+
+def test_the_endpoint_binds_only_the_address_it_is_given():
+    with gpuops.metrics.Recorder(prometheus_port=0) as recorder:
+        listening = [c.laddr for c in psutil.net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == recorder.prometheus_port]
+        assert [address.ip for address in listening] == ["127.0.0.1"]
+
+
+def test_each_rank_serves_on_its_own_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        base = probe.getsockname()[1]
+    with gpuops.metrics.Recorder(rank=1, world_size=2, prometheus_port=base) as recorder:
+        assert recorder.prometheus_port == base + 1
+        recorder.step_done(1.5)
+        recorder.flush()
+        assert _scrape(base + 1)[0]["gpuops_step"][0]["rank"] == "1"
+
+
+def test_a_port_in_use_is_refused_and_leaves_no_file(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"127.0.0.1:{port} cannot be bound"):
+            gpuops.metrics.Recorder(jsonl=tmp_path / "m.jsonl", prometheus_port=port)
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+@pytest.mark.parametrize("address", ["203.0.113.7", "not an address"])
+def test_an_address_not_of_this_host_is_refused(address):
+    with pytest.raises(ValueError, match="cannot be bound"):
+        gpuops.metrics.Recorder(prometheus_port=0, prometheus_address=address)
+
+
+@pytest.mark.parametrize("port", [-2, 65536, 70000])
+def test_a_port_out_of_range_is_refused(port):
+    with pytest.raises(ValueError, match="prometheus_port"):
+        gpuops.metrics.Recorder(prometheus_port=port)
