@@ -14,6 +14,8 @@ count are combined on their device and read once per ``log_every`` steps.
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -94,6 +96,44 @@ def _peak_flops(peak_tflops: Optional[float], gpu: Optional[str]) -> float:
     return catalog[max(matches, key=lambda n: len(n.split("-")))] * 1e12 if matches else 0.0
 
 
+class _TensorBoardSink:
+    """TensorBoard event files through torch's SummaryWriter (the tensorboard package's writer): each record's
+    figures as scalars ``gpuops/<figure>`` and ``gpuops/lr/<group>`` at the record's step, flushed per record. A
+    resumed run (``purge_step``) makes TensorBoard drop the earlier run's events from that step on."""
+
+    def __init__(self, log_dir: str, purge_step: Optional[int]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+        self._writer = SummaryWriter(log_dir=log_dir, purge_step=purge_step)
+
+    @staticmethod
+    def check(log_dir: str) -> None:
+        """ValueError unless the tensorboard package is there and ``log_dir`` is, or can be made as, a writable
+        folder: checked before anything is created."""
+        try:
+            import torch.utils.tensorboard  # noqa: F401
+        except ImportError as error:
+            raise ValueError("Recorder: tensorboard= needs the tensorboard package (pip install tensorboard)") from error
+        path = os.path.abspath(log_dir)
+        while not os.path.exists(path):
+            path = os.path.dirname(path)
+        if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError(f"Recorder: tensorboard {log_dir!r} cannot be a writable folder ({path!r} is "
+                             f"{'not a folder' if not os.path.isdir(path) else 'not writable'})")
+
+    def write(self, record: Dict[str, Any]) -> None:
+        step = record["step"]
+        for name, value in record.items():
+            if name not in ("step", "lr") and value is not None:
+                self._writer.add_scalar(f"gpuops/{name}", value, step)
+        for group, lr in enumerate(record["lr"]):
+            if not math.isnan(lr):
+                self._writer.add_scalar(f"gpuops/lr/{group}", lr, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 def _as_value(name: str, value: Any) -> Optional[torch.Tensor]:
     """A reported value as a tensor (kept as it is: not read): a tensor, a real number or None."""
     if value is None or isinstance(value, torch.Tensor):
@@ -121,6 +161,10 @@ class Recorder:
     tokens/s and samples/s, the slowest step, the largest peaks) and this rank's collective bytes per step; every
     rank must then record the same steps and close the recorder.
 
+    ``tensorboard``: a folder for TensorBoard event files (torch's SummaryWriter; every rank in ``<folder>/rank<r>``
+    with ``every_rank_writes``), each record's figures as scalars ``gpuops/<figure>`` at its step; a resumed run
+    (``start_step`` > 0) has TensorBoard drop the earlier run's events after ``start_step``.
+
     ``prometheus_port``: every rank serves its latest record at ``http://<prometheus_address>:<port + rank>/metrics``
     in Prometheus' text format (0: a free port, see ``prometheus_port``), labelled with ``job``, ``rank`` and
     ``world_size``, from a thread of its own; only ``prometheus_address`` (default 127.0.0.1) is bound."""
@@ -131,23 +175,43 @@ class Recorder:
                  flops_per_token: Optional[float] = None, model: Any = None, seq_len: Optional[int] = None,
                  peak_tflops: Optional[float] = None, gpu: Optional[str] = None, communicator: Any = None,
                  prometheus_port: Optional[int] = None, prometheus_address: str = "127.0.0.1",
-                 job: str = "gpuops") -> None:
+                 job: str = "gpuops", tensorboard: Optional[str] = None) -> None:
         default_rank, default_world = ((communicator.rank, communicator.size) if communicator is not None
                                         else _default_rank())
         if callback is not None and not callable(callback):
             raise TypeError(f"Recorder: callback must be callable or None, got {type(callback).__name__}")
         if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
             raise ValueError(f"Recorder: start_step must be an int >= 0, got {start_step!r}")
+        rank = default_rank if rank is None else rank
+        world_size = default_world if world_size is None else world_size
+        writes = every_rank_writes or rank == 0
+        if tensorboard is not None and writes:
+            tensorboard = str(tensorboard) if not every_rank_writes else os.path.join(str(tensorboard), f"rank{rank}")
+            _TensorBoardSink.check(tensorboard)
+        self._tensorboard: Optional[_TensorBoardSink] = None
+
+        def on_record(record) -> None:  # on the ranks that write: TensorBoard, then the user's callback
+            as_dict = self._as_dict(record)
+            if self._tensorboard is not None:
+                try:  # a failing sink costs its record, never the training (as the native sinks)
+                    self._tensorboard.write(as_dict)
+                except Exception as error:  # noqa: BLE001
+                    warnings.warn(f"Recorder: the record of step {as_dict['step']} was not written to "
+                                  f"TensorBoard: {error}")
+            if callback is not None:
+                callback(as_dict)
+
         self._native = _C.MetricsRecorder(
             log_every=log_every, jsonl="" if jsonl is None else str(jsonl), csv="" if csv is None else str(csv),
-            rank=default_rank if rank is None else rank,
-            world_size=default_world if world_size is None else world_size, every_rank_writes=every_rank_writes,
-            callback=None if callback is None else (lambda record: callback(self._as_dict(record))),
+            rank=rank, world_size=world_size, every_rank_writes=every_rank_writes,
+            callback=on_record if (callback is not None or tensorboard is not None) else None,
             flops_per_token=_flops_per_token(flops_per_token, model, seq_len),
             peak_flops=_peak_flops(peak_tflops, gpu), communicator=communicator,
             prometheus_port=-1 if prometheus_port is None else prometheus_port,
             prometheus_address=prometheus_address, job=job)
         self._step = start_step
+        if tensorboard is not None and writes:
+            self._tensorboard = _TensorBoardSink(tensorboard, purge_step=start_step + 1 if start_step > 0 else None)
 
     def step_done(self, loss: Any = None, *, optimizer: Optional[torch.optim.Optimizer] = None, scaler: Any = None,
                   grad_norm: Optional[torch.Tensor] = None, tokens: int = 0, samples: int = 0) -> None:
@@ -169,8 +233,12 @@ class Recorder:
         return None if record is None else self._as_dict(record)
 
     def close(self) -> Optional[Dict[str, Any]]:
-        """``flush()``, then the Prometheus endpoint (if any) stops serving and frees its port."""
+        """``flush()``, then the Prometheus endpoint (if any) stops serving and frees its port, and the TensorBoard
+        files are closed."""
         record = self._native.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
         return None if record is None else self._as_dict(record)
 
     @staticmethod
