@@ -1,7 +1,9 @@
 // A complete LibTorch fine-tuning loop with gpuops, the C++ twin of examples/python/finetune.py: mixed
 // precision (AutocastGuard; GradScaler for fp16 on CUDA, bf16 on the CPU), activation checkpointing of every
 // second block (CheckpointedSequential), gradient accumulation normalised by the window's token count
-// (GradAccumulator), and a preemption-safe TrainingState: periodic saves, a save on SIGTERM/SIGUSR1, resume.
+// (GradAccumulator), a preemption-safe TrainingState (periodic saves, a save on SIGTERM/SIGUSR1, resume), and the
+// training's figures, one record per 10 steps in <state-dir>.metrics.jsonl (MetricsRecorder: loss, gradient norm,
+// tokens/s, checkpoint saves), continued across a resume without a step twice.
 //
 //   build/examples/finetune <state-dir> [steps=40] [signal-self-at-step]
 // Run it again with the same folder to resume where it stopped.
@@ -14,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <gpuops/gpuops.h>
+#include <gpuops/telemetry.h>
 
 namespace {
 
@@ -116,6 +119,11 @@ int main(int argc, char** argv) {
   std::printf("checkpointed blocks: %zu of %lld; %s\n", checkpointed.size(), static_cast<long long>(kLayers),
               resumed ? ("resumed from " + resumed->path).c_str() : "fresh start");
 
+  gpuops::telemetry::RecorderOptions telemetry;
+  telemetry.jsonl_path = (state_dir.back() == '/' ? state_dir.substr(0, state_dir.size() - 1) : state_dir) +
+                         ".metrics.jsonl";
+  gpuops::telemetry::MetricsRecorder recorder(telemetry);
+
   for (int64_t step = first_step; step < steps; ++step) {
     double window_loss = 0;
     int64_t window_tokens = 0;
@@ -134,6 +142,13 @@ int main(int argc, char** argv) {
       window_loss += loss_sum.item<double>();
       window_tokens += count;
     }
+    gpuops::telemetry::StepReport report;  // optimizer step `step + 1` done (the norm stays on its device)
+    report.loss = torch::tensor(window_loss / static_cast<double>(window_tokens), torch::kDouble);
+    report.grad_norm = accumulator.last_grad_norm();
+    report.lrs = {optimizer.param_groups()[0].options().get_lr()};
+    report.tokens = window_tokens;
+    report.samples = kWindow * kMicroBatch;
+    recorder.step_done(step + 1, report);
     std::printf("step %lld loss %.9g\n", static_cast<long long>(step), window_loss / window_tokens);
     std::fflush(stdout);
     if (step == signal_at) std::raise(SIGUSR1);  // what a scheduler sends before a kill
@@ -144,12 +159,14 @@ int main(int argc, char** argv) {
       progress.data_position = (step + 1) * kWindow;
       const auto path = state.save(progress, objects);
       if (stop) {
+        recorder.close();
         std::printf("stop requested: saved %s at step %lld; run again to resume\n", path.c_str(),
                     static_cast<long long>(step));
         return 0;
       }
     }
   }
+  recorder.close();
   std::printf("done\n");
   return 0;
 }

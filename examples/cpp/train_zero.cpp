@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include "gpuops/gpuops.h"
+#include "gpuops/telemetry.h"
 
 namespace {
 
@@ -73,12 +74,25 @@ int main(int argc, char** argv) {
     if (rank == 0) std::printf("resumed from %s at step %lld on %d rank(s)\n", loaded->path.c_str(),
                                static_cast<long long>(start), world);
   }
+  // The training figures, one record per 5 steps: rank 0 writes <state-dir>.metrics.jsonl, with the rates summed
+  // over the ranks and the collective bytes per step (every rank records every step, through `comm`).
+  gpuops::telemetry::RecorderOptions telemetry;
+  telemetry.log_every = 5;
+  telemetry.jsonl_path = (state_dir.back() == '/' ? state_dir.substr(0, state_dir.size() - 1) : state_dir) +
+                         ".metrics.jsonl";
+  telemetry.rank = rank;
+  telemetry.world_size = world;
+  gpuops::telemetry::MetricsRecorder recorder(telemetry, nullptr, &comm);
   for (int64_t step = start; step < steps; ++step) {
     opt.zero_grad();
     auto [x, y] = batch(step, rank, world);
     const torch::Tensor loss = torch::mse_loss(forward(x), y);
     loss.backward();
     opt.step();
+    gpuops::telemetry::StepReport report;
+    report.loss = loss.detach();
+    report.samples = x.size(0);
+    recorder.step_done(step + 1, report);
     torch::Tensor mean = loss.detach().clone().reshape({1});
     comm.all_reduce(mean, gpuops::dist::ReduceOp::Average).wait();
     if (rank == 0) std::printf("step %lld loss %.6f\n", static_cast<long long>(step), mean.item<double>());
@@ -95,5 +109,6 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);
   }
+  recorder.close();  // every rank: the last record's figures over all ranks
   return 0;
 }

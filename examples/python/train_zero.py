@@ -52,12 +52,17 @@ def main() -> None:
         start = loaded["step"] if loaded else 0
         if loaded and rank == 0:
             print(f"resumed from {loaded['path']} at step {start} on {world} rank(s)", flush=True)
+        # The training figures, one record per 5 steps: rank 0 writes <state-dir>.metrics.jsonl, with the rates
+        # summed over the ranks and the optimizer's collective bytes per step (every rank records every step).
+        recorder = gpuops.metrics.Recorder(log_every=5, jsonl=args.state_dir.rstrip("/") + ".metrics.jsonl",
+                                           start_step=start, communicator=opt.communicator)
         for step in range(start, args.steps):
             opt.zero_grad()
             x, y = batch(step, rank, world)
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
             opt.step()
+            recorder.step_done(loss.detach(), optimizer=opt, samples=x.shape[0])
             mean = loss.detach().clone()
             dist.all_reduce(mean)
             if rank == 0:
@@ -71,7 +76,8 @@ def main() -> None:
                     if rank == 0:
                         print(f"stop requested: saved {path}", flush=True)
                     break
-    del opt  # it holds the process group: drop it before the group goes
+        recorder.close()  # every rank: the last record's figures over all ranks
+    del opt, recorder  # it holds the process group: drop it before the group goes
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()

@@ -50,6 +50,7 @@ struct PendingState {
   std::string writer;
   std::string folder;  ///< the pending folder (inside the store, hidden)
   std::vector<std::string> files;
+  double started_s = 0;  ///< when begin() made it (steady clock, seconds): commit reports the save's duration
 
   std::string file_path(const std::string& file) const;
 };

@@ -47,7 +47,19 @@ struct StepReport {
   std::vector<double> lrs;                  ///< the learning rate of each parameter group
   int64_t tokens = 0;                       ///< tokens the step trained on (0: not reported)
   int64_t samples = 0;                      ///< samples the step trained on (0: not reported)
+  std::optional<double> data_wait_s;        ///< seconds the step waited for its data (the loader), >= 0
 };
+
+/// Saves of training states since the process began: StateStore::commit reports each (the C++ and the Python
+/// TrainingState, sharded or not), its seconds from begin() to the commit and the bytes of its files. A recorder
+/// reports the saves made since its last record.
+struct CheckpointSaves {
+  int64_t count = 0;
+  double seconds = 0;
+  int64_t bytes = 0;
+};
+void note_checkpoint_saved(double seconds, int64_t bytes);
+CheckpointSaves checkpoint_saves();
 
 /// The figures of one log interval, in a fixed order (the CSV's columns), and the learning rates.
 struct Record {

@@ -53,16 +53,16 @@ void bind_telemetry(py::module_& m) {
           "step_done",
           [](MetricsRecorder& r, int64_t step, std::optional<at::Tensor> loss, std::optional<at::Tensor> grad_norm,
              std::optional<at::Tensor> loss_scale, std::optional<at::Tensor> skipped_steps, std::vector<double> lrs,
-             int64_t tokens, int64_t samples) {
+             int64_t tokens, int64_t samples, std::optional<double> data_wait_s) {
             torch::PyWarningHandler warnings;  // a failed sink's TORCH_WARN becomes a Python UserWarning
             // Without the GIL, as the communicator's calls: a record's all-reduces wait on c10d's threads (a
             // callback takes the GIL back).
             py::gil_scoped_release release;
             r.step_done(step, {std::move(loss), std::move(grad_norm), std::move(loss_scale), std::move(skipped_steps),
-                               std::move(lrs), tokens, samples});
+                               std::move(lrs), tokens, samples, data_wait_s});
           },
           py::arg("step"), py::arg("loss"), py::arg("grad_norm"), py::arg("loss_scale"), py::arg("skipped_steps"),
-          py::arg("lrs"), py::arg("tokens"), py::arg("samples"))
+          py::arg("lrs"), py::arg("tokens"), py::arg("samples"), py::arg("data_wait_s") = py::none())
       .def("flush",
            [](MetricsRecorder& r) {
              torch::PyWarningHandler warnings;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
@@ -19,12 +20,17 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/file_checks.h"
+#include "gpuops/telemetry.h"
 #include "posix_files.h"
 
 using json = nlohmann::json;
 
 namespace gpuops {
 namespace {
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 constexpr int kFormat = 2;
 constexpr const char* kChecksums = "checksums.json";
@@ -265,7 +271,8 @@ PendingState StateStore::begin(int64_t step, const std::vector<std::string>& fil
     TORCH_CHECK_VALUE(std::count(files.begin(), files.end(), f) == 1, "StateStore: file name '", f, "' appears twice");
   }
   TORCH_CHECK_VALUE(plain_file_name(writer), "StateStore: writer '", writer, "' must be a plain name");
-  PendingState pending{step, writer, detail::join_path(directory_, hidden_name("state-" + std::to_string(step))), files};
+  PendingState pending{step, writer, detail::join_path(directory_, hidden_name("state-" + std::to_string(step))), files,
+                       steady_seconds()};
   TORCH_CHECK(::mkdir(pending.folder.c_str(), 0777) == 0, "StateStore: cannot create ", pending.folder, ": ",
               std::strerror(errno));
   return pending;
@@ -314,6 +321,9 @@ StoredState StateStore::commit(const PendingState& pending, std::vector<std::str
     abort(pending);
     throw;
   }
+  int64_t bytes = 0;  // the save, for the telemetry's checkpoint figures
+  for (const auto& f : state.files) bytes += f.bytes;
+  telemetry::note_checkpoint_saved(steady_seconds() - pending.started_s, bytes);
 
   // The state is durable; now the index and keep-K. A failure here loses nothing (load scans the folder).
   try {

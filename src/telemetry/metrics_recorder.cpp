@@ -31,8 +31,9 @@ enum Column : int64_t { kLoss, kGradNorm, kScale, kSkipped, kColumns };
 
 const std::vector<std::string> kFigureNames = {
     "loss", "loss_last", "nonfinite_losses", "grad_norm", "grad_norm_max", "loss_scale", "skipped_steps",
-    "skip_streak", "step_time_s", "tokens_per_s", "samples_per_s", "tflops", "mfu", "peak_tflops",
-    "peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "ooms", "tokens_per_s_all_ranks",
+    "skip_streak", "step_time_s", "tokens_per_s", "samples_per_s", "data_wait_share", "tflops", "mfu", "peak_tflops",
+    "peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "ooms", "checkpoint_saves", "checkpoint_save_s",
+    "checkpoint_bytes", "tokens_per_s_all_ranks",
     "samples_per_s_all_ranks", "step_time_s_max_rank", "peak_allocated_bytes_max_rank", "peak_reserved_bytes_max_rank",
     "comm_bytes_per_step", "time"};
 
@@ -128,6 +129,9 @@ struct MetricsRecorder::State {
   at::Tensor device_rows;  // log_every x kColumns doubles on the device of the first device value reported
   Totals totals;
   int64_t last_step = 0, tokens = 0, samples = 0, host_reads = 0, resumed_after = 0;
+  double data_wait = 0;  // the interval's seconds waiting for data, when reported
+  bool data_wait_reported = false;
+  CheckpointSaves saves_at_record = checkpoint_saves();
   std::vector<double> lrs;
   std::chrono::steady_clock::time_point interval_start = std::chrono::steady_clock::now();
 
@@ -185,6 +189,17 @@ struct MetricsRecorder::State {
 #endif
     out.insert(out.end(), {{"peak_allocated_bytes", allocated}, {"peak_reserved_bytes", reserved},
                            {"alloc_retries", retries}, {"ooms", ooms}});
+  }
+
+  // The training states saved since the last record (their seconds and bytes only when there were some).
+  void checkpoint_figures(std::vector<std::pair<std::string, double>>& out) {
+    const CheckpointSaves now = checkpoint_saves();
+    const int64_t count = now.count - saves_at_record.count;
+    out.insert(out.end(),
+               {{"checkpoint_saves", static_cast<double>(count)},
+                {"checkpoint_save_s", count > 0 ? now.seconds - saves_at_record.seconds : kNone},
+                {"checkpoint_bytes", count > 0 ? static_cast<double>(now.bytes - saves_at_record.bytes) : kNone}});
+    saves_at_record = now;
   }
 
   // Over all ranks (a communicator given): total rates, the slowest step and the largest peaks, in two small
@@ -253,7 +268,8 @@ struct MetricsRecorder::State {
         {"skip_streak", given_or_none(kSkipped, t.streak)},
         {"step_time_s", seconds / static_cast<double>(steps())},
         {"tokens_per_s", tokens > 0 ? static_cast<double>(tokens) / seconds : kNone},
-        {"samples_per_s", samples > 0 ? static_cast<double>(samples) / seconds : kNone}};
+        {"samples_per_s", samples > 0 ? static_cast<double>(samples) / seconds : kNone},
+        {"data_wait_share", data_wait_reported ? data_wait / seconds : kNone}};
     // Model FLOPs of this rank's tokens, against the peak of one GPU.
     const double flops = tokens > 0 && options.flops_per_token > 0
                              ? static_cast<double>(tokens) * options.flops_per_token / seconds : kNone;
@@ -262,11 +278,14 @@ struct MetricsRecorder::State {
                       {"mfu", options.peak_flops > 0 ? flops / options.peak_flops : kNone},
                       {"peak_tflops", options.peak_flops > 0 ? options.peak_flops / 1e12 : kNone}});
     memory_figures(r.figures);
+    checkpoint_figures(r.figures);
     rank_figures(r.figures, static_cast<double>(steps()));
     r.figures.emplace_back("time", seconds_since_epoch());
     totals.next_interval();
     host_rows.clear(), given.clear(), on_device.clear();
     tokens = samples = 0;
+    data_wait = 0;
+    data_wait_reported = false;
     interval_start = std::chrono::steady_clock::now();
     return r;
   }
@@ -311,6 +330,9 @@ void MetricsRecorder::step_done(int64_t step, const StepReport& report) {
                     " is not accepted; accepted: steps that increase (the last was ", s.last_step, ")");
   TORCH_CHECK_VALUE(report.tokens >= 0 && report.samples >= 0, "MetricsRecorder.step_done: tokens ", report.tokens,
                     " and samples ", report.samples, " are not accepted; accepted: >= 0");
+  TORCH_CHECK_VALUE(!report.data_wait_s || (std::isfinite(*report.data_wait_s) && *report.data_wait_s >= 0),
+                    "MetricsRecorder.step_done: data_wait_s ", report.data_wait_s.value_or(0),
+                    " is not accepted; accepted: a finite number of seconds >= 0");
   for (const auto& [value, name] : {std::pair{&report.loss, "loss"}, {&report.grad_norm, "grad_norm"},
                                     {&report.loss_scale, "loss_scale"}, {&report.skipped_steps, "skipped_steps"}})
     if (*value) check_reported(**value, name);  // every value first: a refused report changes nothing
@@ -318,6 +340,10 @@ void MetricsRecorder::step_done(int64_t step, const StepReport& report) {
   s.lrs = report.lrs;
   s.tokens += report.tokens;
   s.samples += report.samples;
+  if (report.data_wait_s) {
+    s.data_wait += *report.data_wait_s;
+    s.data_wait_reported = true;
+  }
   s.last_step = step;
   if (step % s.options.log_every == 0 || s.steps() == s.options.log_every) flush();  // or log_every steps came
 }

@@ -1,5 +1,6 @@
 """The Python examples run and learn."""
 
+import json
 import re
 import subprocess
 import sys
@@ -40,6 +41,13 @@ def check_preempted_run_resumes_exactly(command, tmp_path, steps=10, stop_at=4):
     resumed = run("preempted")
     assert "resumed from" in resumed
     assert step_losses(resumed) == {s: whole[s] for s in range(stop_at + 1, steps)}
+    # The training figures (MetricsRecorder): the resumed run continued the file without a step twice, and its
+    # checkpoint figures saw the saves.
+    with open(f"{tmp_path / 'preempted'}.metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    recorded = [r["step"] for r in records]
+    assert recorded == sorted(set(recorded)) and recorded[-1] == steps, recorded
+    assert sum(r["checkpoint_saves"] for r in records) >= 1 and all(r["loss"] > 0 for r in records)
 
 
 def test_python_finetune_example_resumes_a_preempted_run_bit_exactly(tmp_path):
@@ -66,13 +74,14 @@ def test_python_zero_example_under_torchrun_resumes_at_another_world_size(tmp_pa
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout
 
-    check_zero_resume_at_another_world_size(run, ["--signal-self-at", "6"])
+    check_zero_resume_at_another_world_size(run, ["--signal-self-at", "6"], lambda folder: tmp_path / folder)
 
 
-def check_zero_resume_at_another_world_size(run, stop_at_6):
-    """The train_zero examples (16 steps): `run(folder, world, *extra)` -> rank 0's output. A 2-rank run; one
-    stopped by a SIGTERM on rank 1 after step 6 (every rank saves step 7 and exits 0); resumed on 1 rank (the
-    optimizer resharded on load), whose losses follow the uninterrupted run's (reductions in another order)."""
+def check_zero_resume_at_another_world_size(run, stop_at_6, folder_path):
+    """The train_zero examples (16 steps): `run(folder, world, *extra)` -> rank 0's output; `folder_path(folder)`
+    the state folder. A 2-rank run; one stopped by a SIGTERM on rank 1 after step 6 (every rank saves step 7 and
+    exits 0); resumed on 1 rank (the optimizer resharded on load), whose losses follow the uninterrupted run's
+    (reductions in another order), and whose training figures continue the file."""
     whole = step_losses(run("whole", 2))
     assert sorted(whole) == list(range(16)) and float(whole[15]) < 0.75 * float(whole[0])  # it learns
     stopped = run("preempted", 2, *stop_at_6)
@@ -83,3 +92,14 @@ def check_zero_resume_at_another_world_size(run, stop_at_6):
     assert sorted(got) == list(range(7, 16))
     for s in got:
         assert abs(float(got[s]) - float(whole[s])) <= 1e-5 * float(whole[s]) + 1e-6, (s, got[s], whole[s])
+    # The training figures (rank 0's file): continued across the resume without a step twice; over both ranks
+    # while there were two (the samples of both, the optimizer's collective traffic).
+    with open(f"{folder_path('preempted')}.metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    assert [r["step"] for r in records] == [5, 7, 10, 15, 16], records
+    for record in records:
+        assert record["loss"] > 0
+        two_ranks = record["step"] <= 7
+        assert record["samples_per_s_all_ranks"] == pytest.approx(record["samples_per_s"] * (2 if two_ranks else 1),
+                                                                  rel=0.5)
+        assert (record["comm_bytes_per_step"] > 0) == two_ranks

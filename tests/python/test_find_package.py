@@ -86,4 +86,4 @@ def test_cpp_zero_example_resumes_at_another_world_size(tmp_path, stage):
         assert all(p.returncode == 0 for p in procs), outs
         return outs[0]
 
-    check_zero_resume_at_another_world_size(run, ["6"])
+    check_zero_resume_at_another_world_size(run, ["6"], lambda folder: tmp_path / folder)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import torch
 
@@ -210,22 +211,46 @@ class Recorder:
             prometheus_port=-1 if prometheus_port is None else prometheus_port,
             prometheus_address=prometheus_address, job=job)
         self._step = start_step
+        self._loader_wait: Optional[float] = None  # seconds timed() waited since the last step (None: not used)
         if tensorboard is not None and writes:
             self._tensorboard = _TensorBoardSink(tensorboard, purge_step=start_step + 1 if start_step > 0 else None)
 
     def step_done(self, loss: Any = None, *, optimizer: Optional[torch.optim.Optimizer] = None, scaler: Any = None,
-                  grad_norm: Optional[torch.Tensor] = None, tokens: int = 0, samples: int = 0) -> None:
+                  grad_norm: Optional[torch.Tensor] = None, tokens: int = 0, samples: int = 0,
+                  data_wait: Optional[float] = None) -> None:
         """One optimizer step done: its loss (a tensor, not read here, or a number), the optimizer (its groups'
         learning rates), the GradScaler (its scale and skipped steps), the gradient norm ``clip_grad_norm_``
-        returned, and the tokens and samples it trained on."""
+        returned, the tokens and samples it trained on, and the seconds it waited for its data (``data_wait``;
+        by default what ``timed(loader)`` measured since the last step)."""
         loss, grad_norm = _as_value("loss", loss), _as_value("grad_norm", grad_norm)
         for name, count in (("tokens", tokens), ("samples", samples)):
             if isinstance(count, bool) or not isinstance(count, int):
                 raise TypeError(f"Recorder.step_done: {name} must be an int >= 0, got {type(count).__name__}")
+        if data_wait is not None and (isinstance(data_wait, bool) or not isinstance(data_wait, (int, float))):
+            raise TypeError(f"Recorder.step_done: data_wait must be a number of seconds or None, got "
+                            f"{type(data_wait).__name__}")
+        wait = self._loader_wait if data_wait is None else float(data_wait)
         scale, skipped = _scaler_tensors(scaler)
         self._native.step_done(step=self._step + 1, loss=loss, grad_norm=grad_norm, loss_scale=scale,
-                               skipped_steps=skipped, lrs=_host_lrs(optimizer), tokens=tokens, samples=samples)
+                               skipped_steps=skipped, lrs=_host_lrs(optimizer), tokens=tokens, samples=samples,
+                               data_wait_s=wait)
         self._step += 1  # after the native call: a refused report does not count as a step
+        self._loader_wait = 0.0 if self._loader_wait is not None else None
+
+    def timed(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """``loader``'s items, timing each ``next()``: the time waited goes to the next ``step_done`` as its
+        ``data_wait`` (the record's ``data_wait_share``: the share of the interval spent waiting for data)."""
+        self._loader_wait = 0.0 if self._loader_wait is None else self._loader_wait
+        iterator = iter(loader)
+        while True:
+            start = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self._loader_wait += time.perf_counter() - start
+            yield item
 
     def flush(self) -> Optional[Dict[str, Any]]:
         """The record of the steps since the last one, made and written now (None if there are none)."""

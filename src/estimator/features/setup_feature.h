@@ -49,9 +49,10 @@ class SetupFeature {
   /// True when `setup` turns the feature on; only then does it contribute below.
   virtual bool on(const TrainingSetup& setup) const = 0;
 
-  /// 1. The model as the setup runs it.
+  // ---- 1. The model as the setup runs it.
   virtual void run_model(ModelSpec&) const {}
-  /// 2. The tensors that get gradients and optimizer states, where this feature decides them (LoRA's adapters);
+  // ---- 2. The persistent state.
+  /// The tensors that get gradients and optimizer states, where this feature decides them (LoRA's adapters);
   ///    nullopt: the model's own.
   virtual std::optional<std::vector<ParamTensor>> trainable_tensors(const ModelSpec&, const TrainingSetup&) const {
     return std::nullopt;
@@ -63,43 +64,46 @@ class SetupFeature {
   virtual bool stream_in_16_bits(const TrainingSetup&) const { return false; }
   /// Transients of every backward moment (a quantised base weight dequantised for its matmul).
   virtual int64_t backward_transients(const ModelSpec&, const TrainingSetup&) const { return 0; }
-  /// 2a. A sharding layout's local share of the trainable elements from ZeRO stage `from_stage` on, and of the
-  ///    frozen (LoRA base) bytes; nullopt: the core's flat partitions (zero_shard).
+  /// A sharding layout's local share of the trainable elements from ZeRO stage `from_stage` on, and of the frozen
+  /// (LoRA base) bytes; nullopt: the core's flat partitions (zero_shard).
   virtual std::optional<int64_t> local_trainable_elements(const ModelSpec&, const TrainingSetup&, int) const {
     return std::nullopt;
   }
   virtual std::optional<int64_t> local_frozen_bytes(const ModelSpec&, const TrainingSetup&) const {
     return std::nullopt;
   }
-  /// 2b. Persistent state on one device: sizes of the weights, gradients, master weights and states.
+  /// Persistent state on one device: sizes of the weights, gradients, master weights and states.
   virtual void persistent(const StepContext&, MemoryBreakdown&) const {}
-  /// 2c. Where that state lives (moves bytes to host_memory), after every feature's sizes.
+  /// Where that state lives (moves bytes to host_memory), after every feature's sizes.
   virtual void place(const StepContext&, MemoryBreakdown&) const {}
   /// Gradients (or their shards) exist before the backward makes them: from construction or kept between steps.
   virtual bool gradients_before_backward() const { return false; }
-  /// 3. What the forward's ops save, where this feature changes it: a model wrapping `inner` (the eager one, or
-  ///    an earlier feature's); nullptr: unchanged.
+  // ---- 3. The forward.
+  /// What the forward's ops save, where this feature changes it: a model wrapping `inner` (the eager one, or an
+  /// earlier feature's); nullptr: unchanged.
   virtual std::unique_ptr<ForwardOps> forward_ops(const TrainingSetup&, const ForwardOps& /*inner*/) const {
     return nullptr;
   }
-  /// 3a. Whether the forward checkpoints block `layer` of `num_layers` (it then keeps only its input).
+  /// Whether the forward checkpoints block `layer` of `num_layers` (it then keeps only its input).
   virtual bool checkpoints_layer(const TrainingSetup&, int64_t /*layer*/, int64_t /*num_layers*/) const {
     return false;
   }
-  /// 3b. What the feature adds to the forward's saved bytes, once the core has counted the blocks and the head.
+  /// What the feature adds to the forward's saved bytes, once the core has counted the blocks and the head.
   virtual void forward(const ModelSpec&, const TrainingSetup&, const Shape&, ForwardSaved&) const {}
-  /// 3c. The loss's saved bytes where this feature computes the loss (nullopt: the core's cross-entropy), and the
-  ///    head's bytes at the loss moment given them.
+  /// The loss's saved bytes where this feature computes the loss (nullopt: the core's cross-entropy), and the
+  /// head's bytes at the loss moment given them.
   virtual std::optional<int64_t> loss_saved(const StepContext&) const { return std::nullopt; }
   virtual std::optional<int64_t> loss_moment(const StepContext&, int64_t /*saved*/) const { return std::nullopt; }
-  /// 3d. Bytes the optimizer step allocates for itself, where this feature decides them (a later feature's
-  ///    answer replaces an earlier one's); nullopt: not this feature's to say.
+  // ---- 4. The step's moments.
+  /// Bytes the optimizer step allocates for itself, where this feature decides them (a later feature's answer
+  /// replaces an earlier one's); nullopt: not this feature's to say.
   virtual std::optional<int64_t> step_temporaries(const StepContext&) const { return std::nullopt; }
-  /// 4. Unsharded parameters and gradients (ZeRO-3 layouts) alive at a backward moment, added to its temporaries.
+  /// Unsharded parameters and gradients (ZeRO-3 layouts) alive at a backward moment, added to its temporaries.
   virtual int64_t gathered_bytes(const ModelSpec&, const TrainingSetup&, StepPhase) const { return 0; }
-  /// 4b. Anything else at the moments, once the core has built all four.
+  /// Anything else at the moments, once the core has built all four.
   virtual void moments(const StepContext&, const MomentTerms&, Moments&) const {}
-  /// 5. Bytes allocated before the first step that stay alive through every step (the allocator's trace).
+  // ---- 5. The allocator's trace.
+  /// Bytes allocated before the first step that stay alive through every step (the allocator's trace).
   virtual int64_t held_through_steps(const StepContext&) const { return 0; }
 };
 
