@@ -19,6 +19,8 @@
 
 #ifdef GPUOPS_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace gpuops::telemetry {
@@ -31,7 +33,7 @@ enum Column : int64_t { kLoss, kGradNorm, kScale, kSkipped, kColumns };
 
 const std::vector<std::string> kFigureNames = {
     "loss", "loss_last", "nonfinite_losses", "grad_norm", "grad_norm_max", "loss_scale", "skipped_steps",
-    "skip_streak", "step_time_s", "tokens_per_s", "samples_per_s", "data_wait_share", "tflops", "mfu", "peak_tflops",
+    "skip_streak", "step_time_s", "gpu_step_time_s", "tokens_per_s", "samples_per_s", "data_wait_share", "tflops", "mfu", "peak_tflops",
     "peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "ooms", "checkpoint_saves", "checkpoint_save_s",
     "checkpoint_bytes", "tokens_per_s_all_ranks",
     "samples_per_s_all_ranks", "step_time_s_max_rank", "peak_allocated_bytes_max_rank", "peak_reserved_bytes_max_rank",
@@ -137,6 +139,39 @@ struct MetricsRecorder::State {
 
   int64_t steps() const { return static_cast<int64_t>(host_rows.size()); }
 
+#ifdef GPUOPS_WITH_CUDA
+  // Device time between step ends: at each step with a CUDA value, a timing event recorded on the device's current
+  // stream (no sync). The interval runs from the previous interval's last event (the first step's, at first).
+  std::unique_ptr<c10::cuda::CUDAEvent> start_event, end_event;
+  int64_t timed_steps = 0;  // steps from start_event to end_event
+
+  void mark_device_step(const at::Device& device) {
+    const auto stream = c10::cuda::getCurrentCUDAStream(device.index());
+    auto& event = start_event ? end_event : start_event;
+    if (!event) event = std::make_unique<c10::cuda::CUDAEvent>(cudaEventDefault);
+    event->record(stream);
+    if (&event == &end_event) ++timed_steps;
+  }
+
+  // Seconds of device time per step since the last record (one event synchronize, at the record); NaN without
+  // CUDA values, or when the events cannot be compared (the steps changed device).
+  double device_step_time() {
+    if (!end_event || timed_steps == 0) return kNone;
+    double seconds = kNone;
+    try {
+      end_event->synchronize();
+      seconds = start_event->elapsed_time(*end_event) / 1e3 / static_cast<double>(timed_steps);
+    } catch (const c10::Error&) {
+    }
+    std::swap(start_event, end_event);  // this interval's end starts the next one
+    timed_steps = 0;
+    return seconds;
+  }
+#else
+  void mark_device_step(const at::Device&) {}
+  double device_step_time() { return kNone; }
+#endif
+
   // A row for this step in the device buffer: 64 rows at first, doubled when full (a large log_every costs
   // memory only as its steps come).
   void reserve_row(const at::Tensor& like) {
@@ -169,6 +204,8 @@ struct MetricsRecorder::State {
     host_rows.push_back(row);
     given.push_back(has);
     on_device.push_back(device);
+    if (device_rows.defined() && device_rows.is_cuda() && std::find(device.begin(), device.end(), true) != device.end())
+      mark_device_step(device_rows.device());
   }
 
   // The peak device memory (since the process began or the user's last torch.cuda.reset_peak_memory_stats: the
@@ -267,6 +304,7 @@ struct MetricsRecorder::State {
         {"skipped_steps", given_or_none(kSkipped, t.skipped_last)},
         {"skip_streak", given_or_none(kSkipped, t.streak)},
         {"step_time_s", seconds / static_cast<double>(steps())},
+        {"gpu_step_time_s", device_step_time()},
         {"tokens_per_s", tokens > 0 ? static_cast<double>(tokens) / seconds : kNone},
         {"samples_per_s", samples > 0 ? static_cast<double>(samples) / seconds : kNone},
         {"data_wait_share", data_wait_reported ? data_wait / seconds : kNone}};

@@ -93,6 +93,26 @@ def test_the_cuda_step_path_makes_no_host_sync(tmp_path):
     assert record[-1]["peak_allocated_bytes"] > 0 and record[-1]["loss_scale"] is not None
 
 
+@requires_cuda
+def test_the_gpu_step_time_is_the_device_time_between_step_ends(tmp_path):
+    """gpu_step_time_s against the test's own CUDA events, recorded at each step's end on the same stream."""
+    recorder = gpuops.metrics.Recorder(log_every=5, jsonl=tmp_path / "m.jsonl")
+    x = torch.randn(2048, 2048, device="cuda")
+    ends = []
+    for step in range(10):
+        for _ in range(step % 3 + 1):  # uneven steps
+            x = torch.tanh(x @ x) / 64
+        ends.append(torch.cuda.Event(enable_timing=True))
+        ends[-1].record()
+        recorder.step_done(x[0, 0])  # a CUDA loss: the recorder's event follows the test's on the stream
+    recorder.close()
+    torch.cuda.synchronize()
+    first, second = _records(tmp_path / "m.jsonl")
+    # the first interval runs from the first step's end (4 steps), the second from the fifth's (5 steps)
+    assert first["gpu_step_time_s"] == pytest.approx(ends[0].elapsed_time(ends[4]) / 1e3 / 4, rel=0.05)
+    assert second["gpu_step_time_s"] == pytest.approx(ends[4].elapsed_time(ends[9]) / 1e3 / 5, rel=0.05)
+
+
 def test_a_nonfinite_loss_is_counted_and_training_goes_on(tmp_path):
     recorder = gpuops.metrics.Recorder(log_every=3, jsonl=tmp_path / "m.jsonl")
     for value in (1.0, float("nan"), 3.0):
