@@ -29,6 +29,19 @@ std::string escaped(const std::string& value) {
   return out;
 }
 
+bool ends_with(const std::string& text, const std::string& end) {
+  return text.size() >= end.size() && text.compare(text.size() - end.size(), end.size(), end) == 0;
+}
+
+// A figure's metric name: gpuops_<figure>, a duration in seconds spelled out as Prometheus' base unit
+// (step_time_s: gpuops_step_time_seconds; rates such as tokens_per_s stay), the record's time as the last-step
+// timestamp.
+std::string metric_name(const std::string& figure) {
+  if (figure == "time") return "gpuops_last_step_timestamp_seconds";
+  const bool seconds = ends_with(figure, "_s") && !ends_with(figure, "_per_s");
+  return "gpuops_" + (seconds ? figure.substr(0, figure.size() - 2) + "_seconds" : figure);
+}
+
 void gauge(std::string& out, const std::string& name, const std::string& labels, double value) {
   fmt::format_to(std::back_inserter(out), "# TYPE {} gauge\n{}{{{}}} {}\n", name, name, labels, value);
 }
@@ -42,7 +55,7 @@ std::string prometheus_text(const Record& record, const PrometheusLabels& labels
   gauge(out, "gpuops_step", common, static_cast<double>(record.step));
   for (const auto& [name, value] : record.figures) {
     if (!std::isfinite(value)) continue;  // not reported
-    gauge(out, name == "time" ? "gpuops_last_step_timestamp_seconds" : "gpuops_" + name, common, value);
+    gauge(out, metric_name(name), common, value);
   }
   if (!record.lrs.empty()) out += "# TYPE gpuops_lr gauge\n";
   for (size_t g = 0; g < record.lrs.size(); ++g)

@@ -15,8 +15,8 @@ struct PrometheusLabels {
 };
 
 /// The text exposition format (version 0.0.4) of `record`: one gauge per reported figure, named gpuops_<figure>
-/// ("time" as gpuops_last_step_timestamp_seconds), the step, and each group's learning rate; figures not
-/// reported are left out.
+/// (a figure in seconds, <name>_s, as gpuops_<name>_seconds; "time" as gpuops_last_step_timestamp_seconds), the
+/// step, and each group's learning rate; figures not reported are left out.
 std::string prometheus_text(const Record& record, const PrometheusLabels& labels);
 
 /// True when this build serves Prometheus (it was built with cpp-httplib).
