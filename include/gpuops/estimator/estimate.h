@@ -21,13 +21,15 @@
 
 namespace gpuops::estimator {
 
-/// Trainable parameters of the LoRA adapters: num_layers x sum over targets of rank x (in + out).
+/// Trainable parameters of the LoRA adapters: num_layers x sum over targets of rank x (in + out). (LoRA's unit,
+/// src/estimator/features/lora.cpp)
 int64_t lora_parameter_count(const ModelSpec& model, const LoraSetup& lora);
 
 /// Parameters that get gradients and optimizer states: all of them, or only the adapters with LoRA.
 int64_t trainable_parameter_count(const ModelSpec& model, const TrainingSetup& setup);
 
-/// Bytes of the frozen base weights of a LoRA fine-tune in setup.lora.base (0 without LoRA), unsharded.
+/// Bytes of the frozen base weights of a LoRA fine-tune in setup.lora.base (0 without LoRA), unsharded. (LoRA's
+/// unit, src/estimator/features/lora.cpp)
 int64_t frozen_weight_bytes(const ModelSpec& model, const TrainingSetup& setup);
 
 /// `count` divided (ceil) by num_gpus when setup.zero_stage >= from_stage, else `count` itself.

@@ -18,7 +18,8 @@ int64_t optimizer_step_temporaries(const ModelSpec& model, const TrainingSetup& 
 /// estimator is torch-free: a copy of gpuops::optim::ZeroShards::kReduceChunk, checked equal by a test).
 inline constexpr int64_t kZeroReduceChunk = int64_t{1} << 22;
 
-/// The logits the training loop keeps alive (TrainingSetup::held_logits), counted at every moment.
+/// The logits the training loop keeps alive (TrainingSetup::held_logits), counted at every moment. (Its unit,
+/// src/estimator/features/held_logits.cpp)
 int64_t held_logits_bytes(const ModelSpec& model, const TrainingSetup& setup);
 
 /// One breakdown per StepPhase, in enum order, built on `persistent` (see persistent_memory); without the
