@@ -140,8 +140,9 @@ struct MetricsRecorder::State {
   int64_t steps() const { return static_cast<int64_t>(host_rows.size()); }
 
 #ifdef GPUOPS_WITH_CUDA
-  // Device time between step ends: at each step with a CUDA value, a timing event recorded on the device's current
-  // stream (no sync). The interval runs from the previous interval's last event (the first step's, at first).
+  // Device time between step ends: from the first step with a CUDA value on, a timing event recorded at each
+  // step's end on that device's current stream (no sync). The interval runs from the previous interval's last
+  // event (the first such step's, at first).
   std::unique_ptr<c10::cuda::CUDAEvent> start_event, end_event;
   int64_t timed_steps = 0;  // steps from start_event to end_event
 
@@ -153,8 +154,8 @@ struct MetricsRecorder::State {
     if (&event == &end_event) ++timed_steps;
   }
 
-  // Seconds of device time per step since the last record (one event synchronize, at the record); NaN without
-  // CUDA values, or when the events cannot be compared (the steps changed device).
+  // Seconds of device time per step since the last record (one event synchronize, at the record); NaN before
+  // any CUDA value, or when CUDA cannot compare the two events.
   double device_step_time() {
     if (!end_event || timed_steps == 0) return kNone;
     double seconds = kNone;
@@ -204,8 +205,9 @@ struct MetricsRecorder::State {
     host_rows.push_back(row);
     given.push_back(has);
     on_device.push_back(device);
-    if (device_rows.defined() && device_rows.is_cuda() && std::find(device.begin(), device.end(), true) != device.end())
-      mark_device_step(device_rows.device());
+    // Every step's end, once a CUDA value made the buffer: elapsed time between two events spans every step
+    // between them, those without a CUDA value too.
+    if (device_rows.defined() && device_rows.is_cuda()) mark_device_step(device_rows.device());
   }
 
   // The peak device memory (since the process began or the user's last torch.cuda.reset_peak_memory_stats: the
@@ -409,9 +411,11 @@ std::optional<Record> MetricsRecorder::flush() {
 }
 
 std::optional<Record> MetricsRecorder::close() {
-  std::optional<Record> last = flush();
-  state_->endpoint.reset();
-  return last;
+  struct StopServing {  // even when the last record fails (ranks that disagree): the port is freed
+    State& s;
+    ~StopServing() { s.endpoint.reset(); }
+  } stop{*state_};
+  return flush();
 }
 
 int64_t MetricsRecorder::host_reads() const { return state_->host_reads; }

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <mutex>
@@ -13,7 +14,11 @@
 
 #ifdef GPUOPS_WITH_PROMETHEUS
 #include <httplib.h>
+#include <pthread.h>
 #include <sys/socket.h>
+
+#include <csignal>
+#include <cstdio>
 #endif
 
 namespace gpuops::telemetry::detail {
@@ -29,18 +34,26 @@ std::string escaped(const std::string& value) {
   return out;
 }
 
-bool ends_with(const std::string& text, const std::string& end) {
-  return text.size() >= end.size() && text.compare(text.size() - end.size(), end.size(), end) == 0;
-}
-
 // A figure's metric name: gpuops_<figure>, a duration in seconds spelled out as Prometheus' base unit
-// (step_time_s: gpuops_step_time_seconds; rates such as tokens_per_s stay), the record's time as the last-step
-// timestamp.
+// (step_time_s: gpuops_step_time_seconds, step_time_s_max_rank: gpuops_step_time_seconds_max_rank; rates such as
+// tokens_per_s stay), the record's time as the last-step timestamp.
 std::string metric_name(const std::string& figure) {
   if (figure == "time") return "gpuops_last_step_timestamp_seconds";
-  const bool seconds = ends_with(figure, "_s") && !ends_with(figure, "_per_s");
-  return "gpuops_" + (seconds ? figure.substr(0, figure.size() - 2) + "_seconds" : figure);
+  std::string out = "gpuops", previous;
+  size_t start = 0;
+  while (start <= figure.size()) {
+    const size_t end = std::min(figure.find('_', start), figure.size());
+    const std::string token = figure.substr(start, end - start);
+    out += "_" + (token == "s" && previous != "per" ? std::string("seconds") : token);
+    previous = token;
+    start = end + 1;
+  }
+  return out;
 }
+
+// Per-record deltas that Prometheus gets as process totals instead (counters: a scrape between two records
+// would otherwise miss a save).
+bool exported_as_total(const std::string& figure) { return figure.rfind("checkpoint_", 0) == 0; }
 
 void gauge(std::string& out, const std::string& name, const std::string& labels, double value) {
   fmt::format_to(std::back_inserter(out), "# TYPE {} gauge\n{}{{{}}} {}\n", name, name, labels, value);
@@ -54,9 +67,14 @@ std::string prometheus_text(const Record& record, const PrometheusLabels& labels
   std::string out;
   gauge(out, "gpuops_step", common, static_cast<double>(record.step));
   for (const auto& [name, value] : record.figures) {
-    if (!std::isfinite(value)) continue;  // not reported
+    if (!std::isfinite(value) || exported_as_total(name)) continue;  // not reported; or a total below
     gauge(out, metric_name(name), common, value);
   }
+  const CheckpointSaves saves = checkpoint_saves();  // since the process began
+  for (const auto& [name, value] : {std::pair{"gpuops_checkpoint_saves_total", static_cast<double>(saves.count)},
+                                    {"gpuops_checkpoint_save_seconds_total", saves.seconds},
+                                    {"gpuops_checkpoint_bytes_total", static_cast<double>(saves.bytes)}})
+    fmt::format_to(std::back_inserter(out), "# TYPE {} counter\n{}{{{}}} {}\n", name, name, common, value);
   if (!record.lrs.empty()) out += "# TYPE gpuops_lr gauge\n";
   for (size_t g = 0; g < record.lrs.size(); ++g)
     if (std::isfinite(record.lrs[g])) fmt::format_to(std::back_inserter(out), "gpuops_lr{{{},group=\"{}\"}} {}\n",
@@ -88,6 +106,10 @@ PrometheusEndpoint::PrometheusEndpoint(const std::string& address, int64_t port,
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
+  // Two worker threads (a scrape is small; httplib's default is one per core, per rank) and no keep-alive, so that
+  // stop() does not wait out an idle scraper's connection.
+  s.http.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  s.http.set_keep_alive_max_count(1);
   s.http.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
     std::lock_guard<std::mutex> lock(server_->mutex);
     response.set_content(server_->text, "text/plain; version=0.0.4; charset=utf-8");
@@ -97,9 +119,29 @@ PrometheusEndpoint::PrometheusEndpoint(const std::string& address, int64_t port,
   TORCH_CHECK_VALUE(bound, "MetricsRecorder: prometheus endpoint ", address, ":", port,
                     " cannot be bound (the port is in use, or the address is not one of this host's); accepted: a "
                     "free port on an address of this host (default 127.0.0.1)");
-  s.thread = std::thread([&http = s.http] { http.listen_after_bind(); });
+  s.thread = std::thread([&http = s.http] {
+    // A scraper that hangs up mid-response must not end the process: the Debian build of cpp-httplib sends
+    // without MSG_NOSIGNAL, so SIGPIPE is blocked on this thread and on the workers it starts (they inherit it).
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+    try {
+      http.listen_after_bind();
+    } catch (const std::exception& e) {  // never into std::terminate: the training goes on without the endpoint
+      std::fprintf(stderr, "gpuops MetricsRecorder: the Prometheus endpoint stopped: %s\n", e.what());
+    }
+  });
   // Serving before the constructor returns: a stop() that came before the listening loop began would not end it.
-  while (!s.http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int waited_ms = 0; !s.http.is_running(); ++waited_ms) {
+    if (waited_ms == 10000) {
+      s.http.stop();
+      s.thread.join();
+      TORCH_CHECK(false, "MetricsRecorder: the Prometheus endpoint on ", address, ":", s.port,
+                  " did not start serving within 10 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 PrometheusEndpoint::~PrometheusEndpoint() {

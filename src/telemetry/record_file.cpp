@@ -85,6 +85,11 @@ RecordFile::RecordFile(std::string path, RecordFormat format) : path_(std::move(
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) {
     if (format_ == RecordFormat::Csv && line.rfind("step,", 0) == 0) {  // the header: how many lr columns
+      std::string columns = "step";
+      for (const auto& name : figure_names()) columns += "," + name;
+      TORCH_CHECK_VALUE(line.substr(0, line.find(",lr_")) == columns, "telemetry: ", path_, " is a CSV with other "
+                        "columns (another gpuops version wrote it): rows appended now would not match its header; "
+                        "accepted: a CSV this version wrote, or a new file");
       lr_columns_ = 0;
       for (size_t at = line.find(",lr_"); at != std::string::npos; at = line.find(",lr_", at + 1)) ++lr_columns_;
       continue;

@@ -248,3 +248,11 @@ def test_the_peak_is_the_catalog_gpu_the_device_name_names(monkeypatch, device_n
     peak = gpuops.metrics._peak_flops(None, None)
     expected = next((g["tensor_tflops"] for g in gpuops.gpu_catalog() if g["name"] == catalog_name), 0.0)
     assert peak == expected * 1e12
+
+
+def test_a_csv_with_other_columns_is_refused_not_misaligned(tmp_path):
+    path = tmp_path / "old.csv"
+    path.write_text("step,loss,loss_last,time,lr_0\n10,1.5,1.4,1700000000,0.001\n")  # an older version's columns
+    with pytest.raises(ValueError, match="other columns"):
+        gpuops.metrics.Recorder(csv=path)
+    assert path.read_text().count("\n") == 2  # left as it was

@@ -92,3 +92,34 @@ def test_an_address_not_of_this_host_is_refused(address):
 def test_a_port_out_of_range_is_refused(port):
     with pytest.raises(ValueError, match="prometheus_port"):
         gpuops.metrics.Recorder(prometheus_port=port)
+
+
+def test_a_second_endpoint_on_a_port_in_use_is_refused():
+    """cpp-httplib's default SO_REUSEPORT would let the second bind succeed silently; ours sets SO_REUSEADDR only."""
+    with gpuops.metrics.Recorder(prometheus_port=0) as first:
+        with pytest.raises(ValueError, match="cannot be bound"):
+            gpuops.metrics.Recorder(prometheus_port=first.prometheus_port)
+
+
+def test_label_values_are_escaped():
+    job = 'a "quoted" job\\with\nnewline'
+    with gpuops.metrics.Recorder(log_every=1, prometheus_port=0, job=job) as recorder:
+        recorder.step_done(1.0)
+        samples, text = _scrape(recorder.prometheus_port)
+    assert samples["gpuops_step"][0]["job"] == job
+    assert text.count("# TYPE gpuops_step gauge") == 1
+
+
+def test_checkpoint_saves_are_process_totals(tmp_path):
+    import torch
+    before = None
+    with gpuops.metrics.Recorder(log_every=1, prometheus_port=0) as recorder:
+        recorder.step_done(1.0)
+        before, _ = _scrape(recorder.prometheus_port)
+        with gpuops.TrainingState(tmp_path) as state:
+            state.save(step=1, model=torch.nn.Linear(4, 4))
+        recorder.step_done(2.0)
+        after, text = _scrape(recorder.prometheus_port)
+    assert "# TYPE gpuops_checkpoint_saves_total counter" in text
+    assert after["gpuops_checkpoint_saves_total"][1] == before["gpuops_checkpoint_saves_total"][1] + 1
+    assert after["gpuops_checkpoint_bytes_total"][1] > before["gpuops_checkpoint_bytes_total"][1]

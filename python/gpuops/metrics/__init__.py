@@ -213,7 +213,11 @@ class Recorder:
         self._step = start_step
         self._loader_wait: Optional[float] = None  # seconds timed() waited since the last step (None: not used)
         if tensorboard is not None and writes:
-            self._tensorboard = _TensorBoardSink(tensorboard, purge_step=start_step + 1 if start_step > 0 else None)
+            try:
+                self._tensorboard = _TensorBoardSink(tensorboard, purge_step=start_step + 1 if start_step > 0 else None)
+            except BaseException:
+                self._native.close()  # nothing left serving or open
+                raise
 
     def step_done(self, loss: Any = None, *, optimizer: Optional[torch.optim.Optimizer] = None, scaler: Any = None,
                   grad_norm: Optional[torch.Tensor] = None, tokens: int = 0, samples: int = 0,
@@ -235,12 +239,11 @@ class Recorder:
                                skipped_steps=skipped, lrs=_host_lrs(optimizer), tokens=tokens, samples=samples,
                                data_wait_s=wait)
         self._step += 1  # after the native call: a refused report does not count as a step
-        self._loader_wait = 0.0 if self._loader_wait is not None else None
+        self._loader_wait = None  # the next step's wait: timed() measures it again, or nothing was measured
 
     def timed(self, loader: Iterable[Any]) -> Iterator[Any]:
         """``loader``'s items, timing each ``next()``: the time waited goes to the next ``step_done`` as its
         ``data_wait`` (the record's ``data_wait_share``: the share of the interval spent waiting for data)."""
-        self._loader_wait = 0.0 if self._loader_wait is None else self._loader_wait
         iterator = iter(loader)
         while True:
             start = time.perf_counter()
@@ -249,7 +252,7 @@ class Recorder:
             except StopIteration:
                 return
             finally:
-                self._loader_wait += time.perf_counter() - start
+                self._loader_wait = (self._loader_wait or 0.0) + time.perf_counter() - start
             yield item
 
     def flush(self) -> Optional[Dict[str, Any]]:
@@ -260,10 +263,12 @@ class Recorder:
     def close(self) -> Optional[Dict[str, Any]]:
         """``flush()``, then the Prometheus endpoint (if any) stops serving and frees its port, and the TensorBoard
         files are closed."""
-        record = self._native.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-            self._tensorboard = None
+        try:
+            record = self._native.close()
+        finally:  # even when the last record fails
+            if self._tensorboard is not None:
+                self._tensorboard.close()
+                self._tensorboard = None
         return None if record is None else self._as_dict(record)
 
     @staticmethod
