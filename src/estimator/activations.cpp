@@ -162,7 +162,7 @@ C ForwardOps::shared_by_blocks(const TrainingSetup&, const Shape&, int64_t) cons
 // lives until the backward.
 C ForwardOps::autocast_copies(const ModelSpec& m, const TrainingSetup&, const Shape& x, int64_t layers) const {
   if (x.mode != Numerics::Autocast) return 0;
-  const bool head = m.family == ModelFamily::Decoder || m.masked_lm_head;
+  const bool head = has_lm_head(m);
   return 2 * ((head ? x.V * x.h : 0) + linear_weights_of_layers(m, layers));
 }
 
@@ -231,7 +231,7 @@ ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const Dev
   // The head: the final norm (or BERT's MLM transform: + dense input, GELU input) and the loss.
   if (m.family == ModelFamily::Decoder) f.final_norm = ops->final_norm(m, x).get();
   if (m.masked_lm_head) f.final_norm = (ops->norm(m, x, 1) + 2 * Nh * x.e).get();
-  if (m.family == ModelFamily::Decoder || m.masked_lm_head) {
+  if (has_lm_head(m)) {
     std::optional<int64_t> own;  // a loss feature's (chunked: the same; fused linear CE: no logits at all)
     const StepContext context{m, t, dev};
     for (const SetupFeature* feature : features)

@@ -15,8 +15,6 @@ namespace {
 
 using C = CheckedInt;  // sizes: overflow throws SizeOverflow (see checked_int.h)
 
-bool has_lm_head(const ModelSpec& m) { return m.family == ModelFamily::Decoder || m.masked_lm_head; }
-
 int64_t state_element_bytes(const TrainingSetup& s) { return s.precision == Precision::Bf16Pure ? 2 : 4; }
 
 // Largest trainable tensor: a model parameter, or a feature's (the widest LoRA adapter matrix).

@@ -125,6 +125,9 @@ bool is_moe_layer(const ModelSpec& spec, int64_t layer);
 /// True for multi-head latent attention (DeepSeek-V2/V3: kv_lora_rank > 0).
 bool is_mla(const ModelSpec& spec);
 
+/// True for a model with a language-model head: a decoder, or an encoder with BERT's masked-LM head.
+inline bool has_lm_head(const ModelSpec& spec) { return spec.family == ModelFamily::Decoder || spec.masked_lm_head; }
+
 /// One kind of linear layer inside the blocks and how many of it the whole model has (layers x experts).
 struct LinearGroup {
   std::string name;

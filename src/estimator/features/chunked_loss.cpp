@@ -17,7 +17,7 @@ class ChunkedLossFeature final : public SetupFeature {
     if (!on(s)) return;
     GPUOPS_CHECK_ARG(s.loss_chunks >= 1, "loss chunked:{} is not accepted; accepted: chunked:C with C >= 1",
                      s.loss_chunks);
-    GPUOPS_CHECK_ARG(m.family == ModelFamily::Decoder || m.masked_lm_head, "loss {} needs a model with a "
+    GPUOPS_CHECK_ARG(has_lm_head(m), "loss {} needs a model with a "
                      "language-model head; model '{}' has none; accepted: standard", loss_to_string(s), m.name);
   }
   bool on(const TrainingSetup& s) const override { return s.loss == LossKind::Chunked; }

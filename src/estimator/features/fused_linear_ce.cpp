@@ -15,7 +15,7 @@ class FusedLinearCeFeature final : public SetupFeature {
  public:
   void validate(const TrainingSetup& s, const ModelSpec& m) const override {
     if (!on(s)) return;
-    GPUOPS_CHECK_ARG(m.family == ModelFamily::Decoder || m.masked_lm_head, "loss {} needs a model with a "
+    GPUOPS_CHECK_ARG(has_lm_head(m), "loss {} needs a model with a "
                      "language-model head; model '{}' has none; accepted: standard", loss_to_string(s), m.name);
   }
   bool on(const TrainingSetup& s) const override { return s.loss == LossKind::FusedLinearCe; }

@@ -13,8 +13,6 @@ namespace {
 
 using C = CheckedInt;
 
-bool has_lm_head(const ModelSpec& m) { return m.family == ModelFamily::Decoder || m.masked_lm_head; }
-
 // Unit 0 is gathered for the forward and again from the loss's backward to the end; each block is gathered for
 // its forward and backward with zero_prefetch more launched ahead (all blocks from forward to backward without
 // reshard_after_forward). A unit's full gradient buffer (the parameters' dtype) lives from its first gradient to

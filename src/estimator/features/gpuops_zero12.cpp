@@ -15,8 +15,6 @@ namespace {
 
 using C = CheckedInt;
 
-bool has_lm_head(const ModelSpec& m) { return m.family == ModelFamily::Decoder || m.masked_lm_head; }
-
 // A 16-bit bucket is reduced in fp32 chunks of kZeroReduceChunk elements per rank, two in flight, one bucket at
 // a time: each chunk an fp32 copy of N ranks' chunks and, over Gloo (the CPU), its clone.
 int64_t fp32_reduce_chunks(const TrainingSetup& s, const DeviceProfile& device, int64_t bucket_elements) {

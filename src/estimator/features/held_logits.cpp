@@ -9,8 +9,6 @@
 namespace gpuops::estimator {
 namespace {
 
-bool has_lm_head(const ModelSpec& m) { return m.family == ModelFamily::Decoder || m.masked_lm_head; }
-
 class HeldLogitsFeature final : public SetupFeature {
  public:
   void validate(const TrainingSetup& s, const ModelSpec& m) const override {

@@ -290,7 +290,7 @@ class LoraFeature final : public SetupFeature {
                      fmt::join(projection_names(m), ","));
     auto names = projection_names(m);
     // Outside the blocks: PEFT's "lm_head" (a model with an LM head) and "embed_tokens" / word embeddings.
-    const bool lm_head = m.family == ModelFamily::Decoder || m.masked_lm_head;
+    const bool lm_head = has_lm_head(m);
     if (lm_head) names.push_back("lm_head");
     names.push_back("embed");
     std::set<std::string> seen;
