@@ -41,6 +41,16 @@ def test_ranks_recording_different_steps_raise_naming_the_call(tmp_path):
         assert "raised: " in out and "rank 1 calls all_reduce of 2 elements of Double" in out, out
 
 
+def test_a_rank_that_dies_alone_makes_the_other_raise_within_seconds(tmp_path):
+    """Rank 1 dies mid-interval (after step 2 of 3): rank 0's record at step 3 all-reduces with a rank that is gone,
+    and raises within seconds instead of hanging; what it recorded before stays in its file."""
+    (code0, out0), (code1, _) = launch(__file__, "alone", 2, 40, args=(str(tmp_path / "m.jsonl"),))
+    assert code1 == 3  # the rank that died
+    assert code0 == 0 and "raised: " in out0, out0
+    seconds = float(out0.split("\nafter ")[1].split(" s")[0])  # from the step_done whose record raised
+    assert seconds < 12, out0
+
+
 def _rank_main(path):
     import datetime
     import faulthandler
@@ -51,15 +61,22 @@ def _rank_main(path):
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     comm = gpuops.dist.Communicator(timeout=20)
-    log_every = LOG_EVERY if sys.argv[1] == "record" else 3 - comm.rank  # "disagree": rank 1 every 2 steps
+    mode = sys.argv[1]
+    log_every = 3 - comm.rank if mode == "disagree" else LOG_EVERY  # "disagree": rank 1 records every 2 steps
     recorder = gpuops.metrics.Recorder(log_every=log_every, jsonl=path, communicator=comm, every_rank_writes=True)
+    import time
+    start = time.monotonic()
     try:
         for step in range(STEPS):
-            comm.all_reduce(torch.ones(NUMEL)).wait()  # the training's own collective
+            if mode == "alone" and comm.rank == 1 and step == 2:
+                os._exit(3)  # dies between two records; rank 0's next record is the only collective left
+            if mode != "alone":
+                comm.all_reduce(torch.ones(NUMEL)).wait()  # the training's own collective
+            start = time.monotonic()
             recorder.step_done(torch.tensor(float(step)), tokens=100 * (comm.rank + 1))
         recorder.close()
     except (RuntimeError, ValueError) as e:  # ValueError: the agreement names both ranks' calls
-        print(f"raised: {e}", flush=True)
+        print(f"raised: {e}\nafter {time.monotonic() - start:.1f} s", flush=True)
         os._exit(0)  # the group may be broken: skip torch.distributed's teardown
     import gc
 
