@@ -6,13 +6,13 @@ import socket
 import urllib.error
 import urllib.request
 
-import psutil
 import pytest
 
 import gpuops
 from test_metrics import _run
 
-parser = pytest.importorskip("prometheus_client.parser")
+parser = pytest.importorskip("prometheus_client.parser")  # (requirements/build.txt; the GPU machine lacks them)
+psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.skipif(not gpuops.metrics.prometheus_available(),
                                 reason="this build of gpuops has no Prometheus endpoint (no cpp-httplib)")
 
