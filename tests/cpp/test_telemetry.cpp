@@ -7,6 +7,9 @@
 #include <sstream>
 #include <string>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "gpuops/telemetry.h"
@@ -84,3 +87,48 @@ TEST(Telemetry, RefusesBadInputNamingIt) {
 }
 
 }  // namespace
+
+// Scrapers that hang up before reading a large page cost their scrape only: the process (C++ does not ignore SIGPIPE
+// as Python does) goes on, and the endpoint serves the next scrape whole. (cpp-httplib checks that a peer is alive
+// before each write, so SIGPIPE needs a peer closing inside that window; the endpoint's threads block it anyway,
+// which this test cannot force.)
+TEST(Telemetry, ScrapersHangingUpLeaveTheEndpointServing) {
+  if (!gpuops::telemetry::prometheus_available()) GTEST_SKIP() << "built without cpp-httplib";
+  RecorderOptions options;
+  options.log_every = 1;
+  options.prometheus_port = 0;
+  MetricsRecorder recorder(options);
+  StepReport report;
+  report.lrs.assign(200000, 1e-3);  // a page of megabytes, written in many sends
+  recorder.step_done(1, report);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int sock = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(sock, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(recorder.prometheus_port()));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(sock, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    const std::string request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    ASSERT_EQ(::send(sock, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+    ::close(sock);  // gone before the page: the server's first write draws a reset, its next one EPIPE
+    ::usleep(100000);
+  }
+  report.lrs = {1e-3};
+  recorder.step_done(2, report);  // still here, and still serving: a whole scrape of the new page
+  const int sock = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(recorder.prometheus_port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(sock, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  ASSERT_EQ(::send(sock, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  std::string page;
+  char buffer[4096];
+  for (ssize_t n; (n = ::recv(sock, buffer, sizeof buffer, 0)) > 0;) page.append(buffer, static_cast<size_t>(n));
+  ::close(sock);
+  EXPECT_NE(page.find("200 OK"), std::string::npos) << page.substr(0, 200);
+  EXPECT_NE(page.find("gpuops_step{job=\"gpuops\",rank=\"0\",world_size=\"1\"} 2\n"), std::string::npos);
+  EXPECT_FALSE(recorder.close());  // (the record of step 2 was made at its step)
+}
