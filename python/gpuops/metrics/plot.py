@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Dict, List
 
 
 def read_records(path: str) -> List[Dict]:
-    """The records of a JSON Lines file; a line that is not a record (a partial one) is an error naming it."""
+    """The records of a JSON Lines file; a line that is not a record is an error naming it. A last line without
+    its newline is a write a kill cut short (the recorder cuts it off when it reopens the file): skipped, with a
+    warning."""
     records = []
     with open(path) as f:
         for number, line in enumerate(f, 1):
+            if not line.endswith("\n"):
+                warnings.warn(f"{path}:{number}: an unfinished last line (a write cut by a kill) is skipped")
+                break
             if not line.strip():
                 continue
             try:
