@@ -88,6 +88,25 @@ TEST(Telemetry, RefusesBadInputNamingIt) {
 
 }  // namespace
 
+namespace {
+
+// A connection to 127.0.0.1:port with `request` sent (-1 when either failed).
+int send_request(int64_t port, const std::string& request) {
+  const int sock = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (sock < 0 || ::connect(sock, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::send(sock, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) {
+    if (sock >= 0) ::close(sock);
+    return -1;
+  }
+  return sock;
+}
+
+}  // namespace
+
 // Scrapers that hang up before reading a large page cost their scrape only: the process (C++ does not ignore SIGPIPE
 // as Python does) goes on, and the endpoint serves the next scrape whole. (cpp-httplib checks that a peer is alive
 // before each write, so SIGPIPE needs a peer closing inside that window; the endpoint's threads block it anyway,
@@ -102,28 +121,16 @@ TEST(Telemetry, ScrapersHangingUpLeaveTheEndpointServing) {
   report.lrs.assign(200000, 1e-3);  // a page of megabytes, written in many sends
   recorder.step_done(1, report);
   for (int attempt = 0; attempt < 3; ++attempt) {
-    const int sock = ::socket(AF_INET, SOCK_STREAM, 0);
+    const int sock = send_request(recorder.prometheus_port(), "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
     ASSERT_GE(sock, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(recorder.prometheus_port()));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(sock, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-    const std::string request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
-    ASSERT_EQ(::send(sock, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
     ::close(sock);  // gone before the page: the server's first write draws a reset, its next one EPIPE
     ::usleep(100000);
   }
   report.lrs = {1e-3};
   recorder.step_done(2, report);  // still here, and still serving: a whole scrape of the new page
-  const int sock = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(recorder.prometheus_port()));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(sock, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  const std::string request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  ASSERT_EQ(::send(sock, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  const int sock =
+      send_request(recorder.prometheus_port(), "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  ASSERT_GE(sock, 0);
   std::string page;
   char buffer[4096];
   for (ssize_t n; (n = ::recv(sock, buffer, sizeof buffer, 0)) > 0;) page.append(buffer, static_cast<size_t>(n));
