@@ -2,11 +2,6 @@
 // term: docs/estimator.md, "Optimizers, offload and sharding".
 #include "gpuops/estimator/state_layout.h"
 
-#include <algorithm>
-
-#include <fmt/format.h>
-
-#include "gpuops/errors.h"
 #include "gpuops/estimator/estimate.h"
 #include "features/setup_feature.h"
 
