@@ -65,7 +65,8 @@ def main() -> None:
         sinks = {}
         if args.all_sinks:
             sinks = dict(csv=os.path.join(folder, f"run{repeat}.csv"),
-                         tensorboard=os.path.join(folder, f"tb{repeat}"),
+                         tensorboard=(os.path.join(folder, f"tb{repeat}") if gpuops.metrics.tensorboard_available()
+                                      else None),
                          prometheus_port=0 if gpuops.metrics.prometheus_available() else None)
         recorder = gpuops.metrics.Recorder(log_every=args.log_every,
                                            jsonl=os.path.join(folder, f"run{repeat}.jsonl"), **sinks)

@@ -3,7 +3,7 @@
 // second block (CheckpointedSequential), gradient accumulation normalised by the window's token count
 // (GradAccumulator), a preemption-safe TrainingState (periodic saves, a save on SIGTERM/SIGUSR1, resume), and the
 // training's figures, one record per 10 steps in <state-dir>.metrics.jsonl (MetricsRecorder: loss, gradient norm,
-// tokens/s, checkpoint saves), continued across a resume without a step twice.
+// tokens/s, checkpoint saves; TensorBoard files in <state-dir>.tb), continued across a resume without a step twice.
 //
 //   build/examples/finetune <state-dir> [steps=40] [signal-self-at-step]
 // Run it again with the same folder to resume where it stopped.
@@ -119,9 +119,10 @@ int main(int argc, char** argv) {
   std::printf("checkpointed blocks: %zu of %lld; %s\n", checkpointed.size(), static_cast<long long>(kLayers),
               resumed ? ("resumed from " + resumed->path).c_str() : "fresh start");
 
+  const std::string run = state_dir.back() == '/' ? state_dir.substr(0, state_dir.size() - 1) : state_dir;
   gpuops::telemetry::RecorderOptions telemetry;
-  telemetry.jsonl_path = (state_dir.back() == '/' ? state_dir.substr(0, state_dir.size() - 1) : state_dir) +
-                         ".metrics.jsonl";
+  telemetry.jsonl_path = run + ".metrics.jsonl";
+  if (gpuops::telemetry::tensorboard_available()) telemetry.tensorboard_dir = run + ".tb";
   gpuops::telemetry::MetricsRecorder recorder(telemetry);
 
   for (int64_t step = first_step; step < steps; ++step) {

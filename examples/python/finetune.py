@@ -1,6 +1,7 @@
 """A complete fine-tuning loop with gpuops: mixed precision (GradScaler for fp16 on CUDA, bf16 autocast on the
 CPU), activation checkpointing chosen by policy, gradient accumulation normalised by the window's token
-count, and a preemption-safe TrainingState (periodic saves, a save on SIGTERM/SIGUSR1, resume).
+count, a preemption-safe TrainingState (periodic saves, a save on SIGTERM/SIGUSR1, resume), and the training's
+figures (gpuops.metrics: JSON Lines, and TensorBoard files in <state-dir>.tb).
 
     .venv/bin/python examples/python/finetune.py --steps 40 --state-dir /tmp/finetune
     # kill -USR1 <pid> (or let the scheduler send SIGTERM): it saves and exits; run it again to resume
@@ -59,7 +60,7 @@ def main() -> None:
                         help="send this process SIGUSR1 at that step (to try preemption)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--metrics", default=None, help="JSON Lines file of training figures, one record per 10 "
-                        "steps (default: <state-dir>.metrics.jsonl)")
+                        "steps (default: <state-dir>.metrics.jsonl; TensorBoard files in <state-dir>.tb)")
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
@@ -77,7 +78,9 @@ def main() -> None:
         print(f"checkpointed layers {checkpointed}; " +
               (f"resumed from {resumed['path']} at step {resumed['step']}" if resumed else "fresh start"))
         metrics = args.metrics or args.state_dir.rstrip("/") + ".metrics.jsonl"
-        recorder = gpuops.metrics.Recorder(log_every=10, jsonl=metrics, start_step=first_step)  # no step twice
+        tensorboard = args.state_dir.rstrip("/") + ".tb" if gpuops.metrics.tensorboard_available() else None
+        recorder = gpuops.metrics.Recorder(log_every=10, jsonl=metrics, tensorboard=tensorboard,
+                                           start_step=first_step)  # no step twice, in either
         for step in range(first_step, args.steps):
             window_loss = torch.zeros((), device=device)
             window_tokens = 0

@@ -1,7 +1,8 @@
 #pragma once
 // Training telemetry: the figures of each optimizer step, gathered without a host sync on the step path (device
 // values are accumulated on their device; one device-to-host read per log interval) and written, one record per
-// interval, to JSON Lines and CSV files, a callback and a Prometheus endpoint. docs/telemetry.md.
+// interval, to JSON Lines and CSV files, TensorBoard event files, a callback and a Prometheus endpoint.
+// docs/telemetry.md.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -32,6 +33,10 @@ struct RecorderOptions {
   int64_t prometheus_port = -1;
   std::string prometheus_address = "127.0.0.1";  ///< the one address the endpoint binds
   std::string job = "gpuops";                    ///< the endpoint's job label (rank and world_size are labels too)
+  /// A folder for TensorBoard event files (empty: none; made if missing; every_rank_writes: "<folder>/rank<r>"):
+  /// each record's figures as scalars gpuops/<figure> at its step. A run whose first step is after 1 (resumed)
+  /// has TensorBoard drop the earlier run's events from that step on.
+  std::string tensorboard_dir;
 };
 
 struct Record;
@@ -64,6 +69,7 @@ CheckpointSaves checkpoint_saves();
 /// The figures of one log interval, in a fixed order (the CSV's columns), and the learning rates.
 struct Record {
   int64_t step = 0;                                   ///< optimizer steps done at the interval's end
+  int64_t first_step = 0;                             ///< the interval's first optimizer step
   std::vector<std::pair<std::string, double>> figures;  ///< NaN where a figure was not reported
   std::vector<double> lrs;
   std::string to_json() const;  ///< one line, no newline
@@ -71,6 +77,8 @@ struct Record {
 
 /// True when this build of gpuops can serve a Prometheus endpoint (it was built with cpp-httplib).
 bool prometheus_available();
+/// True when this build of gpuops can write TensorBoard event files (it was built with protobuf-lite and Boost).
+bool tensorboard_available();
 
 /// Names of Record::figures, in order.
 const std::vector<std::string>& figure_names();

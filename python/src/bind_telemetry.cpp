@@ -19,6 +19,7 @@ void bind_telemetry(py::module_& m) {
   using telemetry::Record;
   py::class_<Record>(m, "MetricsRecord")
       .def_readonly("step", &Record::step)
+      .def_readonly("first_step", &Record::first_step)
       .def_readonly("figures", &Record::figures)
       .def_readonly("lrs", &Record::lrs)
       .def("to_json", &Record::to_json);
@@ -27,7 +28,8 @@ void bind_telemetry(py::module_& m) {
       .def(py::init([](int64_t log_every, const std::string& jsonl, const std::string& csv, int64_t rank,
                        int64_t world_size, bool every_rank_writes, py::object callback, double flops_per_token,
                        double peak_flops, const dist::Communicator* communicator, int64_t prometheus_port,
-                       const std::string& prometheus_address, const std::string& job) {
+                       const std::string& prometheus_address, const std::string& job,
+                       const std::string& tensorboard) {
              telemetry::RecordCallback call;
              if (!callback.is_none()) {
                TORCH_CHECK_TYPE(PyCallable_Check(callback.ptr()), "Recorder: callback must be callable or None");
@@ -42,13 +44,14 @@ void bind_telemetry(py::module_& m) {
              }
              return std::make_unique<MetricsRecorder>(
                  telemetry::RecorderOptions{log_every, jsonl, csv, rank, world_size, every_rank_writes,
-                                            flops_per_token, peak_flops, prometheus_port, prometheus_address, job},
+                                            flops_per_token, peak_flops, prometheus_port, prometheus_address, job,
+                                            tensorboard},
                  call, communicator);
            }),
            py::arg("log_every"), py::arg("jsonl"), py::arg("csv"), py::arg("rank"), py::arg("world_size"),
            py::arg("every_rank_writes"), py::arg("callback") = py::none(), py::arg("flops_per_token") = 0.0,
            py::arg("peak_flops") = 0.0, py::arg("communicator") = nullptr, py::arg("prometheus_port") = -1,
-           py::arg("prometheus_address") = "127.0.0.1", py::arg("job") = "gpuops")
+           py::arg("prometheus_address") = "127.0.0.1", py::arg("job") = "gpuops", py::arg("tensorboard") = "")
       .def(
           "step_done",
           [](MetricsRecorder& r, int64_t step, std::optional<at::Tensor> loss, std::optional<at::Tensor> grad_norm,
@@ -79,6 +82,7 @@ void bind_telemetry(py::module_& m) {
       .def_property_readonly("resumed_after", &MetricsRecorder::resumed_after)
       .def_property_readonly("prometheus_port", &MetricsRecorder::prometheus_port);
   m.def("prometheus_available", &telemetry::prometheus_available);
+  m.def("tensorboard_available", &telemetry::tensorboard_available);
 }
 
 }  // namespace gpuops::python

@@ -16,6 +16,7 @@
 #include "gpuops/telemetry.h"
 #include "prometheus_endpoint.h"
 #include "record_file.h"
+#include "tensorboard_events.h"
 
 #ifdef GPUOPS_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -120,7 +121,7 @@ struct Totals {
 
 struct MetricsRecorder::State {
   RecorderOptions options;
-  std::vector<std::unique_ptr<detail::RecordFile>> sinks;
+  std::vector<std::unique_ptr<detail::RecordSink>> sinks;
   std::unique_ptr<detail::PrometheusEndpoint> endpoint;
   RecordCallback callback;
   std::optional<dist::Communicator> communicator;
@@ -130,7 +131,7 @@ struct MetricsRecorder::State {
   std::vector<std::array<bool, kColumns>> given, on_device;
   at::Tensor device_rows;  // log_every x kColumns doubles on the device of the first device value reported
   Totals totals;
-  int64_t last_step = 0, tokens = 0, samples = 0, host_reads = 0, resumed_after = 0;
+  int64_t last_step = 0, interval_first_step = 0, tokens = 0, samples = 0, host_reads = 0, resumed_after = 0;
   double data_wait = 0;  // the interval's seconds waiting for data, when reported
   bool data_wait_reported = false;
   CheckpointSaves saves_at_record = checkpoint_saves();
@@ -295,6 +296,7 @@ struct MetricsRecorder::State {
     const auto given_or_none = [&](Column c, double value) { return t.reported[c] ? value : kNone; };
     Record r;
     r.step = last_step;
+    r.first_step = interval_first_step;
     r.lrs = lrs;
     r.figures = {
         {"loss", t.loss_count > 0 ? t.loss_sum / t.loss_count : kNone},
@@ -346,12 +348,17 @@ MetricsRecorder::MetricsRecorder(RecorderOptions options, RecordCallback callbac
     state_->traffic_at_record = communicator->traffic().ring_sent_bytes();
   }
   state_->options = options;
+  const bool writes = options.every_rank_writes || options.rank == 0;
+  const std::string tensorboard_dir =
+      !writes || options.tensorboard_dir.empty() ? ""
+      : options.every_rank_writes ? fmt::format("{}/rank{}", options.tensorboard_dir, options.rank)
+                                  : options.tensorboard_dir;
+  if (!tensorboard_dir.empty()) detail::check_tensorboard_folder(tensorboard_dir);  // before anything opens
   if (options.prometheus_port != -1) {  // before the files: a port in use leaves nothing behind
     const int64_t port = options.prometheus_port == 0 ? 0 : options.prometheus_port + options.rank;
     state_->endpoint = std::make_unique<detail::PrometheusEndpoint>(
         options.prometheus_address, port, detail::PrometheusLabels{options.job, options.rank, options.world_size});
   }
-  const bool writes = options.every_rank_writes || options.rank == 0;
   if (writes) state_->callback = std::move(callback);
   if (writes && !options.jsonl_path.empty())
     state_->sinks.push_back(std::make_unique<detail::RecordFile>(rank_path(options.jsonl_path, options),
@@ -359,6 +366,7 @@ MetricsRecorder::MetricsRecorder(RecorderOptions options, RecordCallback callbac
   if (writes && !options.csv_path.empty())
     state_->sinks.push_back(
         std::make_unique<detail::RecordFile>(rank_path(options.csv_path, options), detail::RecordFormat::Csv));
+  if (!tensorboard_dir.empty()) state_->sinks.push_back(std::make_unique<detail::TensorBoardEvents>(tensorboard_dir));
   for (const auto& sink : state_->sinks) state_->resumed_after = std::max(state_->resumed_after, sink->last_step());
 }
 
@@ -377,6 +385,7 @@ void MetricsRecorder::step_done(int64_t step, const StepReport& report) {
                                     {&report.loss_scale, "loss_scale"}, {&report.skipped_steps, "skipped_steps"}})
     if (*value) check_reported(**value, name);  // every value first: a refused report changes nothing
   s.store(report);
+  if (s.steps() == 1) s.interval_first_step = step;
   s.lrs = report.lrs;
   s.tokens += report.tokens;
   s.samples += report.samples;
@@ -425,5 +434,7 @@ int64_t MetricsRecorder::resumed_after() const { return state_->resumed_after; }
 int64_t MetricsRecorder::prometheus_port() const { return state_->endpoint ? state_->endpoint->port() : -1; }
 
 bool prometheus_available() { return detail::prometheus_built(); }
+
+bool tensorboard_available() { return detail::tensorboard_built(); }
 
 }  // namespace gpuops::telemetry

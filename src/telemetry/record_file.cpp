@@ -30,18 +30,6 @@ std::string read_all(int fd) {
   }
 }
 
-void write_whole(int fd, const std::string& text, const std::string& path) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    TORCH_CHECK(n > 0, "telemetry: cannot write to ", path, ": ", std::strerror(errno));
-    done += static_cast<size_t>(n);
-  }
-  // No fsync: a completed write is in the page cache, which a killed process cannot lose; a power cut can cut
-  // the last line, which the next open cuts off. (fsync per record cost 2 ms a step here while CI ran.)
-}
-
 // A figure as a CSV cell: empty where it was not reported.
 std::string cell(double v) { return std::isfinite(v) ? fmt::format("{}", v) : ""; }
 
@@ -114,8 +102,28 @@ void RecordFile::append(const Record& record) {
     }
     text += csv_line(record, lr_columns_);
   }
-  write_whole(fd_, text, path_);
+  append_whole(fd_, text, path_);
   last_step_ = record.step;
+}
+
+void append_whole(int fd, const std::string& bytes, const std::string& path) {
+  struct stat before {};
+  TORCH_CHECK(fstat(fd, &before) == 0, "telemetry: cannot write to ", path, ": ", std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {  // cut off what this call wrote: the file ends with a whole record again
+      const int error = n < 0 ? errno : ENOSPC;
+      const bool restored = done == 0 || ftruncate(fd, before.st_size) == 0;
+      TORCH_CHECK(false, "telemetry: cannot write to ", path, ": ", std::strerror(error),
+                  restored ? "" : " (the part written could not be cut off: the file ends with a partial record)");
+    }
+    done += static_cast<size_t>(n);
+  }
+  // No fsync: a completed write is in the page cache, which a killed process cannot lose; a power cut can cut
+  // the last record, which the next open of a JSON Lines or CSV file cuts off. (fsync per record cost 2 ms a
+  // step here while CI ran.)
 }
 
 }  // namespace gpuops::telemetry::detail

@@ -5,24 +5,25 @@
 #include <string>
 
 #include "gpuops/telemetry.h"
+#include "record_sink.h"
 
 namespace gpuops::telemetry::detail {
 
 enum class RecordFormat { JsonLines, Csv };
 
-class RecordFile {
+class RecordFile : public RecordSink {
  public:
   /// Opens `path` for appending (created if missing). An existing file is continued: a last line without its
   /// newline (a crash during a write) is cut off, and last_step() is the step of its last record.
   RecordFile(std::string path, RecordFormat format);
-  ~RecordFile();
+  ~RecordFile() override;
   RecordFile(const RecordFile&) = delete;
   RecordFile& operator=(const RecordFile&) = delete;
 
   /// Appends the record as one whole line (one write of the line), unless its step is not after
   /// last_step(); CSV writes its header before the first record of a new file.
-  void append(const Record& record);
-  int64_t last_step() const { return last_step_; }
+  void append(const Record& record) override;
+  int64_t last_step() const override { return last_step_; }
 
  private:
   std::string path_;

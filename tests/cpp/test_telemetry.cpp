@@ -2,12 +2,15 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -65,6 +68,63 @@ TEST(Telemetry, RecordsEachIntervalOnceAndContinuesAFile) {
   for (std::string line; std::getline(lines, line);) ++count;
   EXPECT_EQ(count, 2);
   std::remove(path.c_str());
+}
+
+// CRC-32C bit by bit, masked as TFRecord stores it: a reference independent of the library's table-driven CRC.
+uint32_t masked_crc32c_reference(const std::string& bytes) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (unsigned char byte : bytes) {
+    crc ^= byte;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+  }
+  crc = ~crc;
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+uint64_t little_endian(const std::string& bytes, size_t at, size_t size) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < size; ++i) value |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
+  return value;
+}
+
+TEST(Telemetry, TensorBoardFilesAreWholeTFRecordsWithCastagnoliChecksums) {
+  if (!gpuops::telemetry::tensorboard_available()) GTEST_SKIP() << "built without TensorBoard files";
+  EXPECT_EQ(masked_crc32c_reference("123456789"), ((0xE3069283u >> 15) | (0xE3069283u << 17)) + 0xa282ead8u)
+      << "the reference: CRC-32C's published check value";
+  const std::string folder = temp_path("tensorboard");
+  RecorderOptions options;
+  options.log_every = 2;
+  options.tensorboard_dir = folder;
+  {
+    MetricsRecorder recorder(options);
+    for (int64_t step = 4; step <= 8; ++step) {  // a resumed run: a START event, then records at 4, 6, 8
+      StepReport report;
+      report.loss = at::rand({});
+      recorder.step_done(step, report);
+    }
+  }
+  std::vector<std::string> files;  // POSIX, not std::filesystem (src/state/posix_files.h says why)
+  if (DIR* listing = ::opendir(folder.c_str())) {
+    while (const dirent* entry = ::readdir(listing))
+      if (entry->d_name[0] != '.') files.push_back(folder + "/" + entry->d_name);
+    ::closedir(listing);
+  }
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_NE(files[0].find("/events.out.tfevents."), std::string::npos);
+  const std::string bytes = read_text(files[0]);
+  size_t at = 0, records = 0;
+  while (at + 12 <= bytes.size()) {
+    const uint64_t length = little_endian(bytes, at, 8);
+    ASSERT_EQ(little_endian(bytes, at + 8, 4), masked_crc32c_reference(bytes.substr(at, 8))) << "record " << records;
+    ASSERT_LE(at + 16 + length, bytes.size());
+    EXPECT_EQ(little_endian(bytes, at + 12 + length, 4), masked_crc32c_reference(bytes.substr(at + 12, length)));
+    at += 16 + length;
+    ++records;
+  }
+  EXPECT_EQ(at, bytes.size());  // nothing but whole records
+  EXPECT_EQ(records, 5u);       // the file version, the START, three records (4, 6, 8)
+  ::unlink(files[0].c_str());
+  ::rmdir(folder.c_str());
 }
 
 TEST(Telemetry, RefusesBadInputNamingIt) {

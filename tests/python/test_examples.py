@@ -1,5 +1,6 @@
 """The Python examples run and learn."""
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -7,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import gpuops
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +51,14 @@ def check_preempted_run_resumes_exactly(command, tmp_path, steps=10, stop_at=4):
     recorded = [r["step"] for r in records]
     assert recorded == sorted(set(recorded)) and recorded[-1] == steps, recorded
     assert sum(r["checkpoint_saves"] for r in records) >= 1 and all(r["loss"] > 0 for r in records)
+    # The same records as TensorBoard reads its files (written where the build has TensorBoard files): the
+    # resumed run's first step had TensorBoard drop what the stopped run wrote after its save.
+    if gpuops.metrics.tensorboard_available() and importlib.util.find_spec("tensorboard") is not None:
+        from test_metrics_tensorboard import tensorboard_scalars
+
+        losses = tensorboard_scalars(f"{tmp_path / 'preempted'}.tb")["gpuops/loss"]
+        assert [step for step, _ in losses] == recorded
+        assert [value for _, value in losses] == pytest.approx([r["loss"] for r in records], rel=1e-6)
 
 
 def test_python_finetune_example_resumes_a_preempted_run_bit_exactly(tmp_path):

@@ -173,6 +173,13 @@ def test_bad_input_is_refused_naming_it(tmp_path):
     assert recorder.step == 1  # the refused calls counted no step
 
 
+@pytest.mark.skipif(gpuops.metrics.tensorboard_available(), reason="this gpuops writes TensorBoard files")
+def test_tensorboard_files_are_refused_by_a_build_without_them_naming_what_it_lacks(tmp_path):
+    with pytest.raises(ValueError, match="tensorboard .* built without TensorBoard files .*libprotobuf-dev"):
+        gpuops.metrics.Recorder(jsonl=tmp_path / "m.jsonl", tensorboard=tmp_path / "tb")
+    assert not (tmp_path / "m.jsonl").exists() and not (tmp_path / "tb").exists()
+
+
 def test_a_run_is_drawn_and_a_bad_file_is_refused(tmp_path):
     import subprocess
     import sys

@@ -14,9 +14,7 @@ count are combined on their device and read once per ``log_every`` steps.
 from __future__ import annotations
 
 import math
-import os
 import time
-import warnings
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import torch
@@ -27,6 +25,11 @@ from .. import _C
 def prometheus_available() -> bool:
     """True when this build of gpuops serves Prometheus (it was built with cpp-httplib)."""
     return _C.prometheus_available()
+
+
+def tensorboard_available() -> bool:
+    """True when this build of gpuops writes TensorBoard event files (it was built with protobuf-lite and Boost)."""
+    return _C.tensorboard_available()
 
 
 def _default_rank() -> tuple:
@@ -97,44 +100,6 @@ def _peak_flops(peak_tflops: Optional[float], gpu: Optional[str]) -> float:
     return catalog[max(matches, key=lambda n: len(n.split("-")))] * 1e12 if matches else 0.0
 
 
-class _TensorBoardSink:
-    """TensorBoard event files through torch's SummaryWriter (the tensorboard package's writer): each record's
-    figures as scalars ``gpuops/<figure>`` and ``gpuops/lr/<group>`` at the record's step, flushed per record. A
-    resumed run (``purge_step``) makes TensorBoard drop the earlier run's events from that step on."""
-
-    def __init__(self, log_dir: str, purge_step: Optional[int]) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-        self._writer = SummaryWriter(log_dir=log_dir, purge_step=purge_step)
-
-    @staticmethod
-    def check(log_dir: str) -> None:
-        """ValueError unless the tensorboard package is there and ``log_dir`` is, or can be made as, a writable
-        folder: checked before anything is created."""
-        try:
-            import torch.utils.tensorboard  # noqa: F401
-        except ImportError as error:
-            raise ValueError("Recorder: tensorboard= needs the tensorboard package (pip install tensorboard)") from error
-        path = os.path.abspath(log_dir)
-        while not os.path.exists(path):
-            path = os.path.dirname(path)
-        if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
-            raise ValueError(f"Recorder: tensorboard {log_dir!r} cannot be a writable folder ({path!r} is "
-                             f"{'not a folder' if not os.path.isdir(path) else 'not writable'})")
-
-    def write(self, record: Dict[str, Any]) -> None:
-        step = record["step"]
-        for name, value in record.items():
-            if name not in ("step", "lr") and value is not None:
-                self._writer.add_scalar(f"gpuops/{name}", value, step)
-        for group, lr in enumerate(record["lr"]):
-            if not math.isnan(lr):
-                self._writer.add_scalar(f"gpuops/lr/{group}", lr, step)
-        self._writer.flush()
-
-    def close(self) -> None:
-        self._writer.close()
-
-
 def _as_value(name: str, value: Any) -> Optional[torch.Tensor]:
     """A reported value as a tensor (kept as it is: not read): a tensor, a real number or None."""
     if value is None or isinstance(value, torch.Tensor):
@@ -162,9 +127,10 @@ class Recorder:
     tokens/s and samples/s, the slowest step, the largest peaks) and this rank's collective bytes per step; every
     rank must then record the same steps and close the recorder.
 
-    ``tensorboard``: a folder for TensorBoard event files (torch's SummaryWriter; every rank in ``<folder>/rank<r>``
-    with ``every_rank_writes``), each record's figures as scalars ``gpuops/<figure>`` at its step; a resumed run
-    (``start_step`` > 0) has TensorBoard drop the earlier run's events after ``start_step``.
+    ``tensorboard``: a folder for TensorBoard event files (made if missing; every rank in ``<folder>/rank<r>`` with
+    ``every_rank_writes``), each record's figures as scalars ``gpuops/<figure>`` at its step (written by the C++
+    engine: ``tensorboard_available()``); a resumed run (``start_step`` > 0) has TensorBoard drop the earlier
+    run's events after ``start_step``.
 
     ``prometheus_port``: every rank serves its latest record at ``http://<prometheus_address>:<port + rank>/metrics``
     in Prometheus' text format (0: a free port, see ``prometheus_port``), labelled with ``job``, ``rank`` and
@@ -185,39 +151,16 @@ class Recorder:
             raise ValueError(f"Recorder: start_step must be an int >= 0, got {start_step!r}")
         rank = default_rank if rank is None else rank
         world_size = default_world if world_size is None else world_size
-        writes = every_rank_writes or rank == 0
-        if tensorboard is not None and writes:
-            tensorboard = str(tensorboard) if not every_rank_writes else os.path.join(str(tensorboard), f"rank{rank}")
-            _TensorBoardSink.check(tensorboard)
-        self._tensorboard: Optional[_TensorBoardSink] = None
-
-        def on_record(record) -> None:  # on the ranks that write: TensorBoard, then the user's callback
-            as_dict = self._as_dict(record)
-            if self._tensorboard is not None:
-                try:  # a failing sink costs its record, never the training (as the native sinks)
-                    self._tensorboard.write(as_dict)
-                except Exception as error:  # noqa: BLE001
-                    warnings.warn(f"Recorder: the record of step {as_dict['step']} was not written to "
-                                  f"TensorBoard: {error}")
-            if callback is not None:
-                callback(as_dict)
-
         self._native = _C.MetricsRecorder(
             log_every=log_every, jsonl="" if jsonl is None else str(jsonl), csv="" if csv is None else str(csv),
             rank=rank, world_size=world_size, every_rank_writes=every_rank_writes,
-            callback=on_record if (callback is not None or tensorboard is not None) else None,
+            callback=(lambda record: callback(Recorder._as_dict(record))) if callback is not None else None,
             flops_per_token=_flops_per_token(flops_per_token, model, seq_len),
             peak_flops=_peak_flops(peak_tflops, gpu), communicator=communicator,
             prometheus_port=-1 if prometheus_port is None else prometheus_port,
-            prometheus_address=prometheus_address, job=job)
+            prometheus_address=prometheus_address, job=job, tensorboard="" if tensorboard is None else str(tensorboard))
         self._step = start_step
         self._loader_wait: Optional[float] = None  # seconds timed() waited since the last step (None: not used)
-        if tensorboard is not None and writes:
-            try:
-                self._tensorboard = _TensorBoardSink(tensorboard, purge_step=start_step + 1 if start_step > 0 else None)
-            except BaseException:
-                self._native.close()  # nothing left serving or open
-                raise
 
     def step_done(self, loss: Any = None, *, optimizer: Optional[torch.optim.Optimizer] = None, scaler: Any = None,
                   grad_norm: Optional[torch.Tensor] = None, tokens: int = 0, samples: int = 0,
@@ -261,14 +204,8 @@ class Recorder:
         return None if record is None else self._as_dict(record)
 
     def close(self) -> Optional[Dict[str, Any]]:
-        """``flush()``, then the Prometheus endpoint (if any) stops serving and frees its port, and the TensorBoard
-        files are closed."""
-        try:
-            record = self._native.close()
-        finally:  # even when the last record fails
-            if self._tensorboard is not None:
-                self._tensorboard.close()
-                self._tensorboard = None
+        """``flush()``, then the Prometheus endpoint (if any) stops serving and frees its port."""
+        record = self._native.close()
         return None if record is None else self._as_dict(record)
 
     @staticmethod
