@@ -268,4 +268,10 @@ int64_t attention_backward_bytes(const ModelSpec& m, const TrainingSetup& t, con
   return (6 * x.Nq() * x.e).get();  // gradients of q, k, v, before and after folding the GQA expansion
 }
 
+int64_t mlp_backward_bytes(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& dev) {
+  if (m.family == ModelFamily::ParamsOnly || is_moe_layer(m, m.num_layers - 1)) return 0;
+  const Shape x = shape_of(m, t, dev);
+  return ((m.mlp_activation.empty() ? 2 : 3) * x.N * x.i * x.e).get();
+}
+
 }  // namespace gpuops::estimator

@@ -100,16 +100,21 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   loss.temporaries = (C(terms.backward_extras) + unsharded_bytes(m, s, StepPhase::LossBackward)).get();
 
   // Backward through the last block's attention: the head's tensors are freed, the LM-head gradient and
-  // the hidden-state gradient exist; the block's MLP half is freed (or, checkpointed, the block has just
-  // been recomputed, attention half included).
+  // the hidden-state gradient exist; the block's MLP half is freed. Checkpointed, the block has just been
+  // recomputed: its backward begins with the MLP half while both halves are alive, so the moment is the larger
+  // of that start (the MLP's tensors and input gradients) and the attention's backward.
   MemoryBreakdown& attn = moment(phases, StepPhase::AttentionBackward);
   attn.peak_phase = StepPhase::AttentionBackward;
   attn.gradients = std::max(terms.gradients_so_far, terms.head_gradient);
+  const int64_t attention_grads = attention_backward_bytes(m, s, device);
+  const int64_t mlp_start = f.last_block_checkpointed ? (C(f.block_mlp) + mlp_backward_bytes(m, s, device)).get() : 0;
   attn.activations = (C(f.total()) - f.loss - f.final_norm +
-                      (f.last_block_checkpointed ? f.block_attention - f.last_block_cache : -f.block_mlp)).get();
+                      (f.last_block_checkpointed ? f.block_attention - f.last_block_cache : -f.block_mlp) +
+                      (mlp_start > attention_grads ? f.block_mlp : 0)).get();
   if (m.family == ModelFamily::ParamsOnly) attn.activations = 0;
-  attn.temporaries = (C(terms.hidden_gradient) + attention_backward_bytes(m, s, device) + terms.backward_extras +
-                      unsharded_bytes(m, s, StepPhase::AttentionBackward)).get();
+  attn.temporaries = (C(terms.hidden_gradient) +
+                      (mlp_start > attention_grads ? mlp_start - f.block_mlp : attention_grads) +
+                      terms.backward_extras + unsharded_bytes(m, s, StepPhase::AttentionBackward)).get();
 
   // End of the backward: every gradient. A tied embedding gets its second gradient (the embedding
   // backward's dense V x h) accumulated out of place: old, new and sum alive together; under autocast the

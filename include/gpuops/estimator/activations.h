@@ -36,4 +36,9 @@ int64_t residual_stream_bytes(const TrainingSetup& setup);
 /// with dropout) or the q/k/v gradients of a flash kernel.
 int64_t attention_backward_bytes(const ModelSpec& model, const TrainingSetup& setup, const DeviceProfile& device);
 
+/// Input gradients alive together in the backward of the last block's dense MLP (a gated MLP: the down
+/// projection's, then the activation's and the up projection's, 3 x tokens x intermediate; else 2 x); 0 for
+/// a mixture of experts, whose routed backward is not modelled.
+int64_t mlp_backward_bytes(const ModelSpec& model, const TrainingSetup& setup, const DeviceProfile& device);
+
 }  // namespace gpuops::estimator
