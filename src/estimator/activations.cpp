@@ -195,7 +195,8 @@ ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const Dev
   const C mlp = ops->mlp(m, x);
   f.block_attention = attention.get();
   f.block_mlp = mlp.get();
-  const C block = attention + mlp + ops->block_other(m, t, x);
+  f.block_other = ops->block_other(m, t, x).get();
+  const C block = attention + mlp + f.block_other;
 
   // Which blocks the forward checkpoints (features/checkpointing.cpp): a checkpointed block keeps its input
   // hidden states and the CPU RNG state instead of its saved tensors.
@@ -271,7 +272,7 @@ int64_t attention_backward_bytes(const ModelSpec& m, const TrainingSetup& t, con
 int64_t mlp_backward_bytes(const ModelSpec& m, const TrainingSetup& t, const DeviceProfile& dev) {
   if (m.family == ModelFamily::ParamsOnly || is_moe_layer(m, m.num_layers - 1)) return 0;
   const Shape x = shape_of(m, t, dev);
-  return ((m.mlp_activation.empty() ? 2 : 3) * x.N * x.i * x.e).get();
+  return (2 * x.N * x.i * x.e).get();
 }
 
 }  // namespace gpuops::estimator

@@ -107,13 +107,14 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   attn.peak_phase = StepPhase::AttentionBackward;
   attn.gradients = std::max(terms.gradients_so_far, terms.head_gradient);
   const int64_t attention_grads = attention_backward_bytes(m, s, device);
-  const int64_t mlp_start = f.last_block_checkpointed ? (C(f.block_mlp) + mlp_backward_bytes(m, s, device)).get() : 0;
+  const int64_t mlp_half = (C(f.block_mlp) + f.block_other).get();  // what the MLP backward starts with, beyond the attention half
+  const int64_t mlp_start = f.last_block_checkpointed ? (C(mlp_half) + mlp_backward_bytes(m, s, device)).get() : 0;
   attn.activations = (C(f.total()) - f.loss - f.final_norm +
                       (f.last_block_checkpointed ? f.block_attention - f.last_block_cache : -f.block_mlp) +
-                      (mlp_start > attention_grads ? f.block_mlp : 0)).get();
+                      (mlp_start > attention_grads ? mlp_half : 0)).get();
   if (m.family == ModelFamily::ParamsOnly) attn.activations = 0;
   attn.temporaries = (C(terms.hidden_gradient) +
-                      (mlp_start > attention_grads ? mlp_start - f.block_mlp : attention_grads) +
+                      (mlp_start > attention_grads ? mlp_start - mlp_half : attention_grads) +
                       terms.backward_extras + unsharded_bytes(m, s, StepPhase::AttentionBackward)).get();
 
   // End of the backward: every gradient. A tied embedding gets its second gradient (the embedding

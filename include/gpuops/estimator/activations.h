@@ -20,6 +20,7 @@ struct ForwardSaved {
   int64_t loss = 0;             ///< fp32 log-softmax of the logits, shifted labels, the loss value
   int64_t block_attention = 0;  ///< one block's attention half, fully saved (what recomputation rebuilds)
   int64_t block_mlp = 0;        ///< one block's MLP half, fully saved
+  int64_t block_other = 0;      ///< the rest of one block: norms, LoRA adapters, residual dropout
   bool last_block_checkpointed = false;  ///< backward starts by recomputing the last block
   int64_t last_block_cache = 0;  ///< selective checkpointing: the last block's kept outputs (popped on recompute)
   int64_t total() const { return (CheckedInt(inputs) + layers + extras + final_norm + loss).get(); }
@@ -36,8 +37,9 @@ int64_t residual_stream_bytes(const TrainingSetup& setup);
 /// with dropout) or the q/k/v gradients of a flash kernel.
 int64_t attention_backward_bytes(const ModelSpec& model, const TrainingSetup& setup, const DeviceProfile& device);
 
-/// Input gradients alive together in the backward of the last block's dense MLP (a gated MLP: the down
-/// projection's, then the activation's and the up projection's, 3 x tokens x intermediate; else 2 x); 0 for
+/// Input gradients the backward of the last block's dense MLP adds to its saved tensors at its peak: 2 x tokens x
+/// intermediate (a gated MLP: the down projection's input gradient, which frees the input it saved, then the
+/// activation's and the up projection's; GPT-2's composite GELU: its intermediates' gradients, measured); 0 for
 /// a mixture of experts, whose routed backward is not modelled.
 int64_t mlp_backward_bytes(const ModelSpec& model, const TrainingSetup& setup, const DeviceProfile& device);
 
