@@ -152,6 +152,7 @@ def estimate(
     sharding: str = "flat",
     reshard_after_forward: bool = True,
     zero_prefetch: int = 1,
+    ds_reduce_bucket: Union[int, str] = 500_000_000,
     reduce_dtype: str = "grad",
     offload_optimizer: bool = False,
     quantize_lm_head: bool = False,
@@ -207,8 +208,10 @@ def estimate(
     the gradients' dtype, ``"fp32"``: float32 reduce-scatters, as torchtitan). ``sharding="gpuops"`` is
     ``gpuops.ZeroOptimizer(stage=3)`` (one flat buffer per block, the rest of the model one more unit, fp32
     gradient shards; ``zero_stage`` 0 means 3) with ``reshard_after_forward`` and ``zero_prefetch`` (its
-    ``prefetch``: units gathered ahead). ``base_dtype`` also takes ``"nf4-nodq"`` (NF4 without
-    double quantisation) and ``"fp32"`` (an fp32 base, e.g. LoRA at ``precision="fp32"``);
+    ``prefetch``: units gathered ahead). ``ds_reduce_bucket`` is DeepSpeed ZeRO-3's ``reduce_bucket_size`` (zero 3,
+    sharding flat): the elements of the gradient bucket it makes at setup (DeepSpeed's default 5e8, which
+    accelerate's configs keep; ``"auto"``: Hugging Face's ``hidden_size**2``; 0: ``contiguous_gradients`` off).
+    ``base_dtype`` also takes ``"nf4-nodq"`` (NF4 without double quantisation) and ``"fp32"`` (an fp32 base, e.g. LoRA at ``precision="fp32"``);
     ``quantize_lm_head=True`` stores an untied LM head like an int8/nf4 base; ``bnb_version`` is the
     bitsandbytes release of an int8/nf4 base (``"0.42.0"``: before 0.43.2 the 4-bit matmul keeps its input for
     the backward, before 0.45.0 the int8 matmul also keeps an int8 copy; later releases behave as 0.45.0); and

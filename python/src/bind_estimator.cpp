@@ -110,6 +110,11 @@ void read_state_options(const py::dict& a, TrainingSetup& s) {
   if (a.contains("sharding")) s.sharding = parse_sharding(str_arg(a["sharding"], "sharding", "fsdp2"));
   if (s.sharding != ShardingLayout::Flat && s.zero_stage == 0) s.zero_stage = 3;  // fsdp2, gpuops
   if (a.contains("zero_prefetch")) s.zero_prefetch = int_arg(a["zero_prefetch"], "zero_prefetch");
+  if (a.contains("ds_reduce_bucket")) {  // an int, or "auto"
+    const py::handle v = a["ds_reduce_bucket"];
+    s.ds_reduce_bucket = PyUnicode_Check(v.ptr()) ? parse_ds_reduce_bucket(str_arg(v, "ds_reduce_bucket", "auto"))
+                                                  : int_arg(v, "ds_reduce_bucket");
+  }
   if (a.contains("reshard_after_forward"))
     s.reshard_after_forward = bool_arg(a["reshard_after_forward"], "reshard_after_forward");
   if (a.contains("reduce_dtype")) s.reduce_dtype = parse_reduce_dtype(str_arg(a["reduce_dtype"], "reduce_dtype", "fp32"));
@@ -344,7 +349,7 @@ void bind_estimator(py::module_& m) {
       py::arg("model"), py::arg("device"),
       "Peak of one step; the setup as keywords precision, amp, optimizer, optimizer_impl, zero_stage, num_gpus, "
       "checkpointing, attention, lora_rank, lora_targets, base_dtype, micro_batch, seq_len, grad_accum, zero_reduce, zero_bucket_bytes, sharding, "
-      "reshard_after_forward, zero_prefetch, reduce_dtype, offload_optimizer, quantize_lm_head, bnb_version, "
+      "reshard_after_forward, zero_prefetch, ds_reduce_bucket, reduce_dtype, offload_optimizer, quantize_lm_head, bnb_version, "
       "held_logits, model_code.");
 
   m.def(

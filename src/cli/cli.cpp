@@ -46,6 +46,7 @@ struct EstimateOptions {
   bool recommend = false, json = false;
   // Optimizer placement and sharding (docs/estimator.md, "Optimizers, offload and sharding"):
   std::string sharding = "flat", reshard_after_forward = "true", reduce_dtype = "grad", zero_prefetch = "1";
+  std::string ds_reduce_bucket = "500000000";
   bool offload_optimizer = false, quantize_lm_head = false;
   // The CUDA software (docs/estimator.md, "Three figures"):
   std::string cuda = "13", module_loading = "lazy", allocator = "default", context_bytes = "-1", device_profile;
@@ -107,6 +108,7 @@ est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& m
   s.sharding = est::parse_sharding(o.sharding);
   if (s.sharding != est::ShardingLayout::Flat && s.zero_stage == 0) s.zero_stage = 3;  // fsdp2, gpuops: stage 3
   s.zero_prefetch = parse_integer("--zero-prefetch", o.zero_prefetch);
+  s.ds_reduce_bucket = est::parse_ds_reduce_bucket(o.ds_reduce_bucket);
   s.reshard_after_forward = est::parse_bool(o.reshard_after_forward, "--reshard-after-forward");
   s.reduce_dtype = est::parse_reduce_dtype(o.reduce_dtype);
   s.offload_optimizer = o.offload_optimizer;
@@ -347,6 +349,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                            "backward) or false (blocks stay unsharded from forward to backward)")->capture_default_str(),
       estimate->add_option("--zero-prefetch", o.zero_prefetch, "gpuops: units gathered ahead of the one running "
                            "(ZeroOptimizer's prefetch), 0 to 64")->type_name("K")->capture_default_str(),
+      estimate->add_option("--ds-reduce-bucket", o.ds_reduce_bucket, "DeepSpeed ZeRO-3 (zero 3, sharding flat): its "
+                           "reduce_bucket_size in elements, the gradient bucket it makes at setup (DeepSpeed's default "
+                           "5e8, which accelerate's configs keep; auto: Hugging Face's hidden_size^2; 0: "
+                           "contiguous_gradients off)")->type_name("N|auto")->capture_default_str(),
       estimate->add_option("--reduce-dtype", o.reduce_dtype, "fsdp2: MixedPrecisionPolicy reduce_dtype, grad (None: the "
                            "gradients' dtype) or fp32 (torchtitan's)")->capture_default_str(),
       estimate->add_flag("--offload-optimizer", o.offload_optimizer, "ZeRO-Offload: optimizer states, fp32 master and "

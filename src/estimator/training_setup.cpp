@@ -110,6 +110,25 @@ HeldLogits parse_held_logits(std::string_view t) { return parse_name(kHeldLogits
 ModelCode parse_model_code(std::string_view t) { return parse_name(kModelCodes, t, "model-code"); }
 ReduceDtype parse_reduce_dtype(std::string_view t) { return parse_name(kReduceDtypes, t, "reduce-dtype"); }
 
+int64_t parse_ds_reduce_bucket(std::string_view t) {
+  if (lower(t) == "auto") return kDsReduceBucketAuto;
+  const std::string text(t);
+  size_t used = 0;
+  long long value = -2;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  GPUOPS_CHECK_ARG(!text.empty() && used == text.size() && value >= 0, "ds-reduce-bucket '{}' is not accepted; "
+                   "accepted: auto, or a number of elements >= 0", text);
+  return value;
+}
+
+std::string ds_reduce_bucket_to_string(int64_t elements) {
+  return elements == kDsReduceBucketAuto ? "auto" : std::to_string(elements);
+}
+
 bool parse_bool(std::string_view text, const char* argument) {
   const std::string key = lower(text);
   if (key == "true") return true;

@@ -305,12 +305,18 @@ TEST(Estimate, ZeroStagesPartitionByNumGpus) {
   const int64_t peak_z3 = est::estimate_memory(m, s, est::cuda_device()).total();
   s.zero_stage = 0;
   EXPECT_LT(peak_z3 * 2, est::estimate_memory(m, s, est::cuda_device()).total());
-  // One GPU: every stage is the same as stage 0.
+  // One GPU: every stage is the same as stage 0, but for DeepSpeed ZeRO-3's gradient bucket (made on one GPU too:
+  // 5e8 bf16 elements by default).
   s.num_gpus = 1;
   s.zero_stage = 3;
   const int64_t one_gpu_z3 = est::estimate_memory(m, s, est::cpu_device()).total();
+  s.ds_reduce_bucket = 0;
+  const int64_t one_gpu_z3_no_bucket = est::estimate_memory(m, s, est::cpu_device()).total();
   s.zero_stage = 0;
-  EXPECT_EQ(one_gpu_z3, est::estimate_memory(m, s, est::cpu_device()).total());
+  s.ds_reduce_bucket = est::TrainingSetup{}.ds_reduce_bucket;
+  const int64_t one_gpu_z0 = est::estimate_memory(m, s, est::cpu_device()).total();
+  EXPECT_EQ(one_gpu_z3_no_bucket, one_gpu_z0);
+  EXPECT_EQ(one_gpu_z3 - one_gpu_z0, int64_t{500'000'000} * 2);
 }
 
 TEST(Estimate, LoraTrainsOnlyTheAdapters) {

@@ -387,6 +387,8 @@ def keywords(row: dict) -> dict:
     if "model" in decided:
         kw.pop("config", None)
     kw.update(decided)
+    if row["fsdp"] and kw.get("zero_stage") == 3 and kw.get("sharding", "flat") == "flat":
+        kw["ds_reduce_bucket"] = 0  # FSDP1's flat parameters on the flat layout: no DeepSpeed gradient bucket
     return kw
 
 

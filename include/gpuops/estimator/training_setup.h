@@ -126,8 +126,15 @@ struct TrainingSetup {
   ShardingLayout sharding = ShardingLayout::Flat;  ///< Fsdp2 requires zero_stage 3
   bool reshard_after_forward = true;        ///< Fsdp2 and Gpuops: the blocks freed after their forward
   int64_t zero_prefetch = 1;                ///< Gpuops only: units gathered ahead of the one running, [0, 64]
+  /// Flat ZeRO-3 (DeepSpeed) only: its reduce_bucket_size in elements, the contiguous gradient bucket it makes at
+  /// setup (DeepSpeed's default 5e8; kDsReduceBucketAuto: Hugging Face's "auto", hidden_size squared; 0: none,
+  /// contiguous_gradients off).
+  int64_t ds_reduce_bucket = 500'000'000;
   ReduceDtype reduce_dtype = ReduceDtype::Grad;  ///< Fsdp2 only: the dtype of the reduce-scatter
 };
+
+/// TrainingSetup::ds_reduce_bucket for Hugging Face's "auto" (hidden_size squared).
+inline constexpr int64_t kDsReduceBucketAuto = -1;
 
 /// Throws ArgumentError naming the first setting that is out of range or inconsistent with `model`.
 void validate(const TrainingSetup& setup, const ModelSpec& model);
@@ -144,6 +151,8 @@ ShardingLayout parse_sharding(std::string_view text);          ///< flat, fsdp2,
 HeldLogits parse_held_logits(std::string_view text);           ///< none, model, fp32
 ModelCode parse_model_code(std::string_view text);             ///< hf, litgpt
 ReduceDtype parse_reduce_dtype(std::string_view text);         ///< grad, fp32
+int64_t parse_ds_reduce_bucket(std::string_view text);         ///< auto (kDsReduceBucketAuto) or elements
+std::string ds_reduce_bucket_to_string(int64_t elements);     ///< "auto" or the number
 /// true or false (case-insensitive); ArgumentError naming `argument` otherwise.
 bool parse_bool(std::string_view text, const char* argument);
 /// none, full, every:K (K >= 1), selective; sets setup.checkpoint and setup.checkpoint_every_k.

@@ -1,14 +1,45 @@
 // DeepSpeed's ZeRO stage 3 (zero_stage 3, ShardingLayout::Flat): the weights in flat partitions (the core's
 // zero_shard), each block gathered for its forward and again for its backward with the next one prefetched.
+// What DeepSpeed makes at setup (runtime/zero/stage3.py, _setup_for_real_optimizer, 0.14-0.15): with
+// contiguous_gradients (its default) a bucket of reduce_bucket_size elements of the model's 16-bit dtype, whatever
+// is trainable, counted here. DeepSpeed also makes the gradient partitions' flat buffer at setup, which the
+// estimate counts from the backward on, as FSDP1's flat parameters (mapped to this layout by the published
+// validation) make theirs: not modelled yet.
+#include "gpuops/errors.h"
 #include "gpuops/estimator/estimate.h"
 #include "setup_feature.h"
 
 namespace gpuops::estimator {
 namespace {
 
+using C = CheckedInt;
+
+bool is_deepspeed_zero3(const TrainingSetup& s) { return s.zero_stage == 3 && s.sharding == ShardingLayout::Flat; }
+
 class Zero3FlatFeature final : public SetupFeature {
  public:
-  bool on(const TrainingSetup& s) const override { return s.zero_stage == 3 && s.sharding == ShardingLayout::Flat; }
+  void validate(const TrainingSetup& s, const ModelSpec&) const override {
+    GPUOPS_CHECK_ARG(s.ds_reduce_bucket >= kDsReduceBucketAuto && s.ds_reduce_bucket <= int64_t{1} << 40,
+                     "ds-reduce-bucket {} is not accepted; accepted: auto, or 0 to 2**40 elements", s.ds_reduce_bucket);
+    GPUOPS_CHECK_ARG(s.ds_reduce_bucket == TrainingSetup{}.ds_reduce_bucket || is_deepspeed_zero3(s),
+                     "ds-reduce-bucket is DeepSpeed's ZeRO-3 reduce_bucket_size; accepted: zero 3 with sharding flat, "
+                     "or the default");
+  }
+  bool on(const TrainingSetup& s) const override { return is_deepspeed_zero3(s); }
+  // The bucket: alive at every moment of the step, from setup on.
+  void moments(const StepContext& c, const MomentTerms&, Moments& moments) const override {
+    const int64_t bucket = bucket_bytes(c);
+    for (MemoryBreakdown& p : moments) p.gradients = (C(p.gradients) + bucket).get();
+  }
+  int64_t held_through_steps(const StepContext& c) const override { return bucket_bytes(c); }
+
+ private:
+  static int64_t bucket_bytes(const StepContext& c) {
+    const int64_t elements = c.setup.ds_reduce_bucket == kDsReduceBucketAuto
+                                 ? (C(c.model.hidden_size) * c.model.hidden_size).get()
+                                 : c.setup.ds_reduce_bucket;
+    return (C(elements) * compute_dtype_bytes(c.setup.precision)).get();
+  }
   // The current and the prefetched block in the backward moments (a LoRA base gathered in 16 bits).
   int64_t gathered_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase phase) const override {
     if (phase != StepPhase::LossBackward && phase != StepPhase::AttentionBackward) return 0;
