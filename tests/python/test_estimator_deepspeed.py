@@ -1,7 +1,8 @@
-"""DeepSpeed ZeRO-3's gradient bucket (zero 3, sharding flat): reduce_bucket_size elements of the model's 16-bit
+"""DeepSpeed ZeRO-3 (zero 3, sharding flat): its gradient bucket, reduce_bucket_size elements of the model's 16-bit
 dtype made at setup (runtime/zero/stage3.py, _setup_for_real_optimizer), alive through every moment of the step
 (docs/estimator.md, "DeepSpeed ZeRO-3's own buffers"); "auto" is Hugging Face's hidden_size**2; 0 is
-contiguous_gradients off. Bad values and other layouts are refused naming the option."""
+contiguous_gradients off. Bad values and other layouts are refused naming the option. And bitsandbytes'
+quantisation statistics, which the partitions leave whole on every rank."""
 
 import json
 import random
@@ -55,3 +56,23 @@ def test_other_layouts_refuse_it(other):
     with pytest.raises(ValueError, match="ds-reduce-bucket is DeepSpeed's ZeRO-3 reduce_bucket_size"):
         gpuops.estimate("llama-2-7b", ds_reduce_bucket=10**8, **setup)
     gpuops.estimate("llama-2-7b", **setup)  # the default is accepted everywhere
+
+
+def _replicated_weight_bytes(base_dtype):
+    """What every rank keeps whole of the weights: W(8) - (W(4) - W(8)) for per-rank weights W(N) = X / N + kept."""
+    w = {n: gpuops.estimate("llama-2-7b", zero_stage=3, num_gpus=n, lora_rank=8, base_dtype=base_dtype,
+                            gpu="A100-80GB").weights for n in (4, 8)}
+    return 2 * w[8] - w[4]
+
+
+@pytest.mark.parametrize("base_dtype", ["nf4", "nf4-nodq"])
+def test_quantisation_statistics_stay_whole_on_every_rank(base_dtype):
+    # bitsandbytes' absmax (and its double quantisation) are attributes of the weights, not parameters: the flat
+    # partitions leave them whole. By hand for Llama-2-7B's 32 blocks: q, k, v, o 4096 x 4096, gate and up
+    # 4096 x 11008, down 11008 x 4096; one absmax per 64 values (fp32, or 8-bit with an fp32 per 256 of them).
+    sizes = [4096 * 4096] * 4 + [4096 * 11008] * 3
+    per_block = sum((-(-n // 64) + 4 * -(-n // (64 * 256))) if base_dtype == "nf4" else 4 * -(-n // 64)
+                    for n in sizes)
+    expected = 32 * per_block
+    kept = _replicated_weight_bytes(base_dtype) - _replicated_weight_bytes("bf16")
+    assert kept == pytest.approx(expected, abs=64), (kept, expected)  # the ceilings of the shards: a few bytes

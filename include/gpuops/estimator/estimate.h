@@ -32,6 +32,10 @@ int64_t trainable_parameter_count(const ModelSpec& model, const TrainingSetup& s
 /// unit, src/estimator/features/lora.cpp)
 int64_t frozen_weight_bytes(const ModelSpec& model, const TrainingSetup& setup);
 
+/// Of frozen_weight_bytes, the quantisation statistics of an int8/nf4 base (nf4's absmax and its double
+/// quantisation, int8's row scales): tensors bitsandbytes hangs on the weights, not parameters (0 otherwise).
+int64_t quantisation_statistics_bytes(const ModelSpec& model, const TrainingSetup& setup);
+
 /// `count` divided (ceil) by num_gpus when setup.zero_stage >= from_stage, else `count` itself.
 int64_t zero_shard(int64_t count, const TrainingSetup& setup, int from_stage);
 

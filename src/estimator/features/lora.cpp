@@ -353,6 +353,19 @@ int64_t frozen_weight_bytes(const ModelSpec& m, const TrainingSetup& s) {
   return bytes.get();
 }
 
+int64_t quantisation_statistics_bytes(const ModelSpec& m, const TrainingSetup& s) {
+  if (s.lora.rank == 0 || !is_quantised_base(s.lora.base)) return 0;
+  const auto statistics = [&](int64_t in, int64_t out) {  // all but the packed values
+    const C n = C(in) * out;
+    const C packed = s.lora.base == BaseWeightDtype::Int8 ? n : C(ceil_div(n.get(), 2));
+    return C(quantised_weight_bytes(in, out, s.lora.base)) - packed;
+  };
+  C bytes = 0;
+  for (const auto& g : block_linears(m)) bytes += C(g.count) * statistics(g.shape.in_features, g.shape.out_features);
+  if (s.lora.quantize_lm_head) bytes += statistics(m.hidden_size, m.vocab_size);
+  return bytes.get();
+}
+
 const SetupFeature& lora_feature() {
   static const LoraFeature feature;
   return feature;

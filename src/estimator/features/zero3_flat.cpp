@@ -32,6 +32,14 @@ class Zero3FlatFeature final : public SetupFeature {
     for (MemoryBreakdown& p : moments) p.gradients = (C(p.gradients) + bucket).get();
   }
   int64_t held_through_steps(const StepContext& c) const override { return bucket_bytes(c); }
+  // bitsandbytes' quantisation statistics hang on the weights as attributes, not parameters: the flat partitions
+  // take param.data only (DeepSpeed's partition_parameters.py), so every rank keeps all of them. (FSDP1 rows on
+  // this layout: bitsandbytes keeps a Linear4bit's quant_state on the module for FSDP, whole on every rank too.)
+  std::optional<int64_t> local_frozen_bytes(const ModelSpec& m, const TrainingSetup& s) const override {
+    const int64_t statistics = quantisation_statistics_bytes(m, s);
+    if (statistics == 0) return std::nullopt;
+    return (C(zero_shard((C(frozen_weight_bytes(m, s)) - statistics).get(), s, 3)) + statistics).get();
+  }
 
  private:
   static int64_t bucket_bytes(const StepContext& c) {
