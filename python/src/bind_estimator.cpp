@@ -114,6 +114,9 @@ void read_state_options(const py::dict& a, TrainingSetup& s) {
     const py::handle v = a["ds_reduce_bucket"];
     s.ds_reduce_bucket = PyUnicode_Check(v.ptr()) ? parse_ds_reduce_bucket(str_arg(v, "ds_reduce_bucket", "auto"))
                                                   : int_arg(v, "ds_reduce_bucket");
+    if (!PyUnicode_Check(v.ptr()) && s.ds_reduce_bucket < 0)  // "auto" is the string only
+      throw ArgumentError(fmt::format("ds_reduce_bucket {} is not accepted; accepted: 'auto', or 0 to 2**40 elements",
+                                      s.ds_reduce_bucket));
   }
   if (a.contains("reshard_after_forward"))
     s.reshard_after_forward = bool_arg(a["reshard_after_forward"], "reshard_after_forward");

@@ -352,7 +352,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       estimate->add_option("--ds-reduce-bucket", o.ds_reduce_bucket, "DeepSpeed ZeRO-3 (zero 3, sharding flat): its "
                            "reduce_bucket_size in elements, the gradient bucket it makes at setup (DeepSpeed's default "
                            "5e8, which accelerate's configs keep; auto: Hugging Face's hidden_size^2; 0: "
-                           "contiguous_gradients off)")->type_name("N|auto")->capture_default_str(),
+                           "contiguous_gradients off, or FSDP1 on this layout)")->type_name("N|auto")->capture_default_str(),
       estimate->add_option("--reduce-dtype", o.reduce_dtype, "fsdp2: MixedPrecisionPolicy reduce_dtype, grad (None: the "
                            "gradients' dtype) or fp32 (torchtitan's)")->capture_default_str(),
       estimate->add_flag("--offload-optimizer", o.offload_optimizer, "ZeRO-Offload: optimizer states, fp32 master and "

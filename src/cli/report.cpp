@@ -32,8 +32,8 @@ std::string describe_state_options(const est::TrainingSetup& s) {
   if (s.sharding == est::ShardingLayout::Gpuops)
     out += fmt::format(", gpuops ZeroOptimizer stage 3 (reshard after forward {}, prefetch {})",
                        s.reshard_after_forward ? "true" : "false", s.zero_prefetch);
-  if (s.zero_stage == 3 && s.sharding == est::ShardingLayout::Flat && s.ds_reduce_bucket != est::TrainingSetup{}.ds_reduce_bucket)
-    out += fmt::format(", DeepSpeed reduce bucket {}", est::ds_reduce_bucket_to_string(s.ds_reduce_bucket));
+  if (s.zero_stage == 3 && s.sharding == est::ShardingLayout::Flat)
+    out += fmt::format(", DeepSpeed reduce bucket {} elements", est::ds_reduce_bucket_to_string(s.ds_reduce_bucket));
   if (s.zero_reduce_at_step) out += ", gradients reduced at the step (gpuops ZeroOptimizer)";
   if (s.zero_bucket_bytes > 0)
     out += fmt::format(", gradients reduced in the backward in {}-byte buckets (gpuops ZeroOptimizer)", s.zero_bucket_bytes);
@@ -109,7 +109,9 @@ json setup_json(const est::TrainingSetup& s) {
           {"sharding", std::string(est::to_string(s.sharding))},
           {"reshard_after_forward", s.reshard_after_forward},
           {"zero_prefetch", s.zero_prefetch},
-          {"ds_reduce_bucket", est::ds_reduce_bucket_to_string(s.ds_reduce_bucket)},
+          {"ds_reduce_bucket", s.zero_stage != 3 || s.sharding != est::ShardingLayout::Flat ? json()
+                               : s.ds_reduce_bucket == est::kDsReduceBucketAuto ? json("auto")
+                                                                                : json(s.ds_reduce_bucket)},
           {"reduce_dtype", std::string(est::to_string(s.reduce_dtype))},
           {"micro_batch", s.micro_batch},
           {"seq_len", s.seq_len},

@@ -114,15 +114,17 @@ int64_t parse_ds_reduce_bucket(std::string_view t) {
   if (lower(t) == "auto") return kDsReduceBucketAuto;
   const std::string text(t);
   size_t used = 0;
-  long long value = -2;
+  double value = -1;  // 500000000 or 5e8, as DeepSpeed's configs write it
   try {
-    value = std::stoll(text, &used);
+    value = std::stod(text, &used);
   } catch (const std::exception&) {
     used = 0;
   }
-  GPUOPS_CHECK_ARG(!text.empty() && used == text.size() && value >= 0, "ds-reduce-bucket '{}' is not accepted; "
-                   "accepted: auto, or a number of elements >= 0", text);
-  return value;
+  GPUOPS_CHECK_ARG(!text.empty() && used == text.size() && value >= 0 && value <= std::ldexp(1.0, 40) &&
+                       value == std::floor(value),
+                   "ds-reduce-bucket '{}' is not accepted; accepted: auto, or a whole number of elements from 0 to "
+                   "2**40 (500000000 or 5e8)", text);
+  return static_cast<int64_t>(value);
 }
 
 std::string ds_reduce_bucket_to_string(int64_t elements) {

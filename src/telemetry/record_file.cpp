@@ -102,11 +102,13 @@ void RecordFile::append(const Record& record) {
     }
     text += csv_line(record, lr_columns_);
   }
-  append_whole(fd_, text, path_);
+  append_whole(fd_, text, path_, broken_);
   last_step_ = record.step;
 }
 
-void append_whole(int fd, const std::string& bytes, const std::string& path) {
+void append_whole(int fd, const std::string& bytes, const std::string& path, bool& broken) {
+  TORCH_CHECK(!broken, "telemetry: ", path, " ends with a partial record (a failed write could not be cut off): "
+              "nothing more is written to it");
   struct stat before {};
   TORCH_CHECK(fstat(fd, &before) == 0, "telemetry: cannot write to ", path, ": ", std::strerror(errno));
   size_t done = 0;
@@ -116,6 +118,7 @@ void append_whole(int fd, const std::string& bytes, const std::string& path) {
     if (n <= 0) {  // cut off what this call wrote: the file ends with a whole record again
       const int error = n < 0 ? errno : ENOSPC;
       const bool restored = done == 0 || ftruncate(fd, before.st_size) == 0;
+      broken = !restored;
       TORCH_CHECK(false, "telemetry: cannot write to ", path, ": ", std::strerror(error),
                   restored ? "" : " (the part written could not be cut off: the file ends with a partial record)");
     }

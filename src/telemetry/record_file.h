@@ -31,6 +31,7 @@ class RecordFile : public RecordSink {
   int fd_ = -1;
   int64_t last_step_ = 0;
   int64_t lr_columns_ = -1;  // CSV: learning-rate columns of the header (-1: no header yet)
+  bool broken_ = false;      // a failed write could not be cut off (append_whole)
 };
 
 }  // namespace gpuops::telemetry::detail

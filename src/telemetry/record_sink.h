@@ -19,7 +19,8 @@ class RecordSink {
 
 /// Appends `bytes` to the file open as `fd` (O_APPEND) in as many writes as it takes. A write that fails (a full
 /// disk, a file size limit) leaves the file as it was: what it had written is cut off again, so that the file
-/// holds whole records only; c10::Error naming `path`.
-void append_whole(int fd, const std::string& bytes, const std::string& path);
+/// holds whole records only; c10::Error naming `path`. `broken`: true before the call refuses it (a file that
+/// ends with a partial record gets nothing more); set when a failed write could not be cut off.
+void append_whole(int fd, const std::string& bytes, const std::string& path, bool& broken);
 
 }  // namespace gpuops::telemetry::detail

@@ -81,7 +81,7 @@ TensorBoardEvents::TensorBoardEvents(const std::string& folder) {
   TORCH_CHECK_VALUE(fd_ >= 0, "MetricsRecorder: tensorboard file ", path_, " cannot be made: ", std::strerror(errno),
                     "; accepted: a writable folder");
   try {
-    append_whole(fd_, tensorboard::file_version_record(seconds_since_epoch()), path_);
+    append_whole(fd_, tensorboard::file_version_record(seconds_since_epoch()), path_, broken_);
   } catch (const c10::Error& e) {
     close(fd_);
     unlink(path_.c_str());
@@ -102,10 +102,11 @@ void TensorBoardEvents::append(const Record& record) {
     if (name != "time") add("gpuops/" + name, value);  // the time is the event's wall time (float32 loses it)
   for (size_t group = 0; group < record.lrs.size(); ++group) add(fmt::format("gpuops/lr/{}", group), record.lrs[group]);
   std::string bytes;
-  if (!run_started_ && record.first_step > 1)  // a resumed run: TensorBoard drops the steps it repeats
-    bytes = tensorboard::run_start_record(wall_time, record.first_step);
+  if (start_step_ < 0) start_step_ = record.first_step;  // the first record's, even if its write fails
+  if (!run_started_ && start_step_ > 1)  // a resumed run: TensorBoard drops the steps it repeats
+    bytes = tensorboard::run_start_record(wall_time, start_step_);
   bytes += tensorboard::scalars_record(wall_time, record.step, scalars);
-  append_whole(fd_, bytes, path_);  // both events in one append: a failed one leaves neither
+  append_whole(fd_, bytes, path_, broken_);  // both events in one append: a failed one leaves neither
   run_started_ = true;
 }
 

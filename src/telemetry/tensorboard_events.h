@@ -34,10 +34,11 @@ class TensorBoardEvents : public RecordSink {
   const std::string& path() const { return path_; }
 
  private:
-  void write_event(const std::string& event);
   std::string path_;
   int fd_ = -1;
-  bool run_started_ = false;
+  int64_t start_step_ = -1;  // the run's first step, from the first record on (-1: none yet)
+  bool run_started_ = false;  // a record was written (with the START, when one is due)
+  bool broken_ = false;       // a failed write could not be cut off (append_whole)
 };
 
 }  // namespace gpuops::telemetry::detail

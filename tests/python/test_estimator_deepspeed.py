@@ -21,8 +21,8 @@ def test_the_bucket_is_its_elements_in_the_model_dtype_at_every_moment(precision
     elements = random.randint(1, 10**9)
     none = gpuops.estimate("llama-2-7b", precision=precision, ds_reduce_bucket=0, **SETUP)
     some = gpuops.estimate("llama-2-7b", precision=precision, ds_reduce_bucket=elements, **SETUP)
-    assert some.gradients - none.gradients == elements * element_bytes
-    assert some.allocated_peak - none.allocated_peak == pytest.approx(elements * element_bytes, abs=2**21)
+    assert some.gradients - none.gradients == elements * element_bytes, elements
+    assert some.allocated_peak - none.allocated_peak == pytest.approx(elements * element_bytes, abs=2**21), elements
     assert some.peak_phase == none.peak_phase
 
 
@@ -34,17 +34,33 @@ def test_auto_is_hidden_size_squared_and_the_default_is_deepspeeds():
     assert default.gradients - none.gradients == 500_000_000 * 2
 
 
+def test_auto_needs_a_hidden_size():
+    with pytest.raises(ValueError, match="ds-reduce-bucket auto is hidden_size squared"):
+        gpuops.estimate(params="7B", ds_reduce_bucket="auto", **SETUP)
+
+
+def test_5e8_is_accepted_as_deepspeed_configs_write_it():
+    assert gpuops.estimate("llama-2-7b", ds_reduce_bucket="5e8", **SETUP) == gpuops.estimate("llama-2-7b", **SETUP)
+
+
 def test_the_command_line_gives_the_same_bytes():
     out = subprocess.run([sys.executable, "-m", "gpuops", "estimate", "--model", "llama-2-7b", "--zero", "3", "--gpus", "8", "--batch", "2",
                           "--seq", "1024", "--gpu", "H100-80GB", "--ds-reduce-bucket", "auto", "--json"],
                          capture_output=True, text=True, check=True).stdout
     run = json.loads(out)["runs"][0]
     assert run["setup"]["ds_reduce_bucket"] == "auto"
+    other = json.loads(subprocess.run([sys.executable, "-m", "gpuops", "estimate", "--model", "llama-2-7b", "--zero",
+                                       "2", "--gpus", "8", "--json"], capture_output=True, text=True,
+                                      check=True).stdout)["runs"][0]
+    assert other["setup"]["ds_reduce_bucket"] is None  # not DeepSpeed ZeRO-3: no bucket
     assert run["breakdown"]["gradients"] == gpuops.estimate("llama-2-7b", ds_reduce_bucket="auto", **SETUP).gradients
 
 
-@pytest.mark.parametrize("value, message", [(-5, "ds-reduce-bucket -5 is not accepted"),
-                                            ("many", "ds-reduce-bucket 'many' is not accepted; accepted: auto")])
+@pytest.mark.parametrize("value, message", [(-5, "ds_reduce_bucket -5 is not accepted"),
+                                            (-1, "ds_reduce_bucket -1 is not accepted; accepted: 'auto'"),
+                                            ("many", "ds-reduce-bucket 'many' is not accepted; accepted: auto"),
+                                            ("2.5", "ds-reduce-bucket '2.5' is not accepted"),
+                                            ("2e12", "ds-reduce-bucket '2e12' is not accepted")])
 def test_bad_values_are_refused_naming_the_option(value, message):
     with pytest.raises(ValueError, match=message):
         gpuops.estimate("llama-2-7b", ds_reduce_bucket=value, **SETUP)

@@ -114,14 +114,15 @@ def test_a_folder_that_cannot_be_written_is_refused_at_creation(tmp_path):
     assert not (tmp_path / "m.jsonl").exists()
 
 
-def test_a_failing_write_is_a_warning_leaves_no_partial_record_and_training_goes_on(tmp_path):
+@pytest.mark.parametrize("start_step", [0, 4])  # a fresh run, a resumed one
+def test_a_failing_write_is_a_warning_leaves_no_partial_record_and_training_goes_on(tmp_path, start_step):
     # A file size limit makes the first record's write fail part way (the disk-full case, without a full disk);
     # run in a process of its own, whose limit nothing else shares.
     script = textwrap.dedent("""
         import glob, os, resource, signal, sys, warnings
         import gpuops
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of a kill
-        recorder = gpuops.metrics.Recorder(log_every=1, tensorboard=sys.argv[1])
+        recorder = gpuops.metrics.Recorder(log_every=1, tensorboard=sys.argv[1], start_step=int(sys.argv[2]))
         [path] = glob.glob(os.path.join(sys.argv[1], "events.out.tfevents.*"))
         size = os.path.getsize(path)
         limits = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -135,13 +136,17 @@ def test_a_failing_write_is_a_warning_leaves_no_partial_record_and_training_goes
         recorder.close()
         print(recorder.step)
     """)
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path), str(start_step)], capture_output=True,
+                            text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     first, steps = result.stdout.strip().splitlines()
     grown, warning = first.split(" ", 1)
     assert grown == "0", first  # what the failed write had written was cut off again
-    assert "record of step 1 was not written" in warning and "File too large" in warning, warning
-    assert steps == "2"
-    assert tensorboard_scalars(tmp_path)["gpuops/loss"] == [(2, 2.0)]
-    assert [e.step for e in _events(tmp_path) if e.HasField("summary")] == [2]  # whole records only
+    assert f"record of step {start_step + 1} was not written" in warning and "File too large" in warning, warning
+    assert steps == str(start_step + 2)
+    assert tensorboard_scalars(tmp_path)["gpuops/loss"] == [(start_step + 2, 2.0)]
+    events = _events(tmp_path)  # whole records only
+    assert [e.step for e in events if e.HasField("summary")] == [start_step + 2]
+    # The run's first step decides the START, though its record failed: none for a fresh run, else at that step.
+    starts = [e.step for e in events if e.HasField("session_log")]
+    assert starts == ([start_step + 1] if start_step else [])

@@ -1,7 +1,8 @@
 // DeepSpeed's ZeRO stage 3 (zero_stage 3, ShardingLayout::Flat): the weights in flat partitions (the core's
 // zero_shard), each block gathered for its forward and again for its backward with the next one prefetched.
 // What DeepSpeed makes at setup (runtime/zero/stage3.py, _setup_for_real_optimizer, 0.14-0.15): with
-// contiguous_gradients (its default) a bucket of reduce_bucket_size elements of the model's 16-bit dtype, whatever
+// contiguous_gradients (its default) a bucket of reduce_bucket_size elements of the model's dtype (16-bit in mixed
+// precision, fp32 in fp32 training), whatever
 // is trainable, counted here. DeepSpeed also makes the gradient partitions' flat buffer at setup, which the
 // estimate counts from the backward on, as FSDP1's flat parameters (mapped to this layout by the published
 // validation) make theirs: not modelled yet.
@@ -18,12 +19,15 @@ bool is_deepspeed_zero3(const TrainingSetup& s) { return s.zero_stage == 3 && s.
 
 class Zero3FlatFeature final : public SetupFeature {
  public:
-  void validate(const TrainingSetup& s, const ModelSpec&) const override {
+  void validate(const TrainingSetup& s, const ModelSpec& m) const override {
     GPUOPS_CHECK_ARG(s.ds_reduce_bucket >= kDsReduceBucketAuto && s.ds_reduce_bucket <= int64_t{1} << 40,
                      "ds-reduce-bucket {} is not accepted; accepted: auto, or 0 to 2**40 elements", s.ds_reduce_bucket);
     GPUOPS_CHECK_ARG(s.ds_reduce_bucket == TrainingSetup{}.ds_reduce_bucket || is_deepspeed_zero3(s),
                      "ds-reduce-bucket is DeepSpeed's ZeRO-3 reduce_bucket_size; accepted: zero 3 with sharding flat, "
                      "or the default");
+    GPUOPS_CHECK_ARG(s.ds_reduce_bucket != kDsReduceBucketAuto || m.hidden_size > 0, "ds-reduce-bucket auto is "
+                     "hidden_size squared, and model '{}' has no hidden size (a bare parameter count); accepted: a "
+                     "number of elements", m.name);
   }
   bool on(const TrainingSetup& s) const override { return is_deepspeed_zero3(s); }
   // The bucket: alive at every moment of the step, from setup on.
