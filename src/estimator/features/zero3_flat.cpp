@@ -2,10 +2,9 @@
 // zero_shard), each block gathered for its forward and again for its backward with the next one prefetched.
 // What DeepSpeed makes at setup (runtime/zero/stage3.py, _setup_for_real_optimizer, 0.14-0.15): with
 // contiguous_gradients (its default) a bucket of reduce_bucket_size elements of the model's dtype (16-bit in mixed
-// precision, fp32 in fp32 training), whatever
-// is trainable, counted here. DeepSpeed also makes the gradient partitions' flat buffer at setup, which the
-// estimate counts from the backward on, as FSDP1's flat parameters (mapped to this layout by the published
-// validation) make theirs: not modelled yet.
+// precision, fp32 in fp32 training), whatever is trainable, counted here. DeepSpeed also makes the gradient
+// partitions' flat buffer at setup, which the estimate counts from the backward on, as FSDP1's flat parameters
+// (mapped to this layout by the published validation) make theirs: not modelled yet.
 #include "gpuops/errors.h"
 #include "gpuops/estimator/estimate.h"
 #include "setup_feature.h"
@@ -44,6 +43,12 @@ class Zero3FlatFeature final : public SetupFeature {
     if (statistics == 0) return std::nullopt;
     return (C(zero_shard((C(frozen_weight_bytes(m, s)) - statistics).get(), s, 3)) + statistics).get();
   }
+  // The current and the prefetched block in the backward moments (a LoRA base gathered in 16 bits).
+  int64_t gathered_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase phase) const override {
+    if (phase != StepPhase::LossBackward && phase != StepPhase::AttentionBackward) return 0;
+    const int64_t wb = s.lora.rank > 0 ? 2 : trainable_element_bytes(s);
+    return (2 * CheckedInt(parameter_groups(m).per_layer()) * wb).get();
+  }
 
  private:
   static int64_t bucket_bytes(const StepContext& c) {
@@ -51,12 +56,6 @@ class Zero3FlatFeature final : public SetupFeature {
                                  ? (C(c.model.hidden_size) * c.model.hidden_size).get()
                                  : c.setup.ds_reduce_bucket;
     return (C(elements) * compute_dtype_bytes(c.setup.precision)).get();
-  }
-  // The current and the prefetched block in the backward moments (a LoRA base gathered in 16 bits).
-  int64_t gathered_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase phase) const override {
-    if (phase != StepPhase::LossBackward && phase != StepPhase::AttentionBackward) return 0;
-    const int64_t wb = s.lora.rank > 0 ? 2 : trainable_element_bytes(s);
-    return (2 * CheckedInt(parameter_groups(m).per_layer()) * wb).get();
   }
 };
 
