@@ -211,7 +211,8 @@ def estimate(
     ``prefetch``: units gathered ahead). ``ds_reduce_bucket`` is DeepSpeed ZeRO-3's ``reduce_bucket_size`` (zero 3,
     sharding flat): the elements of the gradient bucket it makes at setup (DeepSpeed's default 5e8, which
     accelerate's configs keep; ``"auto"``: Hugging Face's ``hidden_size**2``; 0: ``contiguous_gradients`` off).
-    ``base_dtype`` also takes ``"nf4-nodq"`` (NF4 without double quantisation) and ``"fp32"`` (an fp32 base, e.g. LoRA at ``precision="fp32"``);
+    ``base_dtype`` also takes ``"nf4-nodq"`` (NF4 without double quantisation) and ``"fp32"`` (an fp32 base, e.g.
+    LoRA at ``precision="fp32"``);
     ``quantize_lm_head=True`` stores an untied LM head like an int8/nf4 base; ``bnb_version`` is the
     bitsandbytes release of an int8/nf4 base (``"0.42.0"``: before 0.43.2 the 4-bit matmul keeps its input for
     the backward, before 0.45.0 the int8 matmul also keeps an int8 copy; later releases behave as 0.45.0); and

@@ -107,7 +107,8 @@ std::vector<MemoryBreakdown> phase_breakdowns(const ModelSpec& m, const Training
   attn.peak_phase = StepPhase::AttentionBackward;
   attn.gradients = std::max(terms.gradients_so_far, terms.head_gradient);
   const int64_t attention_grads = attention_backward_bytes(m, s, device);
-  const int64_t mlp_half = (C(f.block_mlp) + f.block_other).get();  // what the MLP backward starts with, beyond the attention half
+  // What the MLP backward starts with beyond the attention half: the MLP's tensors and the rest of the block.
+  const int64_t mlp_half = (C(f.block_mlp) + f.block_other).get();
   const int64_t mlp_start = f.last_block_checkpointed ? (C(mlp_half) + mlp_backward_bytes(m, s, device)).get() : 0;
   attn.activations = (C(f.total()) - f.loss - f.final_norm +
                       (f.last_block_checkpointed ? f.block_attention - f.last_block_cache : -f.block_mlp) +

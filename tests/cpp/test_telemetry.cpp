@@ -83,7 +83,8 @@ uint32_t masked_crc32c_reference(const std::string& bytes) {
 
 uint64_t little_endian(const std::string& bytes, size_t at, size_t size) {
   uint64_t value = 0;
-  for (size_t i = 0; i < size; ++i) value |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
+  for (size_t i = 0; i < size; ++i)
+    value |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
   return value;
 }
 
