@@ -203,6 +203,8 @@ def estimate(
     (transformers' Adafactor defaults: factored fp32 second moment), ``"paged-adamw-8bit"`` and
     ``"paged-adamw-32bit"`` (bitsandbytes; states of tensors of >= 100,000 values in host memory).
     ``offload_optimizer=True`` is ZeRO-Offload (states, fp32 master and the step on the host).
+    ``sharding="fsdp1"`` is torch's ``FullyShardedDataParallel`` with ``FULL_SHARD`` (the flat partitions, no
+    DeepSpeed bucket, the root unit gathered from its forward to the end of the backward; ``zero_stage`` 0 means 3).
     ``sharding="fsdp2"`` is torch's ``fully_shard`` (per-tensor dim-0 shards; ``zero_stage`` 0 means 3) with
     ``reshard_after_forward`` as given to the blocks and ``reduce_dtype`` its MixedPrecisionPolicy's (``"grad"``:
     the gradients' dtype, ``"fp32"``: float32 reduce-scatters, as torchtitan). ``sharding="gpuops"`` is

@@ -105,10 +105,11 @@ bool bool_arg(py::handle value, const char* name) {
 }
 
 // Optimizer placement and sharding (docs/estimator.md, "Optimizers, offload and sharding"); keywords left
-// out keep the C++ defaults. sharding="fsdp2" with zero_stage 0 means stage 3, as on the command line.
+// out keep the C++ defaults. sharding="fsdp2", "gpuops" or "fsdp1" with zero_stage 0 means stage 3, as on the
+// command line.
 void read_state_options(const py::dict& a, TrainingSetup& s) {
   if (a.contains("sharding")) s.sharding = parse_sharding(str_arg(a["sharding"], "sharding", "fsdp2"));
-  if (s.sharding != ShardingLayout::Flat && s.zero_stage == 0) s.zero_stage = 3;  // fsdp2, gpuops
+  if (s.sharding != ShardingLayout::Flat && s.zero_stage == 0) s.zero_stage = 3;  // fsdp2, gpuops, fsdp1
   if (a.contains("zero_prefetch")) s.zero_prefetch = int_arg(a["zero_prefetch"], "zero_prefetch");
   if (a.contains("ds_reduce_bucket")) {  // an int, or "auto"
     const py::handle v = a["ds_reduce_bucket"];

@@ -106,7 +106,7 @@ est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& m
   s.held_logits = est::parse_held_logits(o.held_logits);
   s.model_code = est::parse_model_code(o.model_code);
   s.sharding = est::parse_sharding(o.sharding);
-  if (s.sharding != est::ShardingLayout::Flat && s.zero_stage == 0) s.zero_stage = 3;  // fsdp2, gpuops: stage 3
+  if (s.sharding != est::ShardingLayout::Flat && s.zero_stage == 0) s.zero_stage = 3;  // fsdp2, gpuops, fsdp1: 3
   s.zero_prefetch = parse_integer("--zero-prefetch", o.zero_prefetch);
   s.ds_reduce_bucket = est::parse_ds_reduce_bucket(o.ds_reduce_bucket);
   s.reshard_after_forward = est::parse_bool(o.reshard_after_forward, "--reshard-after-forward");
@@ -343,8 +343,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       estimate->add_option("--model-code", o.model_code, "The model's implementation: hf (transformers) or litgpt "
                            "(LitGPT's GPT: one fused q|k|v linear on every architecture)")->capture_default_str(),
       estimate->add_option("--sharding", o.sharding, "ZeRO-3 layout: flat (DeepSpeed's flat partitions), fsdp2 "
-                           "(torch fully_shard, per-tensor dim-0 shards) or gpuops (gpuops.ZeroOptimizer stage 3: "
-                           "a flat buffer per block); fsdp2 and gpuops imply --zero 3")->capture_default_str(),
+                           "(torch fully_shard, per-tensor dim-0 shards), gpuops (gpuops.ZeroOptimizer stage 3: "
+                           "a flat buffer per block) or fsdp1 (torch FullyShardedDataParallel FULL_SHARD: flat "
+                           "partitions, the root unit gathered through the step); fsdp2, gpuops and fsdp1 imply "
+                           "--zero 3")->capture_default_str(),
       estimate->add_option("--reshard-after-forward", o.reshard_after_forward, "fsdp2, gpuops: true (re-gather in "
                            "backward) or false (blocks stay unsharded from forward to backward)")->capture_default_str(),
       estimate->add_option("--zero-prefetch", o.zero_prefetch, "gpuops: units gathered ahead of the one running "
@@ -352,7 +354,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       estimate->add_option("--ds-reduce-bucket", o.ds_reduce_bucket, "DeepSpeed ZeRO-3 (zero 3, sharding flat): its "
                            "reduce_bucket_size in elements, the gradient bucket it makes at setup (DeepSpeed's default "
                            "5e8, which accelerate's configs keep; auto: Hugging Face's hidden_size^2; 0: "
-                           "contiguous_gradients off, or FSDP1 on this layout)")->type_name("N|auto")->capture_default_str(),
+                           "contiguous_gradients off)")->type_name("N|auto")->capture_default_str(),
       estimate->add_option("--reduce-dtype", o.reduce_dtype, "fsdp2: MixedPrecisionPolicy reduce_dtype, grad (None: the "
                            "gradients' dtype) or fp32 (torchtitan's)")->capture_default_str(),
       estimate->add_flag("--offload-optimizer", o.offload_optimizer, "ZeRO-Offload: optimizer states, fp32 master and "

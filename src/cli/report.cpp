@@ -32,6 +32,7 @@ std::string describe_state_options(const est::TrainingSetup& s) {
   if (s.sharding == est::ShardingLayout::Gpuops)
     out += fmt::format(", gpuops ZeroOptimizer stage 3 (reshard after forward {}, prefetch {})",
                        s.reshard_after_forward ? "true" : "false", s.zero_prefetch);
+  if (s.sharding == est::ShardingLayout::Fsdp1) out += ", FSDP1 FULL_SHARD";
   if (s.zero_stage == 3 && s.sharding == est::ShardingLayout::Flat)
     out += fmt::format(", DeepSpeed reduce bucket {} elements", est::ds_reduce_bucket_to_string(s.ds_reduce_bucket));
   if (s.zero_reduce_at_step) out += ", gradients reduced at the step (gpuops ZeroOptimizer)";

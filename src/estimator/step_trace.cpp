@@ -155,12 +155,16 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
   const MemoryBreakdown& end = phases[static_cast<int>(StepPhase::BackwardEnd)];
   const bool accumulate = gradients_alive_in_forward(s);
   const bool foreach_temporaries = step.temporaries > 0 && s.optimizer_impl != OptimizerImpl::ForLoop && !device.is_cpu();
+  int64_t held_in_backward = 0;  // gathered from the forward's start to the backward's end (FSDP1's root)
+  for (const SetupFeature* feature : features_of(s)) held_in_backward += feature->gathered_through_backward(m, s);
 
   std::vector<int64_t> state_handles, grad_handles;
   for (int step_index = 0; step_index < 2; ++step_index) {
     if (step_index == 1) r.allocator().reset_peaks();  // the steady state: states exist, grads were freed
     if (accumulate && grad_handles.empty()) grad_handles = r.alloc(grads);
-    // Forward: inputs, extras (autocast weight copies, RoPE tables), each layer, the head and the loss.
+    // Forward: what stays gathered, inputs, extras (autocast weight copies, RoPE tables), each layer, the head and
+    // the loss.
+    int64_t gathered = r.alloc(held_in_backward);
     int64_t inputs = r.alloc(f.inputs);
     std::vector<int64_t> extras = r.alloc(spread(f.extras, trainable));
     std::vector<std::vector<int64_t>> layers;
@@ -174,7 +178,7 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
     const int64_t per_layer_grads = static_cast<int64_t>(grads.size()) / L;
     size_t next_grad = grads.size();
     for (int64_t l = L - 1; l >= 0; --l) {
-      int64_t transient = r.alloc(attn.temporaries);
+      int64_t transient = r.alloc(attn.temporaries - held_in_backward);
       r.release(transient);
       r.release(layers[static_cast<size_t>(l)]);
       if (!accumulate) {  // gradients appear as their layer's backward runs
@@ -184,8 +188,9 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
         next_grad = first;
       }
     }
-    int64_t tied = r.alloc(end.temporaries);
+    int64_t tied = r.alloc(end.temporaries - held_in_backward);
     r.release(tied);
+    r.release(gathered);
     r.release(extras);
     r.release(inputs);
     // Optimizer step: states once, then the step's own temporaries.

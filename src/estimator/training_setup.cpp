@@ -48,8 +48,10 @@ constexpr Names<BaseWeightDtype, 6> kBaseDtypes{{{BaseWeightDtype::Fp16, "fp16"}
                                                  {BaseWeightDtype::Nf4, "nf4"},
                                                  {BaseWeightDtype::Nf4NoDq, "nf4-nodq"},
                                                  {BaseWeightDtype::Fp32, "fp32"}}};
-constexpr Names<ShardingLayout, 3> kShardings{
-    {{ShardingLayout::Flat, "flat"}, {ShardingLayout::Fsdp2, "fsdp2"}, {ShardingLayout::Gpuops, "gpuops"}}};
+constexpr Names<ShardingLayout, 4> kShardings{{{ShardingLayout::Flat, "flat"},
+                                               {ShardingLayout::Fsdp2, "fsdp2"},
+                                               {ShardingLayout::Gpuops, "gpuops"},
+                                               {ShardingLayout::Fsdp1, "fsdp1"}}};
 constexpr Names<ReduceDtype, 2> kReduceDtypes{{{ReduceDtype::Grad, "grad"}, {ReduceDtype::Fp32, "fp32"}}};
 constexpr Names<ModelCode, 2> kModelCodes{{{ModelCode::HuggingFace, "hf"}, {ModelCode::LitGpt, "litgpt"}}};
 constexpr Names<HeldLogits, 3> kHeldLogits{
@@ -301,8 +303,8 @@ void validate(const TrainingSetup& s, const ModelSpec& m) {
                      m.max_positions, m.name, m.max_positions);
   }
   const bool fsdp2 = s.sharding == ShardingLayout::Fsdp2, gpuops = s.sharding == ShardingLayout::Gpuops;
-  GPUOPS_CHECK_ARG(s.sharding == ShardingLayout::Flat || fsdp2 || gpuops,
-                   "sharding {} is out of range; accepted: flat, fsdp2, gpuops", static_cast<int>(s.sharding));
+  GPUOPS_CHECK_ARG(s.sharding == ShardingLayout::Flat || s.sharding == ShardingLayout::Fsdp1 || fsdp2 || gpuops,
+                   "sharding {} is out of range; accepted: flat, fsdp2, gpuops, fsdp1", static_cast<int>(s.sharding));
   GPUOPS_CHECK_ARG(s.reshard_after_forward || fsdp2 || gpuops,
                    "reshard-after-forward false applies to sharding fsdp2 and gpuops only; accepted: sharding fsdp2 or "
                    "gpuops, or reshard-after-forward true");

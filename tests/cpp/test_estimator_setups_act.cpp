@@ -302,6 +302,34 @@ TEST(SetupsAct, LitgptCodeIsParsedCheckedAndReported) {
   EXPECT_NE(bad.err.find("model-code"), std::string::npos) << bad.err;
 }
 
+TEST(SetupsAct, LitgptDequantisesThroughFloat16) {
+  // Lightning quantises LitGPT's weights from float16, so a bf16 (or fp32) step casts the dequantised float16
+  // weight: both copies alive at the cast, beside the 16-bit one any nf4 base makes. small_llama's largest block
+  // linear is gate/up/down, 128 x 352 = 45,056 values; its LM head 2000 x 128 = 256,000.
+  const auto m = small_llama();
+  const auto attention_temporaries = [&](est::Precision p, est::ModelCode code, est::BaseWeightDtype base,
+                                         bool head) {
+    auto t = setup(p);
+    t.lora.rank = 4;
+    t.model_code = code;
+    t.lora.base = base;
+    t.lora.quantize_lm_head = head;
+    const auto phases = est::phase_breakdowns(m, t, est::cuda_device(), est::MemoryBreakdown{});
+    return phases[static_cast<int>(est::StepPhase::AttentionBackward)].temporaries;
+  };
+  using est::BaseWeightDtype;
+  using est::ModelCode;
+  for (const est::Precision p : {est::Precision::Bf16Pure, est::Precision::Bf16Mixed, est::Precision::Fp32,
+                                 est::Precision::Fp16Mixed}) {
+    const int64_t cast = p == est::Precision::Fp16Mixed ? 0 : est::compute_dtype_bytes(p);
+    const int64_t hf = attention_temporaries(p, ModelCode::HuggingFace, BaseWeightDtype::Bf16, false);
+    const int64_t lit = attention_temporaries(p, ModelCode::LitGpt, BaseWeightDtype::Bf16, false);
+    EXPECT_EQ(attention_temporaries(p, ModelCode::HuggingFace, BaseWeightDtype::Nf4, false) - hf, 2 * 45056);
+    EXPECT_EQ(attention_temporaries(p, ModelCode::LitGpt, BaseWeightDtype::Nf4, false) - lit, (2 + cast) * 45056);
+    EXPECT_EQ(attention_temporaries(p, ModelCode::LitGpt, BaseWeightDtype::Nf4, true) - lit, (2 + cast) * 256000);
+  }
+}
+
 TEST(SetupsAct, CompileMatchesTheMeasuredSavedTensors) {
   // Measured with saved_tensors_hooks on torch 2.11 (CPU, sdpa): Llama h 128, L 2, a 4, kv 4, I 352, V 2000,
   // b 2, s 64: eager saves 4,063,748 bytes, torch.compile 3,331,604; the difference is exactly the terms below.

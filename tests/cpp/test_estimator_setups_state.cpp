@@ -203,12 +203,26 @@ TEST(SetupsState, Fsdp2UnshardedBuffersAndReshardAfterForward) {
   est::TrainingSetup s = fp32_setup(est::OptimizerKind::AdamW);
   s.zero_stage = 3;
   s.num_gpus = 3;
-  // Flat ZeRO-3: current + prefetched block, 2 x 43136 x 4, in the backward moments only.
-  EXPECT_EQ(unsharded(m, s, est::StepPhase::LossBackward), 2 * 43136 * 4);
-  EXPECT_EQ(unsharded(m, s, est::StepPhase::AttentionBackward), 2 * 43136 * 4);
+  const int64_t block = 43136 * 4, head = 64000 * 4, root = (64000 + 64 + 64000) * 4;  // root: embed, norm, head
+  // Flat ZeRO-3 (DeepSpeed): current + prefetched block, 2 x 43136 x 4, in the backward moments only, and the
+  // LM head gathered for its backward at the loss moment.
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::LossBackward), head + 2 * block);
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::AttentionBackward), 2 * block);
   EXPECT_EQ(unsharded(m, s, est::StepPhase::BackwardEnd), 0);
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::OptimizerStep), 0);
+  // FSDP1: the root unit gathered through the backward (not freed after its forward), with the last block
+  // prefetched at the loss, then the current and the prefetched block; the same flat partitions.
+  s.sharding = est::ShardingLayout::Fsdp1;
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::LossBackward), root + block);
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::AttentionBackward), root + 2 * block);
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::BackwardEnd), root);
+  EXPECT_EQ(unsharded(m, s, est::StepPhase::OptimizerStep), 0);
+  EXPECT_EQ(est::sharded_trainable_elements(m, s, 3), 100203);
+  s.num_gpus = 1;  // FSDP1 falls back to NO_SHARD: nothing gathered
+  for (const auto p : {est::StepPhase::LossBackward, est::StepPhase::AttentionBackward, est::StepPhase::BackwardEnd})
+    EXPECT_EQ(unsharded(m, s, p), 0);
+  s.num_gpus = 3;
   s.sharding = est::ShardingLayout::Fsdp2;
-  const int64_t block = 43136 * 4, root = (64000 + 64 + 64000) * 4;  // root: embed, final norm, lm_head
   // reshard_after_forward true: the root stays unsharded (FSDP2's default for the root); in the last
   // block's backward it and the prefetched block are gathered, its unsharded gradients exist and are copied
   // into the reduce-scatter input (torch's foreach_reduce: both alive during the copy).

@@ -71,8 +71,8 @@ def test_new_keywords_are_type_checked_and_named():
         gpuops.estimate("llama-2-7b", offload_optimizer=1)
     with pytest.raises(TypeError, match="reshard_after_forward"):
         gpuops.estimate("llama-2-7b", sharding="fsdp2", num_gpus=8, reshard_after_forward="false")
-    with pytest.raises(ValueError, match="sharding 'fsdp1' is not accepted"):
-        gpuops.estimate("llama-2-7b", sharding="fsdp1")
+    with pytest.raises(ValueError, match="sharding 'fsdp3' is not accepted"):
+        gpuops.estimate("llama-2-7b", sharding="fsdp3")
     with pytest.raises(ValueError, match="offload-optimizer with optimizer sgd"):
         gpuops.estimate("llama-2-7b", optimizer="sgd", offload_optimizer=True)
     with pytest.raises(ValueError, match="has no LM head"):

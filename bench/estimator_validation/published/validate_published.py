@@ -98,10 +98,10 @@ SOURCE_DEFAULTS = {
         "the longest sample of the batch; 512 taken (an upper bound). held_logits fp32: torchtune v0.1's model "
         "and recipe keep fp32 logits (see tt-readme24)."),
     "peft-fsdp": (
-        dict(gpu="A100-80GB", cuda=12, sharding="flat", zero_stage=3, bnb_version="0.43.0"),
+        dict(gpu="A100-80GB", cuda=12, sharding="fsdp1", zero_stage=3, bnb_version="0.43.0"),
         "bitsandbytes 0.43.0: FSDP-QLoRA needs its quant_storage (0.43.0, 2024-03-08); the guide predates 0.43.2. "
         "GPU not stated ('2X24GB' yet 35.6 GB does not fit 24 GB): A100-80GB assumed (NVLink, 2 GPUs). "
-        "Accelerate's FSDP (FSDP1 FULL_SHARD, flat parameters per wrapped block) -> the flat ZeRO-3 layout. "
+        "Accelerate's FSDP (FSDP1 FULL_SHARD, flat parameters per wrapped block) -> sharding fsdp1. "
         "Metric assumed nvidia-smi (the page's other figure is a W&B NVML chart)."),
     "bert-sdpa-pr": (
         dict(config={"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 30522,
@@ -126,12 +126,13 @@ SOURCE_DEFAULTS = {
     # --- Held-out sources (heldout/*.json, added 2026-11-27): mapped, and committed, before their errors were
     # computed; no term of the estimator is changed for them.
     "aai": (
-        dict(gpu="RTX-3090", cuda=12, sharding="flat", zero_stage=3, bnb_version="0.43.0", held_logits="fp32"),
+        dict(gpu="RTX-3090", cuda=12, sharding="fsdp1", zero_stage=3, bnb_version="0.43.0", held_logits="fp32"),
         "Answer.AI fsdp_qlora benchmarks (March 2024), two RTX 3090s: the catalog's RTX-3090; CUDA 12 (README: "
-        "11.7-12.1 tested, torch >= 2.2) with lazy loading. FSDP1 FULL_SHARD with use_orig_params=False -> the "
-        "flat ZeRO-3 layout. bitsandbytes 0.43.0 (the first with quant_storage, which FSDP-QLoRA needs; released "
-        "the day the post's work used it). held_logits fp32: train.py keeps `output` (the model's output) through "
-        "loss.backward(), and the transformers of early 2024 return the logits upcast to fp32 inside the model."),
+        "11.7-12.1 tested, torch >= 2.2) with lazy loading. FSDP1 FULL_SHARD with use_orig_params=False -> "
+        "sharding fsdp1 (its DDP rows: zero 0). bitsandbytes 0.43.0 (the first with quant_storage, which "
+        "FSDP-QLoRA needs; released the day the post's work used it). held_logits fp32: train.py keeps `output` "
+        "(the model's output) through loss.backward(), and the transformers of early 2024 return the logits upcast "
+        "to fp32 inside the model."),
     "peft-ds": (
         dict(cuda=12, amp="master-copy", bnb_version="0.43.3"),
         "PEFT's DeepSpeed guide (TRL SFTTrainer, accelerate + DeepSpeed ZeRO-3, the default flat partitions). "
@@ -200,8 +201,8 @@ MAPPING = {
     "tt-readme24-llama2-7b-qlora-4090": ({"base_dtype": "nf4"}, "torchao NF4 with quantised scales -> nf4; "
                                          "compile on", "assumed"),
     "tt-readme24-llama2-7b-lora-4090": ({}, "7B_lora_single_device: r=8 q,v", "assumed"),
-    "tt-readme24-llama2-7b-lora-2x4090": ({"sharding": "flat", "zero_stage": 3},
-                                          "FSDP1 FULL_SHARD over 2 PCIe 4090s -> flat ZeRO-3; per-GPU batch 4",
+    "tt-readme24-llama2-7b-lora-2x4090": ({"sharding": "fsdp1", "zero_stage": 3},
+                                          "FSDP1 FULL_SHARD over 2 PCIe 4090s -> sharding fsdp1; per-GPU batch 4",
                                           "assumed"),
     # torchtune README late 2024 (Llama 3.1 8B, b2, packed s2048)
     "tt-readme-llama31-8b-lora-4090": ({"gpu": "RTX-4090"}, "8B_lora_single_device: r=8 q,v,o + MLP",
@@ -237,8 +238,9 @@ MAPPING = {
                           ("qlora", 4, 2048), ("qlora", 10, 2048), ("lora", 4, 2048), ("lora", 6, 2048)]},
     **{f"aai-llama2-7b-lora-fsdp-b1-s{s}-3090-alloc": ({}, f"the post's peak allocated figure, seq {s}", "assumed")
        for s in (512, 2048)},
-    **{f"aai-llama2-7b-{kind}-ddp-b{b}-s2048-3090": ({"zero_stage": 0}, f"DDP over 2 (no sharding); batch {b}",
-                                                     "assumed") for kind, b in [("qlora", 8), ("lora", 4)]},
+    **{f"aai-llama2-7b-{kind}-ddp-b{b}-s2048-3090": ({"zero_stage": 0, "sharding": "flat"},
+                                                     f"DDP over 2 (no sharding); batch {b}", "assumed")
+       for kind, b in [("qlora", 8), ("lora", 4)]},
     "aai-yi34b-qlora-fsdp-b2-s2048-3090": ({}, "Yi-34B as a Llama config from the row (01-ai/Yi-34B assumed)",
                                            "assumed"),
     # PEFT DeepSpeed guide, Llama-2 70B under ZeRO-3 (nvidia-smi)
@@ -387,8 +389,10 @@ def keywords(row: dict) -> dict:
     if "model" in decided:
         kw.pop("config", None)
     kw.update(decided)
-    if row["fsdp"] and kw.get("zero_stage") == 3 and kw.get("sharding", "flat") == "flat":
-        kw["ds_reduce_bucket"] = 0  # FSDP1's flat parameters on the flat layout: no DeepSpeed gradient bucket
+    # LitGPT's quantisation (Lightning's BitsandbytesPrecision) replaces every nn.Linear, the LM head's too.
+    untied = not (kw.get("config") or {}).get("tie_word_embeddings", False)
+    if kw.get("model_code") == "litgpt" and kw.get("base_dtype") in ("int8", "nf4", "nf4-nodq") and untied:
+        kw["quantize_lm_head"] = True
     return kw
 
 

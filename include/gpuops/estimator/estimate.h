@@ -32,6 +32,10 @@ int64_t trainable_parameter_count(const ModelSpec& model, const TrainingSetup& s
 /// unit, src/estimator/features/lora.cpp)
 int64_t frozen_weight_bytes(const ModelSpec& model, const TrainingSetup& setup);
 
+/// Elements of the largest weight an int8/nf4 base dequantises for one matmul (a block linear, MoE experts included,
+/// or the LM head with quantize_lm_head); 0 without a quantised base. (LoRA's unit)
+int64_t largest_quantised_weight_elements(const ModelSpec& model, const TrainingSetup& setup);
+
 /// Of frozen_weight_bytes, the quantisation statistics of an int8/nf4 base (nf4's absmax and its double
 /// quantisation, int8's row scales): tensors bitsandbytes hangs on the weights, not parameters (0 otherwise).
 int64_t quantisation_statistics_bytes(const ModelSpec& model, const TrainingSetup& setup);

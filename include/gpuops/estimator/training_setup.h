@@ -36,10 +36,12 @@ enum class AttentionKind { Eager, Sdpa, Flash };
 /// Fp32: an fp32 base (the model left in fp32, PEFT's adapters fp32 too).
 enum class BaseWeightDtype { Fp16, Bf16, Int8, Nf4, Nf4NoDq, Fp32 };
 /// How ZeRO stage 3 shards: Flat (DeepSpeed's flat partitions, one ceil over all parameters), Fsdp2 (torch's
-/// fully_shard: every tensor chunked on dim 0, padded to ceil(rows / num_gpus) rows) or Gpuops (gpuops'
+/// fully_shard: every tensor chunked on dim 0, padded to ceil(rows / num_gpus) rows), Gpuops (gpuops'
 /// ZeroOptimizer(stage=3): one flat buffer per unit, the rest of the model unit 0 and each block one unit, fp32
-/// gradient shards, zero_prefetch units gathered ahead).
-enum class ShardingLayout { Flat, Fsdp2, Gpuops };
+/// gradient shards, zero_prefetch units gathered ahead) or Fsdp1 (torch's FullyShardedDataParallel, FULL_SHARD:
+/// DeepSpeed's flat partitions without its gradient bucket; the root unit, the model outside the wrapped blocks,
+/// stays gathered from its forward to the end of the backward).
+enum class ShardingLayout { Flat, Fsdp2, Gpuops, Fsdp1 };
 
 /// How the loss is computed from the last hidden state. Standard: Hugging Face's LM head and cross-entropy
 /// (fp32 log-softmax of all logits). Chunked: torchtune's CEWithChunkedOutputLoss / litgpt's
@@ -123,7 +125,7 @@ struct TrainingSetup {
   ModelCode model_code = ModelCode::HuggingFace;  ///< the model's implementation (a decoder with RoPE for litgpt)
   // Optimizer placement and sharding layout (docs/estimator.md, "Optimizers, offload and sharding").
   bool offload_optimizer = false;           ///< ZeRO-Offload: states, fp32 master and step on the host
-  ShardingLayout sharding = ShardingLayout::Flat;  ///< Fsdp2 requires zero_stage 3
+  ShardingLayout sharding = ShardingLayout::Flat;  ///< Fsdp2, Gpuops and Fsdp1 require zero_stage 3
   bool reshard_after_forward = true;        ///< Fsdp2 and Gpuops: the blocks freed after their forward
   int64_t zero_prefetch = 1;                ///< Gpuops only: units gathered ahead of the one running, [0, 64]
   /// Flat ZeRO-3 (DeepSpeed) only: its reduce_bucket_size in elements, the contiguous gradient bucket it makes at
@@ -147,7 +149,7 @@ OptimizerKind parse_optimizer(std::string_view text);  ///< adamw, adam, sgd, sg
 OptimizerImpl parse_optimizer_impl(std::string_view text);     ///< default, for-loop, foreach, fused
 AttentionKind parse_attention(std::string_view text);          ///< eager, sdpa, flash
 BaseWeightDtype parse_base_dtype(std::string_view text);       ///< fp16, bf16, int8, nf4, nf4-nodq
-ShardingLayout parse_sharding(std::string_view text);          ///< flat, fsdp2, gpuops
+ShardingLayout parse_sharding(std::string_view text);          ///< flat, fsdp2, gpuops, fsdp1
 HeldLogits parse_held_logits(std::string_view text);           ///< none, model, fp32
 ModelCode parse_model_code(std::string_view text);             ///< hf, litgpt
 ReduceDtype parse_reduce_dtype(std::string_view text);         ///< grad, fp32

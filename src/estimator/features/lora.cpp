@@ -312,13 +312,9 @@ class LoraFeature final : public SetupFeature {
   bool freezes_model() const override { return true; }
   // A 16-bit base makes the residual stream 16-bit even under autocast.
   bool stream_in_16_bits(const TrainingSetup& s) const override { return s.lora.base != BaseWeightDtype::Fp32; }
-  // A quantised base weight is dequantised for its matmul (the LM head's with quantize_lm_head).
+  // A quantised base weight is dequantised for its matmul, in 16 bits.
   int64_t backward_transients(const ModelSpec& m, const TrainingSetup& s) const override {
-    if (m.family == ModelFamily::ParamsOnly || !is_quantised_base(s.lora.base)) return 0;
-    C largest = s.lora.quantize_lm_head ? C(m.vocab_size) * m.hidden_size : C(0);
-    for (const auto& g : block_linears(m))  // experts included
-      largest = std::max(largest, C(g.shape.in_features) * g.shape.out_features);
-    return (2 * largest).get();
+    return (2 * C(largest_quantised_weight_elements(m, s))).get();
   }
   std::unique_ptr<ForwardOps> forward_ops(const TrainingSetup& s, const ForwardOps& inner) const override {
     if (s.compile) return std::make_unique<CompiledLoraOps>(inner);
@@ -351,6 +347,14 @@ int64_t frozen_weight_bytes(const ModelSpec& m, const TrainingSetup& s) {
   if (s.lora.quantize_lm_head)  // the untied V x h LM head stored like the base linears
     bytes = bytes - 2 * C(m.vocab_size) * m.hidden_size + quantised_weight_bytes(m.hidden_size, m.vocab_size, base);
   return bytes.get();
+}
+
+int64_t largest_quantised_weight_elements(const ModelSpec& m, const TrainingSetup& s) {
+  if (s.lora.rank == 0 || m.family == ModelFamily::ParamsOnly || !is_quantised_base(s.lora.base)) return 0;
+  C largest = s.lora.quantize_lm_head ? C(m.vocab_size) * m.hidden_size : C(0);
+  for (const auto& g : block_linears(m))  // experts included
+    largest = std::max(largest, C(g.shape.in_features) * g.shape.out_features);
+  return largest.get();
 }
 
 int64_t quantisation_statistics_bytes(const ModelSpec& m, const TrainingSetup& s) {

@@ -20,9 +20,9 @@ class OffloadFeature final : public SetupFeature {
                      "adafactor", to_string(s.optimizer),
                      s.optimizer == OptimizerKind::Sgd ? "plain SGD has no state to offload"
                                                        : "bitsandbytes' optimizers step on the GPU");
-    GPUOPS_CHECK_ARG(s.sharding != ShardingLayout::Fsdp2, "offload-optimizer models DeepSpeed's ZeRO-Offload (flat "
-                     "partitions); FSDP2's CPUOffloadPolicy also offloads the parameters and is not modelled; "
-                     "accepted: sharding flat");
+    GPUOPS_CHECK_ARG(s.sharding != ShardingLayout::Fsdp2 && s.sharding != ShardingLayout::Fsdp1,
+                     "offload-optimizer models DeepSpeed's ZeRO-Offload (flat partitions); FSDP's CPU offload also "
+                     "offloads the parameters and is not modelled; accepted: sharding flat");
   }
   bool on(const TrainingSetup& s) const override { return s.offload_optimizer; }
   void place(const StepContext& c, MemoryBreakdown& b) const override {

@@ -100,6 +100,9 @@ class SetupFeature {
   virtual std::optional<int64_t> step_temporaries(const StepContext&) const { return std::nullopt; }
   /// Unsharded parameters and gradients (ZeRO-3 layouts) alive at a backward moment, added to its temporaries.
   virtual int64_t gathered_bytes(const ModelSpec&, const TrainingSetup&, StepPhase) const { return 0; }
+  /// Of gathered_bytes, what stays gathered from the forward's start to the backward's end (FSDP1's root unit): the
+  ///    allocator's trace holds it once rather than as each block's transient.
+  virtual int64_t gathered_through_backward(const ModelSpec&, const TrainingSetup&) const { return 0; }
   /// Anything else at the moments, once the core has built all four.
   virtual void moments(const StepContext&, const MomentTerms&, Moments&) const {}
   // ---- 5. The allocator's trace.
