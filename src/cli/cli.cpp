@@ -345,8 +345,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       estimate->add_option("--sharding", o.sharding, "ZeRO-3 layout: flat (DeepSpeed's flat partitions), fsdp2 "
                            "(torch fully_shard, per-tensor dim-0 shards), gpuops (gpuops.ZeroOptimizer stage 3: "
                            "a flat buffer per block) or fsdp1 (torch FullyShardedDataParallel FULL_SHARD: flat "
-                           "partitions, the root unit gathered through the step); fsdp2, gpuops and fsdp1 imply "
-                           "--zero 3")->capture_default_str(),
+                           "partitions, the root unit gathered from forward to backward end); fsdp2, gpuops and "
+                           "fsdp1 imply --zero 3")->capture_default_str(),
       estimate->add_option("--reshard-after-forward", o.reshard_after_forward, "fsdp2, gpuops: true (re-gather in "
                            "backward) or false (blocks stay unsharded from forward to backward)")->capture_default_str(),
       estimate->add_option("--zero-prefetch", o.zero_prefetch, "gpuops: units gathered ahead of the one running "

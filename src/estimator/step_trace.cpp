@@ -5,6 +5,7 @@
 #include "step_trace.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <vector>
 
 #include "gpuops/estimator/activations.h"
@@ -157,6 +158,8 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
   const bool foreach_temporaries = step.temporaries > 0 && s.optimizer_impl != OptimizerImpl::ForLoop && !device.is_cpu();
   int64_t held_in_backward = 0;  // gathered from the forward's start to the backward's end (FSDP1's root)
   for (const SetupFeature* feature : features_of(s)) held_in_backward += feature->gathered_through_backward(m, s);
+  if (attn.temporaries < held_in_backward || end.temporaries < held_in_backward)  // a feature's two answers disagree
+    throw std::logic_error("replay_training_steps: a backward moment's temporaries leave out what stays gathered");
 
   std::vector<int64_t> state_handles, grad_handles;
   for (int step_index = 0; step_index < 2; ++step_index) {

@@ -327,6 +327,9 @@ TEST(SetupsAct, LitgptDequantisesThroughFloat16) {
     EXPECT_EQ(attention_temporaries(p, ModelCode::HuggingFace, BaseWeightDtype::Nf4, false) - hf, 2 * 45056);
     EXPECT_EQ(attention_temporaries(p, ModelCode::LitGpt, BaseWeightDtype::Nf4, false) - lit, (2 + cast) * 45056);
     EXPECT_EQ(attention_temporaries(p, ModelCode::LitGpt, BaseWeightDtype::Nf4, true) - lit, (2 + cast) * 256000);
+    // int8's matmul dequantises straight to the input's dtype: LitGPT adds nothing there.
+    EXPECT_EQ(attention_temporaries(p, ModelCode::LitGpt, BaseWeightDtype::Int8, false) - lit,
+              attention_temporaries(p, ModelCode::HuggingFace, BaseWeightDtype::Int8, false) - hf);
   }
 }
 

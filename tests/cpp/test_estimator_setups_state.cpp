@@ -198,7 +198,7 @@ TEST(SetupsState, Fsdp2PadsEveryTensorWhereZero3PadsOnce) {
   EXPECT_EQ(p.optimizer_states, 8 * fsdp2 + 4 * 39);  // exp_avg, exp_avg_sq, and 'step' per tensor (CPU)
 }
 
-TEST(SetupsState, Fsdp2UnshardedBuffersAndReshardAfterForward) {
+TEST(SetupsState, FlatFsdp1Fsdp2UnshardedBuffers) {
   const est::ModelSpec m = tiny();
   est::TrainingSetup s = fp32_setup(est::OptimizerKind::AdamW);
   s.zero_stage = 3;

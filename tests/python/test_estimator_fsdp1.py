@@ -1,6 +1,6 @@
 """sharding="fsdp1": torch's FullyShardedDataParallel with FULL_SHARD. The weights, gradients and states in
 DeepSpeed's flat partitions without DeepSpeed's gradient bucket; the root unit gathered through the backward (the
-moments themselves are checked in C++, SetupsState.Fsdp2UnshardedBuffersAndReshardAfterForward). Options that
+moments themselves are checked in C++, SetupsState.FlatFsdp1Fsdp2UnshardedBuffers). Options that
 FSDP1 has no counterpart for are refused naming them."""
 
 import json
@@ -13,31 +13,30 @@ import pytest
 import gpuops
 
 
-def setup(**extra):
-    return dict(num_gpus=random.choice([2, 4, 8]), micro_batch=random.randint(1, 4), seq_len=random.choice([512, 2048]),
-                gpu="A100-80GB", lora_rank=random.choice([0, 16]), **extra)
+GRID = [dict(num_gpus=n, micro_batch=b, lora_rank=r) for n in (2, 8) for b in (1, 4) for r in (0, 16)]
 
 
-def test_the_state_is_deepspeeds_flat_partitions_without_its_bucket():
-    s = setup()
+@pytest.mark.parametrize("grid", GRID, ids=lambda g: "-".join(f"{k}{v}" for k, v in g.items()))
+def test_the_state_is_deepspeeds_and_the_root_is_gathered_at_the_loss_moment(grid):
+    # Llama-2-7B in bf16 at 2048 tokens: both layouts peak at the loss's backward. The state is the same flat
+    # partitions (DeepSpeed without its bucket); at that moment FSDP1 holds the root (embeddings, final norm, head:
+    # 2 x 32000 x 4096 + 4096 16-bit values) and the last block its root prefetched, DeepSpeed the head (32000 x
+    # 4096) and two blocks (4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096 each).
+    s = dict(grid, seq_len=2048, precision="bf16", gpu="A100-80GB")
     fsdp1 = gpuops.estimate("llama-2-7b", sharding="fsdp1", **s)
     deepspeed = gpuops.estimate("llama-2-7b", zero_stage=3, ds_reduce_bucket=0, **s)
-    assert (fsdp1.weights, fsdp1.optimizer_states) == (deepspeed.weights, deepspeed.optimizer_states), s
-    if fsdp1.peak_phase == deepspeed.peak_phase:  # (the gradients are those alive at the peak)
-        assert fsdp1.gradients == deepspeed.gradients, s
+    assert fsdp1.peak_phase == deepspeed.peak_phase == "loss-backward"
+    assert (fsdp1.weights, fsdp1.gradients, fsdp1.optimizer_states) == \
+        (deepspeed.weights, deepspeed.gradients, deepspeed.optimizer_states)
+    root, head, block = (2 * 32000 * 4096 + 4096) * 2, 32000 * 4096 * 2, (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) * 2
+    assert fsdp1.temporaries - deepspeed.temporaries == (root + block) - (head + 2 * block)
     assert gpuops.estimate("llama-2-7b", sharding="fsdp1", zero_stage=3, **s) == fsdp1  # zero 0 means 3
 
 
-def test_the_root_unit_is_gathered_at_the_loss_moment():
-    # At the loss's backward FSDP1 holds the root (embeddings, final norm, head: 2 x 32000 x 4096 + 4096 16-bit
-    # values of Llama-2-7B) and the last block its root prefetched; DeepSpeed the head (32000 x 4096) and two blocks
-    # (4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096 each).
-    s = {**setup(precision="bf16"), "seq_len": 2048}
-    fsdp1 = gpuops.estimate("llama-2-7b", sharding="fsdp1", **s)
-    deepspeed = gpuops.estimate("llama-2-7b", zero_stage=3, ds_reduce_bucket=0, **s)
-    assert fsdp1.peak_phase == deepspeed.peak_phase == "loss-backward", s
-    root, head, block = (2 * 32000 * 4096 + 4096) * 2, 32000 * 4096 * 2, (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) * 2
-    assert fsdp1.temporaries - deepspeed.temporaries == (root + block) - (head + 2 * block), s
+def test_one_gpu_runs_no_shard_and_is_the_unsharded_estimate():
+    s = dict(micro_batch=random.randint(1, 4), seq_len=random.choice([512, 2048]), lora_rank=random.choice([0, 16]))
+    assert gpuops.estimate("llama-2-7b", sharding="fsdp1", num_gpus=1, **s) == \
+        gpuops.estimate("llama-2-7b", num_gpus=1, **s), s
 
 
 @pytest.mark.parametrize("option, message", [

@@ -62,8 +62,9 @@ def test_matches_torch_float64_over_100_steps(name, amsgrad, maximize, device):
     # (about 5 in 65537) are held by the norm bound above.
     for i, (x, r) in enumerate(zip(ours, ref32)):
         l2 = 0.05 if name == "Adam" and i >= 2 else 0.0  # groups(): weight_decay 0.05 from the third tensor on
-        well_conditioned = ((-1 if maximize else 1) * first_grads[i] + l2 * start[i]).abs() > 1e-4
-        assert well_conditioned.float().mean() > 0.99
+        first = (-1 if maximize else 1) * first_grads[i] + l2 * start[i]
+        well_conditioned = first.abs() > 1e-4 if l2 else torch.ones_like(first, dtype=torch.bool)
+        assert (~well_conditioned).sum() <= max(2, first.numel() // 1000)
         torch.testing.assert_close(x.detach().cpu()[well_conditioned], r.detach()[well_conditioned],
                                    rtol=2e-6, atol=1e-6)
 

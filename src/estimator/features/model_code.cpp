@@ -1,9 +1,10 @@
 // The model's code (TrainingSetup::model_code): LitGPT's own model projects q, k and v with one fused linear on
 // every architecture and expands grouped k and v to every head as copies (activations.cpp, fused_qkv_extra).
-// Its quantisation (Lightning's BitsandbytesPrecision, lightning 2.1-2.3) quantises every weight from float16
-// (_Linear4bit._quantize_weight: weight.to(dtype=torch.half)), so bitsandbytes dequantises to float16 and its
-// MatMul4Bit casts that to a bf16 input's dtype: `F.dequantize_4bit(B, state).to(A.dtype)`, both copies alive at
-// the cast. (It replaces every nn.Linear, the LM head's too: quantize_lm_head, which the user gives.)
+// Its 4-bit quantisation (Lightning's BitsandbytesPrecision, lightning 2.1-2.3) quantises every weight from
+// float16 (_Linear4bit._quantize_weight: weight.to(dtype=torch.half)), so bitsandbytes dequantises to float16 and
+// its MatMul4Bit casts that to a bf16 input's dtype: `F.dequantize_4bit(B, state).to(A.dtype)`, both copies alive
+// at the cast. (int8's MatMul8bitLt dequantises straight to the input's dtype.) Lightning replaces every
+// nn.Linear, the LM head's too: quantize_lm_head, which the user gives.
 #include <fmt/format.h>
 
 #include "gpuops/errors.h"
@@ -28,7 +29,8 @@ class ModelCodeFeature final : public SetupFeature {
   }
   // Beside the float16 dequantised weight (LoRA's unit counts it), its cast to a bf16 or fp32 compute dtype.
   int64_t backward_transients(const ModelSpec& m, const TrainingSetup& s) const override {
-    if (s.precision == Precision::Fp16Mixed) return 0;
+    const bool four_bit = s.lora.base == BaseWeightDtype::Nf4 || s.lora.base == BaseWeightDtype::Nf4NoDq;
+    if (!four_bit || s.precision == Precision::Fp16Mixed) return 0;
     return (CheckedInt(compute_dtype_bytes(s.precision)) * largest_quantised_weight_elements(m, s)).get();
   }
 };

@@ -54,8 +54,10 @@ class Zero3FlatFeature final : public SetupFeature {
     if (statistics == 0) return std::nullopt;
     return (C(zero_shard((C(frozen_weight_bytes(m, s)) - statistics).get(), s, 3)) + statistics).get();
   }
-  // Gathered at the backward moments (a LoRA base gathered in 16 bits). DeepSpeed: the LM head for its backward,
-  // which runs on the logits' gradient, then the current and the prefetched block. FSDP1: the root unit at every
+  // Gathered at the backward moments (a LoRA base gathered in 16 bits, whatever its storage). DeepSpeed: the LM head
+  // for its backward, which runs on the logits' gradient, with two blocks as at every backward moment (its
+  // coordinator prefetches by stage3_prefetch_bucket_size, not by block: two blocks is this layout's earlier
+  // reading, not re-derived), then the current and the prefetched block. FSDP1: the root unit at every
   // backward moment; with it the last block, which the root's pre-backward hook prefetches (BACKWARD_PRE), then
   // the current and the prefetched block; on one GPU FSDP1 runs NO_SHARD and gathers nothing.
   int64_t gathered_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase phase) const override {
