@@ -198,9 +198,10 @@ cli::Run make_run(std::string label, const est::ModelSpec& model, const est::Tra
     r.notes.push_back("a bare parameter count has no architecture: activations and logits are not modelled "
                       "(use --model or --config for them)");
   if (o.device == "cpu") r.notes.push_back("the breakdown is for the CPU; the GPU table uses the CUDA profile");
-  else r.notes.push_back(fmt::format("{}; band: -10%/+30% of the allocated bytes (what published runs' "
+  else r.notes.push_back(fmt::format("{}; band: -{:.0f}%/+{:.0f}% of the allocated bytes (what published runs' "
                                      "stacks changed), +-50% of the allocator's reserve and NCCL's buffers, the context's "
-                                     "range", cuda.context_basis));
+                                     "range", cuda.context_basis, 100 * est::kAllocatedBandBelow,
+                                     100 * est::kAllocatedBandAbove));
   std::vector<std::string> no_precision;
   for (const auto& g : est::gpu_catalog())
     if (!est::runs_precision(g, setup.precision) && (!gpu_given || &g == &est::find_gpu(o.gpu)))

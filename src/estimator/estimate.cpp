@@ -109,15 +109,6 @@ void validate(const DeviceProfile& d) {
                    static_cast<int>(d.runtime.allocator));
 }
 
-// The band around the allocated bytes, as fractions of them: what a training stack adds or leaves out that its
-// settings do not show (loaders, library versions, unstated defaults), each side the smallest multiple of 5%
-// that puts every fitting row of the published table inside the band. On 2026-11-27 (42 rows,
-// validate_published.py's band_fractions) the largest needs were 0.275 above (litgpt-gemma-2b-qlora-a10g) and
-// 0.074 below (litgpt-tinyllama-lora-a10g); the held-out rows check them (docs/estimator.md, "Fitting and
-// held-out rows"). Where the setup is known exactly the error is far smaller (the CPU grid; 59 cases on an H200
-// within 0.5% median).
-constexpr double kAllocatedBandBelow = 0.10;
-constexpr double kAllocatedBandAbove = 0.30;
 
 int64_t fraction_of(int64_t bytes, double f) {
   const double v = static_cast<double>(bytes) * f;
