@@ -111,11 +111,15 @@ def test_torch_signature_drops_in():
             p.grad = source.grad.float()
         return params
 
+    exact = torch.cat([p.grad.flatten() for p in params_with_grads(seed)]).norm()  # float64
     for kwargs in (dict(norm_type=2.0), dict(norm_type=1.0), dict(norm_type=float("inf")), dict(foreach=True)):
         ours, reference = float32_params_with_grads(seed), float32_params_with_grads(seed)
         total = gpuops.clip_grad_norm_(ours, 0.5, **kwargs)
         expected = torch.nn.utils.clip_grad_norm_(reference, 0.5, **kwargs)
-        torch.testing.assert_close(total, expected, rtol=1e-6, atol=0)
+        if kwargs.get("norm_type", 2.0) == 2.0:  # torch's float32 2-norm is itself up to 1.1e-6 from float64
+            torch.testing.assert_close(total.double(), exact, rtol=1e-6, atol=0)
+        else:  # 1 and inf are exact sums and maxima
+            torch.testing.assert_close(total, expected, rtol=1e-6, atol=0)
         for o, r in zip(ours, reference):
             torch.testing.assert_close(o.grad, r.grad, rtol=2e-6, atol=1e-12)
     zeroed = float32_params_with_grads(seed)

@@ -15,12 +15,14 @@ SHAPES = [(7,), (33, 17), (1000,), (3, 5, 7), (65537,)]
 
 
 def groups(params):
-    return [{"params": params[:2]}, {"params": params[2:], "lr": 3e-3, "weight_decay": 0.05}]
+    # weight_decay a power of two: wd * p is exact, so Adam's L2 gradient g + wd*p rounds alike with torch's fused
+    # multiply-add and our plain one (with 0.05 the two differ by a rounding, which lr*g'/(|g'|+eps) turns into
+    # many ulps where g + wd*p cancels below 1e-4: 2 seeds in 400 failed the element check below).
+    return [{"params": params[:2]}, {"params": params[2:], "lr": 3e-3, "weight_decay": 0.0625}]
 
 
 def run_pair(ours_cls, torch_cls, steps=100, device="cpu", **kwargs):
-    """Same gradients into ours (float32, on device), torch in float64 (the reference) and torch in float32;
-    also returns the float64 starting parameters and first gradients."""
+    """Same gradients into ours (float32, on device), torch in float64 (the reference) and torch in float32."""
     seed = random.randint(0, 2**31)
     generator = torch.Generator().manual_seed(seed)
     start = [torch.randn(s, dtype=torch.float64, generator=generator) for s in SHAPES]
@@ -29,15 +31,13 @@ def run_pair(ours_cls, torch_cls, steps=100, device="cpu", **kwargs):
     ref32 = [torch.nn.Parameter(p.float()) for p in start]
     optimizers = [ours_cls(groups(ours), lr=1e-3, **kwargs), torch_cls(groups(ref64), lr=1e-3, foreach=False, **kwargs),
                   torch_cls(groups(ref32), lr=1e-3, foreach=False, **kwargs)]
-    first_grads = []
     for _ in range(steps):
         for a, b, c in zip(ours, ref64, ref32):
             g = torch.randn(a.shape, dtype=torch.float64, generator=generator)
             a.grad, b.grad, c.grad = g.float().to(device), g, g.float()
-            first_grads += [g] if len(first_grads) < len(start) else []
         for opt in optimizers:
             opt.step()
-    return ours, ref64, ref32, optimizers, (start, first_grads)
+    return ours, ref64, ref32, optimizers
 
 
 def norm_rel(xs, ref):
@@ -49,31 +49,21 @@ def norm_rel(xs, ref):
 @pytest.mark.parametrize("amsgrad", [False, True])
 @pytest.mark.parametrize("maximize", [False, True])
 def test_matches_torch_float64_over_100_steps(name, amsgrad, maximize, device):
-    ours, ref64, ref32, _, (start, first_grads) = run_pair(
-        getattr(gpuops.optim, name), getattr(torch.optim, name), device=device, amsgrad=amsgrad, maximize=maximize)
+    ours, ref64, ref32, _ = run_pair(getattr(gpuops.optim, name), getattr(torch.optim, name), device=device,
+                                     amsgrad=amsgrad, maximize=maximize)
     ours_error, torch32_error = norm_rel(ours, ref64), norm_rel(ref32, ref64)
     # float32 cannot do better than torch's own float32 step (decoupled decay rounds 1 - lr*wd every
     # step): within 1e-6, or within 2% of torch float32's own error where that floor is above 1e-6.
     assert ours_error <= max(1e-6, 1.02 * torch32_error), (ours_error, torch32_error)
-    # And element by element, a few float32 roundings from torch's float32, where the first step is well
-    # conditioned. Adam's L2 term makes the first step's gradient g + wd*p, and where that cancels to below
-    # about 1e-4 the step lr * g'/(|g'| + eps) turns one rounding of g' into many ulps of the parameter (ours
-    # and torch's float32 round g + wd*p differently: torch uses a fused multiply-add). Those few elements
-    # (about 5 in 65537) are held by the norm bound above.
-    for i, (x, r) in enumerate(zip(ours, ref32)):
-        l2 = 0.05 if name == "Adam" and i >= 2 else 0.0  # groups(): weight_decay 0.05 from the third tensor on
-        first = (-1 if maximize else 1) * first_grads[i] + l2 * start[i]
-        well_conditioned = first.abs() > 1e-4 if l2 else torch.ones_like(first, dtype=torch.bool)
-        assert (~well_conditioned).sum() <= max(2, first.numel() // 1000)
-        torch.testing.assert_close(x.detach().cpu()[well_conditioned], r.detach()[well_conditioned],
-                                   rtol=2e-6, atol=1e-6)
+    for x, r in zip(ours, ref32):  # and element by element, a few float32 roundings from torch's float32
+        torch.testing.assert_close(x.cpu(), r, rtol=2e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("kwargs", [dict(momentum=0.0), dict(momentum=0.9), dict(momentum=0.9, nesterov=True),
                                     dict(momentum=0.8, dampening=0.3, maximize=True)])
 @pytest.mark.parametrize("device", DEVICES)
 def test_sgd_matches_torch_float64_over_100_steps(kwargs, device):
-    ours, ref64, ref32, *_ = run_pair(gpuops.optim.SGD, torch.optim.SGD, device=device, **kwargs)
+    ours, ref64, ref32, _ = run_pair(gpuops.optim.SGD, torch.optim.SGD, device=device, **kwargs)
     assert norm_rel(ours, ref64) <= max(1e-6, 1.02 * norm_rel(ref32, ref64))
     for x, r in zip(ours, ref32):
         torch.testing.assert_close(x.cpu(), r, rtol=2e-6, atol=1e-6)
@@ -99,7 +89,7 @@ def test_sgd_momentum_buffer_loads_from_torch():
 
 
 def test_state_dict_round_trips_with_torch_adamw():
-    ours, _, ref32, (ours_opt, _, torch_opt), _ = run_pair(gpuops.optim.AdamW, torch.optim.AdamW, steps=5)
+    ours, _, ref32, (ours_opt, _, torch_opt) = run_pair(gpuops.optim.AdamW, torch.optim.AdamW, steps=5)
     loaded = torch.optim.AdamW(groups([torch.nn.Parameter(p.detach().clone()) for p in ours]), lr=1e-3)
     loaded.load_state_dict(ours_opt.state_dict())
     for key, value in ours_opt.state_dict()["state"].items():
@@ -107,7 +97,7 @@ def test_state_dict_round_trips_with_torch_adamw():
             assert torch.equal(loaded.state_dict()["state"][key][name].float(), value[name].float())
     back = gpuops.optim.AdamW(groups([torch.nn.Parameter(p.detach().clone()) for p in ref32]), lr=1e-3)
     back.load_state_dict(torch_opt.state_dict())
-    assert back.param_groups[1]["lr"] == 3e-3 and back.param_groups[1]["weight_decay"] == 0.05
+    assert back.param_groups[1]["lr"] == 3e-3 and back.param_groups[1]["weight_decay"] == 0.0625
     assert float(back.state_dict()["state"][0]["step"]) == 5.0
 
 

@@ -131,10 +131,10 @@ def test_signals_set_the_stop_flag_and_handlers_are_restored(tmp_path):
     assert signal.getsignal(signal.SIGUSR1) is previous
 
 
-def _rank(rank, world, directory, port, results):
+def _rank(rank, world, directory, rendezvous, results):
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     state = gpuops.TrainingState(directory, process_group=dist.group.WORLD, signals=())
     first = state.should_stop()
     if rank == 1:
@@ -150,8 +150,8 @@ def test_every_rank_agrees_to_stop_when_one_got_the_signal(tmp_path):
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = random.randint(20000, 40000)
-    procs = [ctx.Process(target=_rank, args=(r, 2, str(tmp_path), port, results)) for r in range(2)]
+    rendezvous = tmp_path.parent / f"{tmp_path.name}-rendezvous"  # a file, not a port another process may hold
+    procs = [ctx.Process(target=_rank, args=(r, 2, str(tmp_path), str(rendezvous), results)) for r in range(2)]
     for p in procs:
         p.start()
     got = sorted(results.get(timeout=120) for _ in procs)

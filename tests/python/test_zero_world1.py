@@ -131,7 +131,8 @@ def test_stage3_built_on_the_cpu_trains_as_the_unsharded_optimizer(device):
     """Stage 3 from a model built on the CPU with ``device=`` the training device (the GPU machine: the shards
     and gathered units live there, the CPU held the model once), each Linear a unit: every step within 1e-6 of
     gpuops.optim.AdamW on a model built on the device (not its bits: the clipping norm sums per-unit buffers,
-    measured one ulp apart, 5e-8 relative, on some steps)."""
+    measured one ulp apart, 5e-8 relative, on some steps; elements whose gradient cancels to 1e-5 of the rest
+    then step several ulps apart, so the bound is on the norm: 1.4e-7 measured, a sharding error gives 1e-3)."""
     seed = random.randint(0, 2**31)
     host_model, plain_model = _model("cpu"), _model(device)
     options = dict(lr=2e-2, weight_decay=0.01)
@@ -145,7 +146,7 @@ def test_stage3_built_on_the_cpu_trains_as_the_unsharded_optimizer(device):
     ours = _train(host_model, sharded, device, seed, snapshot=gathered)
     plain = _train(plain_model, gpuops.optim.AdamW(plain_model.parameters(), **options), device, seed)
     for step, (a, b) in enumerate(zip(ours, plain)):
-        err = ((a - b).abs().max() / b.abs().max()).item()
+        err = ((a - b).norm() / b.norm()).item()
         assert err <= 1e-6, f"step {step}: {err}"
     other = _model("cpu")
     with pytest.raises(ValueError, match="device must name a device"):
