@@ -394,9 +394,9 @@ def keywords(row: dict) -> dict:
     if "model" in decided:
         kw.pop("config", None)
     kw.update(decided)
-    # LitGPT's quantisation (Lightning's BitsandbytesPrecision) replaces every nn.Linear, the LM head's too.
     if row["fsdp"] and kw.get("zero_stage") == 3:  # FSDP is not DeepSpeed: no flat layout with its bucket
         assert kw.get("sharding") in ("fsdp1", "fsdp2"), (row["id"], kw.get("sharding"))
+    # LitGPT's quantisation (Lightning's BitsandbytesPrecision) replaces every nn.Linear, the LM head's too.
     untied = not (kw.get("config") or {}).get("tie_word_embeddings", False)
     if kw.get("model_code") == "litgpt" and kw.get("base_dtype") in ("int8", "nf4", "nf4-nodq") and untied:
         kw["quantize_lm_head"] = True

@@ -54,12 +54,12 @@ class Zero3FlatFeature final : public SetupFeature {
     if (statistics == 0) return std::nullopt;
     return (C(zero_shard((C(frozen_weight_bytes(m, s)) - statistics).get(), s, 3)) + statistics).get();
   }
-  // Gathered at the backward moments (a LoRA base gathered in 16 bits, whatever its storage). DeepSpeed: the LM head
-  // for its backward, which runs on the logits' gradient, with two blocks as at every backward moment (its
-  // coordinator prefetches by stage3_prefetch_bucket_size, not by block: two blocks is this layout's earlier
-  // reading, not re-derived), then the current and the prefetched block. FSDP1: the root unit at every
-  // backward moment; with it the last block, which the root's pre-backward hook prefetches (BACKWARD_PRE), then
-  // the current and the prefetched block; on one GPU FSDP1 runs NO_SHARD and gathers nothing.
+  // Gathered at the backward moments (a LoRA base gathered in 16 bits, whatever its storage). DeepSpeed: two blocks
+  // at the loss and in a block's backward (its coordinator prefetches by stage3_prefetch_bucket_size, not by block:
+  // two blocks is this layout's earlier reading, not re-derived), and at the loss the LM head, gathered for its
+  // backward on the logits' gradient. FSDP1: the root unit at every backward moment, with the last block at the
+  // loss (the root's pre-backward hook prefetches it, BACKWARD_PRE) and the current and the prefetched block in a
+  // block's backward; on one GPU FSDP1 runs NO_SHARD and gathers nothing.
   int64_t gathered_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase phase) const override {
     if (is_fsdp1(s) && s.num_gpus == 1) return 0;
     const int64_t wb = gathered_element_bytes(s);
