@@ -90,6 +90,24 @@ class FusedOptimizer : public torch::optim::Optimizer {
                       "give it ", name(), "'s options, or none (the defaults)");
     return *options;
   }
+  /// A range of a parameter's elements (of its flat view) that one fused call steps, on the step counter
+  /// `step` (a one-element float32 tensor the call reads and advances).
+  struct StepPart {
+    int64_t offset = 0;
+    int64_t numel = 0;
+    at::Tensor step;
+  };
+  /// The parts of `param` to step now; `step` is its state's counter. Here: the whole parameter on `step`.
+  /// ZeroOptimizer: the parameters of its flat shard that have a gradient, each run of them on a copy of its
+  /// own counter (torch's rule: a parameter without a gradient is not stepped).
+  virtual std::vector<StepPart> step_parts(const at::Tensor& param, const at::Tensor& step) const {
+    return {{0, param.numel(), step}};
+  }
+  /// A new state's step counter for `param`: a 0-dim float32 zero on its device. ZeroOptimizer: one per parameter
+  /// of the flat buffer.
+  virtual at::Tensor fresh_step(const at::Tensor& param) const;
+  /// `t` (laid out as the parameter of `part`) cut to the part: itself when the part is all of it.
+  static at::Tensor part_of(const at::Tensor& t, const StepPart& part);
   /// Steps the parameters of param_groups()[index] that have a gradient (all on one device, checked).
   virtual void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                           const std::optional<at::Tensor>& found_inf) = 0;

@@ -36,6 +36,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -142,10 +143,33 @@ class ZeroShards {
   /// Number of parameters given (the consolidated state's length).
   size_t param_count() const { return slot_of_param_.size(); }
 
-  void zero_grad();
+  /// set_to_none: the parameters count as without a gradient until a backward reaches them (torch's
+  /// zero_grad(set_to_none=True)); false: those that had one keep it (zeros), and are stepped.
+  void zero_grad(bool set_to_none = true);
   /// Reduce-scatters the gradients, once per step (a second call before the step does nothing; with
-  /// reduce_in_backward the backward passes have done it). Collective.
+  /// reduce_in_backward the backward passes have done it). First agrees which parameters have a gradient
+  /// (one all-reduce of a byte per parameter, read on the host; reduce_in_backward: at the end of each backward
+  /// pass instead, so that the step communicates only its all-gathers). Collective.
   void reduce_gradients();
+
+  // ------------------------------------------------------------------ parameters without a gradient
+  /// torch's rule: a parameter without a gradient is not stepped (its state untouched). A parameter has one
+  /// when a backward reached it since zero_grad() (or its .grad was written by hand) on some rank; on the
+  /// other ranks its gradient counts as zero in the mean, as in DDP. Each parameter keeps its own step counter
+  /// (the state's "step" holds one per parameter of the flat buffer).
+  struct StepRun {
+    int64_t offset = 0;  ///< in this rank's shard
+    int64_t numel = 0;
+    size_t slot = 0;  ///< its first parameter: whose counter it steps on
+  };
+  /// The runs of this rank's shard of buffer k to step now: consecutive parameters with a gradient whose
+  /// counters are known equal (the whole shard when every parameter always had one).
+  std::vector<StepRun> step_runs(size_t k) const;
+  /// After the step: `counters` (buffer k's "step", one per parameter) advance where a parameter was
+  /// stepped, unless found_inf (non-zero: the step was skipped).
+  void advance_counters(size_t k, const at::Tensor& counters, const std::optional<at::Tensor>& found_inf);
+  /// After a load: which of buffer k's counters are equal, from their values (one host read).
+  void group_counters(size_t k, const at::Tensor& counters);
   at::Tensor global_found_inf(const at::Tensor& found_inf);
   at::Tensor global_grad_norm(const at::Tensor& norm);
   /// The mean over ranks of a gradient divisor (an all-reduce): after the average over ranks, gradients summed
@@ -242,6 +266,8 @@ class ZeroShards {
   void install_loaded(const std::vector<at::Tensor>& masters, std::string id, int64_t steps);
   /// Steps taken (after_step calls), or the loaded count: with id(), what a shard file's save is known by.
   int64_t steps() const { return steps_; }
+  /// The index k of a shard parameter (shard_params()[k]); c10::ValueError for another tensor.
+  size_t shard_index(const at::Tensor& shard) const;
   /// The shard states with each 16-bit buffer's master added as "master_param".
   std::vector<NamedTensors> with_masters(std::vector<NamedTensors> states) const;
 
@@ -290,6 +316,8 @@ class ZeroShards {
   void wait_unit(size_t u);     ///< u in place: parameters (and existing gradient buffers) attached
   void release_unit(size_t u);  ///< u's full parameters freed, its parameters placeholders
   void release_units();         ///< every unit (stale after a step; the end of a backward)
+  /// The parameters with a gradient on this rank (hook or a write by hand), then the maximum over ranks.
+  void agree_with_grad();
   void begin_pass();            ///< the first hook of a backward pass: finish_pass queued at its end
   bool in_backward() const;
   /// The values handed to the all-gather: the fp32 shard parameter, or a 16-bit buffer's rounded shard.
@@ -314,6 +342,12 @@ class ZeroShards {
   mutable bool warned_changed_before_ = false, warned_changed_after_ = false, warned_reducer_ = false;
   mutable std::vector<std::optional<dist::Work>> gathers_;  ///< overlap_param_gather: per bucket, not waited yet
   std::unordered_map<const c10::TensorImpl*, size_t> bucket_of_;  ///< a parameter's bucket
+  /// Per bucket and slot: a backward reached the parameter since zero_grad(set_to_none=true) (its hook).
+  std::vector<std::vector<uint8_t>> has_grad_;
+  /// Per bucket and slot: the parameter has a gradient on some rank this step (agreed by reduce_gradients).
+  std::vector<std::vector<uint8_t>> with_grad_;
+  /// Per bucket and slot: parameters of one class have equal step counters (their steps and skips alike).
+  std::vector<std::vector<int64_t>> counter_class_;
   bool reduced_grads_ = false;  ///< the gradients of this step are reduced
   bool stepped_ = false;  ///< stepped since the last zero_grad: the gradients are spent
   bool reattached_ = false;  ///< parameters were copied back in (FlatParams::reattach): masters follow them
@@ -352,7 +386,8 @@ class ShardedOptimizer {
   virtual const char* kind() const = 0;
 
   /// Zeroes the gradients for the next backward (stage 2: allocates the flat gradient again) and points every
-  /// parameter's .grad back at the flat buffer. Call this one, not torch::optim::Optimizer::zero_grad (not
+  /// parameter's .grad back at the flat buffer. set_to_none (torch's default): the parameters count as without a
+  /// gradient (not stepped) until a backward reaches them; false: as torch's zeros, they are stepped. Call this one, not torch::optim::Optimizer::zero_grad (not
   /// virtual: it would drop the shard gradients; the next step then raises).
   virtual void zero_grad(bool set_to_none = true) = 0;
 
@@ -440,6 +475,8 @@ class ZeroOptimizer : private detail::ZeroShardsHolder, public Base, public Shar
 
  protected:
   const char* name() const override { return Base::name(); }
+  at::Tensor fresh_step(const at::Tensor& shard) const override;
+  std::vector<typename Base::StepPart> step_parts(const at::Tensor& shard, const at::Tensor& step) const override;
   void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                   const std::optional<at::Tensor>& found_inf) override;
 
@@ -469,5 +506,13 @@ ZeroOptimizer(std::vector<at::Tensor>, dist::Communicator, ZeroOptions, SGDOptio
 extern template class ZeroOptimizer<AdamW>;
 extern template class ZeroOptimizer<Adam>;
 extern template class ZeroOptimizer<SGD>;
+
+/// The full parameters in the shard files of every rank of one save (files[r]: rank r's), read without a job
+/// (no communicator, any machine): for each flat buffer whose files hold its fp32 values (stage 3's parameters;
+/// the fp32 masters of 16-bit buffers at stages 1 and 2), every parameter by its name, in its shape, as fp32
+/// (DeepSpeed's zero_to_fp32 does the same); buffers without them (float32 at stages 1 and 2: the model holds
+/// them) are left out. c10::ValueError naming the file for files of several saves, of other ranks or world
+/// sizes, saved without parameter names, or damaged.
+std::vector<std::pair<std::string, at::Tensor>> read_full_parameters(const std::vector<std::string>& files);
 
 }  // namespace gpuops::optim

@@ -23,6 +23,7 @@ tensors, numbers, strings, None and dicts, lists and tuples of them (checked at 
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -34,6 +35,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 
 from . import _C
+from . import dist as _dist
 from ._snapshot import StateSnapshot
 
 _STATE_FILE = "state.pt"
@@ -121,8 +123,28 @@ def _restore_rng_states(states: dict) -> None:
         numpy.random.set_state(saved)
 
 
+def _quiet_sharded_model(method):
+    """Inside save/load a stage-3 model's state_dict() leaves the sharded parameters out as it should (they go
+    with the optimizer's shard files): the warning model.state_dict() gives a user who saves the model by hand
+    stays quiet here."""
+
+    @functools.wraps(method)
+    def quiet(self, *args, **kwargs):
+        optimizer = kwargs.get("optimizer")
+        if not _is_sharded(optimizer):
+            return method(self, *args, **kwargs)
+        previous = getattr(optimizer, "_quiet_state_dict", False)
+        optimizer._quiet_state_dict = True
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            optimizer._quiet_state_dict = previous
+
+    return quiet
+
+
 class TrainingState:
-    """Saves and loads model, optimizer, scaler, RNG states, step, epoch, data position and extras.
+    """Saves and loads model, optimizer, scaler, LR scheduler, RNG states, step, epoch, data position and extras.
 
     ``keep``: how many states stay on disk. ``process_group``: a ``torch.distributed`` group (Gloo, NCCL);
     with it ``should_stop()`` is agreed by every rank, so no rank stops alone. ``signals``: caught while the
@@ -192,16 +214,19 @@ class TrainingState:
         self.close()
 
     # ------------------------------------------------------------------ save / load
+    @_quiet_sharded_model
     def save(self, *, step: int, model: Optional[torch.nn.Module] = None, optimizer=None, scaler=None,
-             epoch: int = 0, data_position: Any = None, extras: Optional[dict] = None) -> Path:
+             epoch: int = 0, data_position: Any = None, extras: Optional[dict] = None, scheduler=None) -> Path:
         """Writes a complete state atomically; returns its folder. A failed save leaves nothing behind.
+        ``scheduler``: an LR scheduler (torch's, or anything with state_dict/load_state_dict), saved beside
+        the optimizer as Lightning's and DeepSpeed's checkpoints hold it.
         With a process group only rank 0 writes; with a gpuops.ZeroOptimizer every rank writes its shard into the
         same state. With several ranks every rank's checks and ``step`` are agreed first, and a failure on any
         rank raises on every rank, naming it (gpuops/sharded_state.h)."""
         sharded = _is_sharded(optimizer)
         failure = payload = None
         try:
-            payload = self._payload(step, model, optimizer, scaler, epoch, data_position, extras)
+            payload = self._payload(step, model, optimizer, scaler, epoch, data_position, extras, scheduler)
         except Exception as error:  # noqa: BLE001 - with several ranks, raised after every rank heard of it
             failure = error
         comm = optimizer.communicator if sharded else self._communicator()
@@ -223,7 +248,7 @@ class TrainingState:
                 raise failure from None  # this rank's own error, as it was raised
             raise
 
-    def _payload(self, step, model, optimizer, scaler, epoch, data_position, extras) -> dict:
+    def _payload(self, step, model, optimizer, scaler, epoch, data_position, extras, scheduler) -> dict:
         """What state.pt holds, every argument checked."""
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**18:
             raise ValueError(f"TrainingState.save: step must be an int in [0, 1e18), got {step!r}")
@@ -231,7 +256,7 @@ class TrainingState:
             raise TypeError(f"TrainingState.save: epoch must be an int, got {epoch!r}")
         if extras is not None and not isinstance(extras, dict):
             raise TypeError(f"TrainingState.save: extras must be a dict, got {type(extras).__name__}")
-        _check_objects(model=model, optimizer=optimizer, scaler=scaler)
+        _check_objects(model=model, optimizer=optimizer, scaler=scaler, scheduler=scheduler)
         sharded = _is_sharded(optimizer)
         if sharded:
             optimizer.wait_for_parameters()  # overlap_param_gather: the model is saved as the step left it
@@ -242,10 +267,16 @@ class TrainingState:
                    "extras": extras or {}, "rng": _rng_states(),
                    "model": model.state_dict() if model is not None else None,
                    "optimizer": optimizer.state_dict() if optimizer is not None and not sharded else None,
-                   "scaler": scaler.state_dict() if scaler is not None else None}
+                   "scaler": scaler.state_dict() if scaler is not None else None,
+                   "scheduler": scheduler.state_dict() if scheduler is not None else None}
         _check_plain(payload, "the state")  # optimizers' and scalers' state dicts, as a last guard
         if sharded:
             payload["sharded_optimizer"] = optimizer.kind
+            # Stage 3: each state_dict key the model left out, and its parameter's name in the shard files (tied
+            # parameters under each of their keys), so that an export without the model names them all.
+            names = optimizer.param_names
+            payload["sharded_names"] = ({key: names[i] for key, i in optimizer._sharded_names.items()}
+                                        if names and optimizer._sharded_names else {})
         return payload
 
     def _write(self, step: int, payload: dict) -> str:
@@ -271,8 +302,10 @@ class TrainingState:
             self._comm = Communicator(self.process_group)
         return self._comm
 
+    @_quiet_sharded_model
     def load(self, *, model: Optional[torch.nn.Module] = None, optimizer=None, scaler=None,
-             map_location=None, restore_rng: bool = True, allow_reshard: bool = False) -> Optional[dict]:
+             map_location=None, restore_rng: bool = True, allow_reshard: bool = False,
+             scheduler=None) -> Optional[dict]:
         """Loads the newest good state into the given objects; returns {"step", "epoch", "data_position",
         "extras", "path"}, or None when the folder holds no state. A truncated, corrupt or unsafe state is
         skipped with a warning naming it, and the previous good state is used; when states exist but none
@@ -282,12 +315,13 @@ class TrainingState:
         load (folder copies whose newest states differ, or a rank that sees none, raise on every rank), then
         each loads its part and they agree that all did: all or nothing on every rank. With a ZeroOptimizer every
         rank loads its shard from the per-rank files; a state saved by another world size is resharded exactly
-        when ``allow_reshard``, refused otherwise."""
+        when ``allow_reshard``, refused otherwise. ``scheduler``: loaded from what save(scheduler=) wrote (a
+        state saved without one does not fit: refused, nothing changed)."""
         sharded = _is_sharded(optimizer)
         comm = optimizer.communicator if sharded else self._communicator()
         stored = payload = failure = None
         try:
-            _check_objects(model=model, optimizer=optimizer, scaler=scaler)
+            _check_objects(model=model, optimizer=optimizer, scaler=scaler, scheduler=scheduler)
             _check_map_location(map_location)
             stored, payload = self._newest_good(map_location)
         except Exception as error:  # noqa: BLE001 - with several ranks, raised after every rank heard of it
@@ -303,10 +337,18 @@ class TrainingState:
             raise failure
         if stored is None:
             return None
+        if payload.get("sharded_names") and not sharded and model is not None:
+            error = ValueError(f"TrainingState.load: {stored.path} was saved by a gpuops.ZeroOptimizer at stage 3: "
+                               "its model's parameters are in the shard files; load it with that optimizer "
+                               "(optimizer=), or export a plain state_dict: python -m gpuops.state export "
+                               f"{self.directory} model.pt")
+            if comm is not None:
+                _dist.fail_together(comm, "TrainingState.load", error)
+            raise error
         if sharded:
-            self._apply_sharded(stored, payload, model, optimizer, scaler, allow_reshard, restore_rng)
+            self._apply_sharded(stored, payload, model, optimizer, scaler, allow_reshard, restore_rng, scheduler)
         else:
-            self._apply(Path(stored.path), payload, model, optimizer, scaler, restore_rng, comm)
+            self._apply(Path(stored.path), payload, model, optimizer, scaler, restore_rng, comm, scheduler)
         return {"step": payload["step"], "epoch": payload["epoch"], "data_position": payload["data_position"],
                 "extras": payload["extras"], "path": Path(stored.path)}
 
@@ -339,12 +381,13 @@ class TrainingState:
         return None, None
 
     @staticmethod
-    def _apply(path: Path, payload: dict, model, optimizer, scaler, restore_rng: bool, comm=None) -> None:
+    def _apply(path: Path, payload: dict, model, optimizer, scaler, restore_rng: bool, comm=None,
+               scheduler=None) -> None:
         """Puts the payload into the objects (and the RNG states when asked), all or nothing; with `comm`, all or
         nothing on every rank."""
         backup = rng = error = None
         try:
-            backup = StateSnapshot([o for o in (model, optimizer, scaler) if o is not None])
+            backup = StateSnapshot([o for o in (model, optimizer, scaler, scheduler) if o is not None])
             rng = _rng_states()
             if model is not None:
                 model.load_state_dict(payload["model"])
@@ -352,6 +395,11 @@ class TrainingState:
                 optimizer.load_state_dict(payload["optimizer"])
             if scaler is not None and payload["scaler"]:  # (a disabled scaler saved {})
                 scaler.load_state_dict(payload["scaler"])
+            if scheduler is not None:
+                if payload.get("scheduler") is None:
+                    raise ValueError("scheduler= was given but the state holds no scheduler (it was saved without "
+                                     "scheduler=)")
+                scheduler.load_state_dict(payload["scheduler"])
             if restore_rng:
                 _restore_rng_states(payload["rng"])
         except Exception as e:  # noqa: BLE001 - whatever failed, the objects go back as they were
@@ -374,15 +422,16 @@ class TrainingState:
 
     @staticmethod
     def _apply_sharded(stored, payload: dict, model, optimizer, scaler, allow_reshard: bool,
-                       restore_rng: bool) -> None:
+                       restore_rng: bool, scheduler=None) -> None:
         """The model and scaler here, then every rank's shard (gpuops::load_sharded_state: agreed by all, then
         all or nothing)."""
         backup = rng = None
         error = ""
         try:
-            backup, rng = StateSnapshot([o for o in (model, scaler) if o is not None]), _rng_states()
+            backup, rng = StateSnapshot([o for o in (model, scaler, scheduler) if o is not None]), _rng_states()
             files = _C.shard_files_of(stored)
-            TrainingState._apply(Path(stored.path), dict(payload, optimizer=None), model, None, scaler, restore_rng)
+            TrainingState._apply(Path(stored.path), dict(payload, optimizer=None), model, None, scaler, restore_rng,
+                                 scheduler=scheduler)
         except Exception as e:  # noqa: BLE001 - every rank must hear of it before anyone raises
             files, error = [], _first_line(e)
         try:

@@ -242,8 +242,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return clip_sharded_grad_norm_(self, float(max_norm))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zeroes the flat gradients (stage 2: allocates them again) for the next backward."""
-        self._impl.zero_grad()
+        """Zeroes the flat gradients (stage 2: allocates them again) for the next backward. As in torch, a
+        parameter without a gradient is not stepped: with ``set_to_none`` (the default) every parameter counts as
+        without one until a backward reaches it (on any rank: a parameter some ranks used gets the mean with the
+        others' gradients as zeros, as in DDP); with ``set_to_none=False`` those that had one keep it (zeros)
+        and are stepped. The ``.grad`` views themselves stay (they are the flat buffer's)."""
+        if not isinstance(set_to_none, bool):
+            raise TypeError(f"gpuops.ZeroOptimizer.zero_grad: set_to_none must be a bool, got {set_to_none!r}")
+        self._impl.zero_grad(set_to_none)
 
     def full_state_dict(self, to: int = 0) -> Optional[dict]:
         """Stage 3: the model's full state_dict on rank ``to``'s host memory, its parameters gathered unit by unit
@@ -340,9 +346,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
             lrs = {float(g["lr"]) for g in state_dict["param_groups"] if "lr" in g}  # checked above
         except Exception as error:  # noqa: BLE001 - raised after the other ranks heard of it
             _dist.fail_together(self.communicator, "ZeroOptimizer.load_state_dict", error)
+        lr = lrs.pop() if len(lrs) == 1 else None
+        # Ranks loading different learning rates would train on a mix: agreed before anything changes.
+        self.communicator.agree("ZeroOptimizer.load_state_dict", fields=[("lr", repr(lr))])
         self._impl.load_full_state(per_param)
-        if len(lrs) == 1:
-            self.param_groups[0]["lr"] = lrs.pop()
+        if lr is not None:
+            self.param_groups[0]["lr"] = lr
 
     def _unsharded_checker(self, state_dict):
         """gpuops.optim's optimizer of this kind over the same parameters, grouped as ``state_dict``'s groups (one

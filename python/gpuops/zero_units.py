@@ -144,7 +144,7 @@ def install_state_dict_hooks(optimizer, model: torch.nn.Module, names: dict) -> 
         if opt is None or getattr(opt, "_keep_sharded", False):
             return
         removed = [prefix + n for n in names if state_dict.pop(prefix + n, None) is not None]
-        if removed and not getattr(opt, "_warned_state_dict", False):
+        if removed and not getattr(opt, "_warned_state_dict", False) and not getattr(opt, "_quiet_state_dict", False):
             opt._warned_state_dict = True
             warnings.warn(f"model.state_dict(): the {len(removed)} parameters sharded by gpuops.ZeroOptimizer "
                           f"(stage 3) are left out (the first: '{removed[0]}'); call opt.full_state_dict(to) on every "

@@ -268,7 +268,8 @@ void bind_zero_optimizer(py::module_& m) {
             });
           },
           py::arg("grad_scale") = py::none(), py::arg("found_inf") = py::none())
-      .def("zero_grad", [](ShardedOptimizer& z) { z.zero_grad(); })
+      .def("zero_grad", [](ShardedOptimizer& z, bool set_to_none) { z.zero_grad(set_to_none); },
+           py::arg("set_to_none") = true)
       .def("prepare_gradients", [](ShardedOptimizer& z) { warning_call([&] { z.optimizer().prepare_gradients(); }); })
       .def("global_found_inf", [](ShardedOptimizer& z, const at::Tensor& f) { return z.optimizer().global_found_inf(f); },
            py::call_guard<py::gil_scoped_release>())
@@ -357,6 +358,8 @@ void bind_zero_optimizer(py::module_& m) {
       },
       py::arg("communicator"), py::arg("step"), py::arg("local_error"), py::arg("write"));
   m.def("shard_files_of", &shard_files_of, py::arg("state"));
+  m.def("read_full_parameters", &optim::read_full_parameters, py::arg("files"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("state_identity", &state_identity, py::arg("state").none(true));
   m.def("agree_on_state", &agree_on_state, py::arg("communicator"), py::arg("identity"), py::arg("local_error"),
         py::call_guard<py::gil_scoped_release>());

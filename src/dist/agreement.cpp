@@ -79,7 +79,11 @@ std::string random_id() {
 
 std::string fingerprint(const std::vector<at::Tensor>& tensors) {
   at::NoGradGuard no_grad;
-  constexpr int64_t kChunk = int64_t{1} << 22, kPeriod = 65521;
+  // Each element's bits times a weight that depends on its position and tensor: an odd multiplier, then an
+  // xor-shift (wrapping int64 arithmetic; both steps invertible), so that no two positions share a weight and a swap of two elements
+  // changes the sum (a weight repeating every 65521 positions let such a swap pass unseen).
+  constexpr int64_t kChunk = int64_t{1} << 22;
+  constexpr auto kOdd = static_cast<int64_t>(0x9E3779B97F4A7C15ull), kTensor = static_cast<int64_t>(0xC2B2AE3D27D4EB4Full);
   const auto integer = [](const at::Tensor& t) {  // the same bits as integers of the same size
     switch (t.element_size()) {
       case 1: return t.view(at::kByte);
@@ -98,8 +102,9 @@ std::string fingerprint(const std::vector<at::Tensor>& tensors) {
     const at::Tensor bits = integer(t.detach().contiguous().reshape({-1}));
     for (int64_t begin = 0; begin < bits.numel(); begin += kChunk) {
       const int64_t len = std::min(kChunk, bits.numel() - begin);
-      const at::Tensor weight = at::arange(begin, begin + len, total.options()).remainder_(kPeriod).add_(
-          static_cast<int64_t>(i) * 7919 + 1);
+      at::Tensor weight = at::arange(begin, begin + len, total.options()).mul_(kOdd).add_(
+          static_cast<int64_t>(static_cast<uint64_t>(i) * static_cast<uint64_t>(kTensor) + 1));
+      weight.bitwise_xor_(weight.bitwise_right_shift(31).bitwise_and_((int64_t{1} << 33) - 1));  // a logical shift
       total.add_(bits.narrow(0, begin, len).to(total.device(), at::kLong).mul_(weight).sum());
     }
   }

@@ -172,12 +172,12 @@ void AdamBase::step_group(size_t index, std::vector<at::Tensor>& params, const s
   for (const at::Tensor& p : params) by_dtype[p.scalar_type()].push_back(p);
   for (auto& [dtype, group] : by_dtype) {
     const bool master = dtype != at::kFloat;
-    std::vector<at::Tensor> grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+    std::vector<at::Tensor> ps, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
     for (const at::Tensor& p : group) {
       auto& slot = state_[p.unsafeGetTensorImpl()];
       if (!slot) {
         auto fresh = std::make_unique<AdamWParamState>();
-        fresh->step(at::zeros({}, p.options().dtype(at::kFloat)));
+        fresh->step(fresh_step(p));
         fresh->exp_avg(at::zeros_like(p, p.options().dtype(at::kFloat), at::MemoryFormat::Preserve));
         fresh->exp_avg_sq(at::zeros_like(p, p.options().dtype(at::kFloat), at::MemoryFormat::Preserve));
         slot = std::move(fresh);
@@ -187,18 +187,22 @@ void AdamBase::step_group(size_t index, std::vector<at::Tensor>& params, const s
       const at::Tensor& like = master ? s.master_param() : p;
       if (step_options.amsgrad && !s.max_exp_avg_sq().defined())
         s.max_exp_avg_sq(at::zeros_like(like, at::MemoryFormat::Preserve));
-      grads.push_back(p.grad());
-      if (master) masters.push_back(s.master_param());
-      exp_avgs.push_back(s.exp_avg());
-      exp_avg_sqs.push_back(s.exp_avg_sq());
-      if (step_options.amsgrad) max_exp_avg_sqs.push_back(s.max_exp_avg_sq());
-      steps.push_back(s.step());
+      for (const StepPart& part : step_parts(p, s.step())) {
+        ps.push_back(part_of(p, part));
+        grads.push_back(part_of(p.grad(), part));
+        if (master) masters.push_back(part_of(s.master_param(), part));
+        exp_avgs.push_back(part_of(s.exp_avg(), part));
+        exp_avg_sqs.push_back(part_of(s.exp_avg_sq(), part));
+        if (step_options.amsgrad) max_exp_avg_sqs.push_back(part_of(s.max_exp_avg_sq(), part));
+        steps.push_back(part.step);
+      }
     }
+    if (ps.empty()) continue;  // every part left out (a sharded optimizer's parameters without gradients)
     if (master) {
-      adam_step_master_(group, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, step_options, grad_scale,
+      adam_step_master_(ps, grads, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, step_options, grad_scale,
                         found_inf);
     } else {
-      adam_step_(group, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, step_options, grad_scale, found_inf);
+      adam_step_(ps, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, step_options, grad_scale, found_inf);
     }
   }
 }

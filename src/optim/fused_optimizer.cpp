@@ -41,6 +41,15 @@ at::Tensor FusedOptimizer::synced_master(const at::Tensor& param, const at::Tens
   return result;
 }
 
+at::Tensor FusedOptimizer::fresh_step(const at::Tensor& param) const {
+  return at::zeros({}, param.options().dtype(at::kFloat));
+}
+
+at::Tensor FusedOptimizer::part_of(const at::Tensor& t, const StepPart& part) {
+  if (part.offset == 0 && part.numel == t.numel()) return t;
+  return t.view({-1}).narrow(0, part.offset, part.numel);
+}
+
 void FusedOptimizer::check_unique_params() const {
   std::unordered_map<const c10::TensorImpl*, size_t> group_of;
   for (size_t i = 0; i < param_groups_.size(); ++i) {

@@ -117,12 +117,12 @@ void SGD::step_group(size_t index, std::vector<at::Tensor>& params, const std::o
   for (const at::Tensor& p : params) by_dtype[p.scalar_type()].push_back(p);
   for (auto& [dtype, group] : by_dtype) {
     const bool master = dtype != at::kFloat;
-    std::vector<at::Tensor> grads, masters, buffers, steps;
+    std::vector<at::Tensor> ps, grads, masters, buffers, steps;
     for (const at::Tensor& p : group) {
       auto& slot = state_[p.unsafeGetTensorImpl()];
       if (!slot) {
         auto fresh = std::make_unique<SGDParamState>();
-        fresh->step(at::zeros({}, p.options().dtype(at::kFloat)));
+        fresh->step(fresh_step(p));
         slot = std::move(fresh);
       }
       auto& s = static_cast<SGDParamState&>(*slot);
@@ -131,15 +131,19 @@ void SGD::step_group(size_t index, std::vector<at::Tensor>& params, const std::o
         s.momentum_buffer(at::zeros_like(master ? s.master_param() : p, at::MemoryFormat::Preserve));
         s.step().zero_();  // a new buffer starts from the next applied gradient, as in torch
       }
-      grads.push_back(p.grad());
-      if (master) masters.push_back(s.master_param());
-      if (o.momentum() != 0) buffers.push_back(s.momentum_buffer());
-      steps.push_back(s.step());
+      for (const StepPart& part : step_parts(p, s.step())) {
+        ps.push_back(part_of(p, part));
+        grads.push_back(part_of(p.grad(), part));
+        if (master) masters.push_back(part_of(s.master_param(), part));
+        if (o.momentum() != 0) buffers.push_back(part_of(s.momentum_buffer(), part));
+        steps.push_back(part.step);
+      }
     }
+    if (ps.empty()) continue;  // every part left out (a sharded optimizer's parameters without gradients)
     if (master) {
-      sgd_step_master_(group, grads, masters, buffers, steps, step_options, grad_scale, found_inf);
+      sgd_step_master_(ps, grads, masters, buffers, steps, step_options, grad_scale, found_inf);
     } else {
-      sgd_step_(group, grads, buffers, steps, step_options, grad_scale, found_inf);
+      sgd_step_(ps, grads, buffers, steps, step_options, grad_scale, found_inf);
     }
   }
 }

@@ -2,11 +2,15 @@
 // online resharding from the files of a job of any world size, the consolidated per-parameter state.
 //
 // Every state tensor of a shard parameter is either element-wise (one value per element of the shard: its
-// numel is the shard's) or a scalar shared by the whole buffer (the step counter). The layout of a flat
+// numel is the shard's) or the step counters, one per parameter of the buffer (the same on every rank; files
+// written before per-parameter counters hold one for the whole buffer). The layout of a flat
 // buffer (each parameter's offset and size) does not depend on the world size, only the padding at its end
 // does, so the element at offset i of a buffer is the same element in every job: resharding is copying
 // ranges.
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -15,10 +19,13 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
 #include "../common/file_checks.h"
+#include "../state/archive_file.h"
+#include "../state/posix_files.h"
 #include "gpuops/agreement.h"
 #include "gpuops/zero_optimizer.h"
 
@@ -27,6 +34,7 @@ namespace {
 
 constexpr int64_t kFormat = 1;
 constexpr const char* kMaster = "master_param";
+constexpr const char* kStep = "step";  // the per-parameter step counters: not element-wise, whatever their length
 
 // A buffer's layout: the offsets of its parameters, then their sizes (world-size independent).
 at::Tensor layout_of(const FlatParams::Bucket& b) {
@@ -55,7 +63,9 @@ std::vector<std::vector<int64_t>> decode_shapes(const at::Tensor& t) {
   const auto* v = t.data_ptr<int64_t>();
   for (int64_t i = 0; i < t.numel();) {
     const int64_t dims = v[i++];
-    shapes.emplace_back(v + i, v + std::min<int64_t>(t.numel(), i + dims));
+    TORCH_CHECK_VALUE(dims >= 0 && dims <= t.numel() - i, "ZeroOptimizer: a shard file's shapes are damaged (a "
+                      "parameter of ", dims, " dimensions where ", t.numel() - i, " values remain)");
+    shapes.emplace_back(v + i, v + i + dims);
     i += dims;
   }
   return shapes;
@@ -131,18 +141,27 @@ void ZeroShards::save_shard(const std::string& path, const std::string& kind, co
                             const torch::optim::OptimizerOptions& options) const {
   TORCH_CHECK_VALUE(gpuops::detail::path_problem(path).empty(), "ZeroOptimizer.save_shard: path '",
                     path.substr(0, path.find('\0')), "\\0...' holds a NUL byte (C would write another file)");
+  // Only a regular file (or nothing) is replaced: the rename below would put a regular file in place of a
+  // device node, a FIFO or a symbolic link (as root, /dev/zero itself), and cannot replace a folder.
+  const auto target = gpuops::detail::path_kind(path);
+  TORCH_CHECK_VALUE(!target.exists || target.regular, "ZeroOptimizer.save_shard: ", path, " is ",
+                    target.folder ? "a folder" : "not a regular file (a symbolic link, FIFO, socket or device)",
+                    "; accepted: a new path, or a regular file to replace");
   torch::serialize::OutputArchive archive;
   write_shard(archive, kind, states, options);
-  // Complete or absent: a temporary name, renamed into place (TrainingState adds checksums and durability).
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  // Complete or absent: a temporary name of this writer alone (two writers in one folder never share one),
+  // renamed into place (TrainingState adds checksums and durability).
+  const std::string tmp = gpuops::detail::temporary_name(path) + "-" + dist::random_id();
   try {
-    archive.save_to(tmp);
+    gpuops::detail::save_archive(archive, tmp);
   } catch (const c10::Error& e) {
-    std::remove(tmp.c_str());
     TORCH_CHECK(false, "ZeroOptimizer.save_shard: cannot write ", path, " (", e.what_without_backtrace(), ")");
   }
-  TORCH_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "ZeroOptimizer.save_shard: cannot rename ", tmp, " to ",
-              path);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    gpuops::detail::remove_file(tmp);
+    TORCH_CHECK(false, "ZeroOptimizer.save_shard: cannot rename ", tmp, " to ", path, ": ", std::strerror(error));
+  }
 }
 
 ZeroShards::ReadShards ZeroShards::read_shards(const std::vector<std::string>& files, const std::string& kind,
@@ -278,11 +297,13 @@ ZeroShards::ReadShards ZeroShards::read_from(int64_t n_old, const ShardLoader& l
     const int64_t old_s = first_file.numels[k] / n_old;
     const int64_t ref = std::min(n_old - 1, lo / old_s);
     SavedShard& reference = open(ref);
-    if (k == 0) reference.archive.read("options", result.options);
+    if (k == 0)
+      TORCH_CHECK_VALUE(reference.archive.try_read("options", result.options), where, ": ", name_of(ref),
+                        " has no 'options': it is damaged or not a ZeroOptimizer shard file");
     NamedTensors state;
     for (const std::string& name : reference.fields[k]) {
       const at::Tensor first = read_value(reference.buckets[k], name, name_of(ref)).toTensor();
-      if (first.dim() != 1 || first.numel() != old_s) {  // shared by the buffer: the same in every file
+      if (name == kStep || first.dim() != 1 || first.numel() != old_s) {  // the same in every file
         state[name] = first.to(shards_[k].device());
         continue;
       }
@@ -304,6 +325,92 @@ ZeroShards::ReadShards ZeroShards::read_from(int64_t n_old, const ShardLoader& l
   return result;
 }
 
+namespace {
+std::vector<std::pair<std::string, at::Tensor>> read_full_parameters_of(const std::vector<std::string>& files,
+                                                                        const std::string& where) {
+  const auto n = static_cast<int64_t>(files.size());
+  TORCH_CHECK_VALUE(n >= 1, where, ": files must list the shard file of every rank of one save, got none");
+  std::vector<torch::serialize::InputArchive> archives(files.size());
+  std::string save;  // "<optimizer id>:<steps>" of files[0]
+  for (int64_t r = 0; r < n; ++r) {
+    const std::string problem = gpuops::detail::readable_file_problem(files[r]);
+    TORCH_CHECK_VALUE(problem.empty(), where, ": files[", r, "] '", files[r].substr(0, files[r].find('\0')), "' ", problem);
+    try {
+      archives[r].load_from(files[r], at::kCPU);
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      TORCH_CHECK_VALUE(false, where, ": ", files[r], " is damaged or not a ZeroOptimizer shard file (",
+                        what.substr(0, what.find('\n')), ")");
+    }
+    auto& a = archives[r];
+    TORCH_CHECK_VALUE(read_value(a, "format", files[r]).toInt() == kFormat, where, ": ", files[r], " has format ",
+                      read_value(a, "format", files[r]).toInt(), "; this build reads format ", kFormat);
+    TORCH_CHECK_VALUE(read_value(a, "world_size", files[r]).toInt() == n && read_value(a, "rank", files[r]).toInt() == r,
+                      where, ": files[", r, "] = ", files[r], " is rank ", read_value(a, "rank", files[r]).toInt(),
+                      " of ", read_value(a, "world_size", files[r]).toInt(), "; files must list the ", n,
+                      " files of one save in rank order");
+    const std::string id = read_value(a, "optimizer_id", files[r]).toStringRef() + ":" +
+                           std::to_string(read_value(a, "steps", files[r]).toInt());
+    if (r == 0) save = id;
+    TORCH_CHECK_VALUE(id == save, where, ": ", files[r], " comes from another save than ", files[0]);
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const int64_t buckets = read_value(archives[0], "buckets", files[0]).toInt();
+  for (int64_t k = 0; k < buckets; ++k) {
+    const std::string key = "bucket." + std::to_string(k);
+    std::vector<at::Tensor> parts;  // each rank's shard of the buffer's fp32 values
+    torch::serialize::InputArchive first;
+    for (int64_t r = 0; r < n; ++r) {
+      torch::serialize::InputArchive bucket, state;
+      TORCH_CHECK_VALUE(archives[r].try_read(key, bucket), where, ": ", files[r], " lacks ", key, " that ", files[0],
+                        " has");
+      const auto fields = split(read_value(bucket, "fields", files[r]).toStringRef());
+      if (std::find(fields.begin(), fields.end(), kMaster) == fields.end()) break;  // the model holds these
+      bucket.read("state", state);
+      parts.push_back(read_value(state, kMaster, files[r]).toTensor().reshape({-1}).to(at::kFloat));
+      if (r == 0) first = std::move(bucket);
+    }
+    if (parts.size() != static_cast<size_t>(n)) {
+      TORCH_CHECK_VALUE(parts.empty(), where, ": ", key, " has fp32 values in ", parts.size(), " of the ", n, " files");
+      continue;
+    }
+    const at::Tensor flat = at::cat(parts);
+    const auto shapes = decode_shapes(read_value(first, "shapes", files[0]).toTensor());
+    const at::Tensor layout = read_value(first, "layout", files[0]).toTensor().to(at::kLong);
+    std::vector<std::string> names;
+    std::stringstream in(read_value(first, "names", files[0]).toStringRef());
+    for (std::string name; std::getline(in, name, '\n');) names.push_back(name);
+    TORCH_CHECK_VALUE(!names.empty(), where, ": ", files[0], " was saved without parameter names (give "
+                      "ZeroOptimizer the named parameters, as model.named_parameters()): nothing to name them by");
+    const auto slots = static_cast<int64_t>(shapes.size());
+    TORCH_CHECK_VALUE(names.size() == shapes.size() && layout.numel() == 2 * slots, where, ": ", files[0], "'s ",
+                      key, " is damaged (", names.size(), " names, ", slots, " shapes, ", layout.numel(), " layout values)");
+    for (int64_t i = 0; i < slots; ++i) {
+      const int64_t offset = layout[i].item<int64_t>(), numel = layout[slots + i].item<int64_t>();
+      const bool sized = std::all_of(shapes[i].begin(), shapes[i].end(), [](int64_t d) { return d >= 0; }) &&
+                         c10::multiply_integers(shapes[i]) == numel;
+      TORCH_CHECK_VALUE(sized && offset >= 0 && numel >= 0 && offset <= flat.numel() - numel,
+                        where, ": ", files[0], "'s ", key, " is damaged (parameter '", names[i], "')");
+      out.emplace_back(names[i], flat.narrow(0, offset, numel).view(shapes[i]).clone());
+    }
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> read_full_parameters(const std::vector<std::string>& files) {
+  const std::string where = "read_full_parameters";
+  try {
+    return read_full_parameters_of(files, where);
+  } catch (const c10::ValueError&) {
+    throw;
+  } catch (const c10::Error& e) {  // a value of another type where the format has one (a crafted file)
+    const std::string what = e.what_without_backtrace();
+    TORCH_CHECK_VALUE(false, where, ": the files are damaged or not ZeroOptimizer shard files (",
+                      what.substr(0, what.find('\n')), ")");
+  }
+}
+
 std::vector<NamedTensors> ZeroShards::consolidate(const std::vector<NamedTensors>& states, int to) {
   dist::Agreement agreement("ZeroOptimizer.consolidate_state_dict");
   agreement.check([&] {
@@ -323,7 +430,7 @@ std::vector<NamedTensors> ZeroShards::consolidate(const std::vector<NamedTensors
     const int64_t s = shards_[k].numel();
     for (const auto& [name, t] : states[k]) {
       if (!t.defined()) continue;
-      if (t.dim() != 1 || t.numel() != s) {
+      if (name == kStep || t.dim() != 1 || t.numel() != s) {
         if (mine) whole[k][name] = t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
         continue;
       }
@@ -345,9 +452,16 @@ std::vector<NamedTensors> ZeroShards::consolidate(const std::vector<NamedTensors
     const int64_t s = shards_[k].numel();
     NamedTensors state;
     for (const auto& [name, t] : whole[k]) {
-      const bool elementwise = t.dim() == 1;  // the shared scalars are 0-dim
-      state[name] = elementwise ? t.narrow(0, slot.offset, slot.numel).view(param_sizes(k, slot_index)).clone() : t.clone();
+      if (name == kStep) {
+        state[name] = t.dim() == 1 ? t.select(0, static_cast<int64_t>(slot_index)).clone() : t.clone();
+      } else {
+        state[name] = t.dim() == 1 ? t.narrow(0, slot.offset, slot.numel).view(param_sizes(k, slot_index)).clone()
+                                   : t.clone();
+      }
     }
+    // A parameter never stepped has no state, as in torch's optimizers (whose state_dict omits it).
+    const auto step = state.find(kStep);
+    if (step != state.end() && step->second.eq(0).all().item<bool>()) state.clear();
     per_param.push_back(std::move(state));
   }
   return per_param;
@@ -358,39 +472,52 @@ std::vector<NamedTensors> ZeroShards::shard_states_of(const std::vector<NamedTen
   TORCH_CHECK_VALUE(per_param.size() == slot_of_param_.size(), where, ": the state has ", per_param.size(),
                     " parameters; this optimizer has ", slot_of_param_.size());
   std::vector<NamedTensors> states(shards_.size());
-  std::vector<int64_t> first_of(shards_.size(), -1);  // the first parameter of each buffer: the fields' reference
+  // The first parameter with a state in each buffer: the reference for the fields. A parameter without one
+  // (torch's optimizers keep none for a parameter never stepped) starts afresh: zeros, step 0.
+  std::vector<int64_t> first_of(shards_.size(), -1);
+  for (size_t i = 0; i < per_param.size(); ++i)
+    if (first_of[slot_of_param_[i].first] < 0 && !per_param[i].empty()) first_of[slot_of_param_[i].first] = static_cast<int64_t>(i);
   for (size_t i = 0; i < per_param.size(); ++i) {
     const auto [k, slot_index] = slot_of_param_[i];
+    if (first_of[k] < 0) continue;  // no parameter of this buffer has a state
     const auto& slot = bucket(k).slots[slot_index];
     const int64_t s = shards_[k].numel(), lo = comm_.rank() * s;
-    if (first_of[k] < 0) first_of[k] = static_cast<int64_t>(i);
     const NamedTensors& ref = per_param[first_of[k]];
     const NamedTensors& given = per_param[i];
-    TORCH_CHECK_VALUE(given.size() == ref.size() && std::equal(given.begin(), given.end(), ref.begin(),
-                                                               [](const auto& a, const auto& b) { return a.first == b.first; }),
+    TORCH_CHECK_VALUE(given.empty() || (given.size() == ref.size() &&
+                                        std::equal(given.begin(), given.end(), ref.begin(),
+                                                   [](const auto& a, const auto& b) { return a.first == b.first; })),
                       where, ": state[", i, "] has the fields {", join(given), "} but state[", first_of[k], "] has {",
                       join(ref), "}; the parameters of one flat buffer (same device and dtype) step together");
     for (const auto& [name, t] : given) {
       TORCH_CHECK_VALUE(t.defined() && t.is_floating_point(), where, ": state[", i, "]['", name,
                         "'] must be a floating tensor");
-      const bool elementwise = t.numel() == slot.numel && !(name == "step" && t.dim() == 0);
-      TORCH_CHECK_VALUE(!elementwise || t.sizes() == param_sizes(k, slot_index) || slot.numel == 1, where, ": state[", i,
-                        "]['", name, "'] has shape ", t.sizes(), " but its parameter has shape ", param_sizes(k, slot_index),
-                        "; the state belongs to another model");
-      if (!elementwise) {
-        TORCH_CHECK_VALUE(t.numel() == 1, where, ": state[", i, "]['", name, "'] has shape ", t.sizes(),
+      if (name == kStep || t.numel() != slot.numel) {
+        TORCH_CHECK_VALUE(name == kStep, where, ": state[", i, "]['", name, "'] has shape ", t.sizes(),
                           " but its parameter has shape ", param_sizes(k, slot_index));
-        const at::Tensor& other = ref.at(name);
-        TORCH_CHECK_VALUE(at::equal(t.to(at::kDouble).reshape({}), other.to(at::kDouble).reshape({})), where,
-                          ": state[", i, "]['", name, "'] = ", t.item<double>(), " but state[", first_of[k], "]['",
-                          name, "'] = ", other.item<double>(), "; the parameters of one flat buffer share it");
-        states[k][name] = t.detach().to(shards_[k].options().requires_grad(false)).reshape({});
+        TORCH_CHECK_VALUE(t.numel() == 1, where, ": state[", i, "]['step'] must be one number, got shape ", t.sizes());
+        at::Tensor& counters = states[k][name];
+        if (!counters.defined())
+          counters = at::zeros({static_cast<int64_t>(bucket(k).slots.size())}, shards_[k].options().requires_grad(false));
+        counters.select(0, static_cast<int64_t>(slot_index)).copy_(t.detach().reshape({}));
         continue;
       }
+      TORCH_CHECK_VALUE(t.sizes() == param_sizes(k, slot_index) || slot.numel == 1, where, ": state[", i, "]['", name,
+                        "'] has shape ", t.sizes(), " but its parameter has shape ", param_sizes(k, slot_index),
+                        "; the state belongs to another model");
       at::Tensor& out = states[k][name];
       if (!out.defined()) out = at::zeros({s}, shards_[k].options().requires_grad(false));
       const int64_t from = std::max(lo, slot.offset), to = std::min(lo + s, slot.offset + slot.numel);
       if (from < to) out.narrow(0, from - lo, to - from).copy_(t.detach().reshape({-1}).narrow(0, from - slot.offset, to - from));
+    }
+  }
+  // The fields of a buffer whose parameters' states were all taken from others' shapes (zeros where absent).
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    if (first_of[k] < 0) continue;
+    for (const auto& [name, t] : per_param[first_of[k]]) {
+      at::Tensor& out = states[k][name];
+      if (!out.defined()) out = name == kStep ? at::zeros({static_cast<int64_t>(bucket(k).slots.size())}, shards_[k].options().requires_grad(false))
+                                              : at::zeros({shards_[k].numel()}, shards_[k].options().requires_grad(false));
     }
   }
   return states;

@@ -1,6 +1,7 @@
 // gpuops::optim::ZeroOptimizer<Base> (zero_optimizer.h): Base (AdamW, Adam or SGD) stepping the shard
 // parameters of a ZeroShards, and the translation between Base's per-parameter state objects and named
 // tensors (what the checkpoint side of ZeroShards reads and writes). No element math here.
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -67,40 +68,53 @@ NamedTensors named_of(const SGDParamState& s) {
   return n;
 }
 
-// A state tensor checked against its shard parameter: element-wise (the shard's length) or the 0-dim step.
-at::Tensor take(const NamedTensors& named, const char* name, const at::Tensor& shard, bool required, size_t k) {
+// A state tensor checked against its shard parameter: element-wise (the shard's length), or the step counters
+// (one per parameter of the buffer, `counters`; a single one, as files before per-parameter counters hold, is
+// every parameter's). Counters are finite whole numbers >= 0: a crafted -3 or inf would poison the bias
+// corrections.
+at::Tensor take(const NamedTensors& named, const char* name, const at::Tensor& shard, bool required, size_t k,
+                int64_t counters) {
   const auto found = named.find(name);
   TORCH_CHECK_VALUE(found != named.end() || !required, "ZeroOptimizer: the state of flat buffer ", k,
                     " has no '", name, "'");
   if (found == named.end()) return at::Tensor();
   const at::Tensor& t = found->second;
   const bool step = std::string(name) == "step";
-  TORCH_CHECK_VALUE(t.defined() && t.is_floating_point() && (step ? t.numel() == 1 : t.numel() == shard.numel()),
-                    "ZeroOptimizer: '", name, "' of flat buffer ", k, " must be a floating tensor of ",
-                    step ? 1 : shard.numel(), " elements, got ", t.defined() ? t.toString() : "none", " of shape ",
+  const bool sized = t.defined() && (step ? t.numel() == counters || t.numel() == 1 : t.numel() == shard.numel());
+  TORCH_CHECK_VALUE(sized && t.is_floating_point(), "ZeroOptimizer: '", name, "' of flat buffer ", k,
+                    " must be a floating tensor of ", step ? counters : shard.numel(), " elements",
+                    step ? " (or one)" : "", ", got ", t.defined() ? t.toString() : "none", " of shape ",
                     t.defined() ? c10::str(t.sizes()) : "[]");
   c10::NoGradGuard no_grad;
-  at::Tensor out = at::empty(step ? at::IntArrayRef{} : shard.sizes(), shard.options().requires_grad(false));
+  if (step) {
+    const at::Tensor values = t.detach().to(at::kCPU, at::kDouble).reshape({-1});
+    TORCH_CHECK_VALUE(values.isfinite().all().item<bool>() && values.ge(0).all().item<bool>() &&
+                          values.eq(values.floor()).all().item<bool>(),
+                      "ZeroOptimizer: 'step' of flat buffer ", k, " must hold whole numbers >= 0 (steps taken), got ",
+                      values.min().item<double>(), " .. ", values.max().item<double>());
+    return t.detach().to(shard.options().requires_grad(false)).reshape({-1}).expand({counters}).contiguous();
+  }
+  at::Tensor out = at::empty(shard.sizes(), shard.options().requires_grad(false));
   return out.copy_(t.reshape(out.sizes()));
 }
 
 std::unique_ptr<AdamWParamState> state_from(const NamedTensors& named, const at::Tensor& shard, size_t k,
-                                            const AdamWParamState*) {
+                                            int64_t counters, const AdamWParamState*) {
   auto s = std::make_unique<AdamWParamState>();
-  s->step(take(named, "step", shard, true, k));
-  s->exp_avg(take(named, "exp_avg", shard, true, k));
-  s->exp_avg_sq(take(named, "exp_avg_sq", shard, true, k));
-  s->max_exp_avg_sq(take(named, "max_exp_avg_sq", shard, false, k));
+  s->step(take(named, "step", shard, true, k, counters));
+  s->exp_avg(take(named, "exp_avg", shard, true, k, counters));
+  s->exp_avg_sq(take(named, "exp_avg_sq", shard, true, k, counters));
+  s->max_exp_avg_sq(take(named, "max_exp_avg_sq", shard, false, k, counters));
   return s;
 }
 
 std::unique_ptr<SGDParamState> state_from(const NamedTensors& named, const at::Tensor& shard, size_t k,
-                                          const SGDParamState*) {
+                                          int64_t counters, const SGDParamState*) {
   auto s = std::make_unique<SGDParamState>();
-  s->momentum_buffer(take(named, "momentum_buffer", shard, false, k));
-  at::Tensor step = take(named, "step", shard, false, k);
+  s->momentum_buffer(take(named, "momentum_buffer", shard, false, k, counters));
+  at::Tensor step = take(named, "step", shard, false, k, counters);
   // torch's SGD keeps no step: a loaded buffer is continued, as SGD::load does.
-  s->step(step.defined() ? step : at::full({}, s->momentum_buffer().defined() ? 1.0 : 0.0,
+  s->step(step.defined() ? step : at::full({counters}, s->momentum_buffer().defined() ? 1.0 : 0.0,
                                            shard.options().requires_grad(false)));
   return s;
 }
@@ -133,8 +147,25 @@ void ZeroOptimizer<Base>::add_param_group(const torch::optim::OptimizerParamGrou
 }
 
 template <class Base>
-void ZeroOptimizer<Base>::zero_grad(bool /*set_to_none*/) {
-  zero_shards.zero_grad();
+void ZeroOptimizer<Base>::zero_grad(bool set_to_none) {
+  zero_shards.zero_grad(set_to_none);
+}
+
+template <class Base>
+at::Tensor ZeroOptimizer<Base>::fresh_step(const at::Tensor& shard) const {
+  const auto counters = static_cast<int64_t>(zero_shards.bucket(zero_shards.shard_index(shard)).slots.size());
+  return at::zeros({counters}, shard.options().dtype(at::kFloat).requires_grad(false));
+}
+
+template <class Base>
+std::vector<typename Base::StepPart> ZeroOptimizer<Base>::step_parts(const at::Tensor& shard,
+                                                                     const at::Tensor& step) const {
+  std::vector<typename Base::StepPart> parts;
+  // Each run steps on a copy of its first parameter's counter (the fused call advances the copy);
+  // step_group then advances every stepped parameter's own counter.
+  for (const auto& run : zero_shards.step_runs(zero_shards.shard_index(shard)))
+    parts.push_back({run.offset, run.numel, step.select(0, static_cast<int64_t>(run.slot)).clone()});
+  return parts;
 }
 
 template <class Base>
@@ -159,6 +190,12 @@ void ZeroOptimizer<Base>::step_group(size_t index, std::vector<at::Tensor>& para
   zero_shards.reduce_gradients();
   zero_shards.before_step();
   Base::step_group(index, params, grad_scale, found_inf);  // the fused step on this rank's shards
+  const auto& shards = zero_shards.shard_params();
+  for (size_t k = 0; k < shards.size(); ++k) {
+    const auto found = this->state_.find(shards[k].unsafeGetTensorImpl());
+    if (found != this->state_.end())
+      zero_shards.advance_counters(k, static_cast<typename Base::ParamState&>(*found->second).step(), found_inf);
+  }
   zero_shards.after_step();
 }
 
@@ -182,7 +219,11 @@ typename ZeroOptimizer<Base>::Loaded ZeroOptimizer<Base>::prepare(std::vector<Na
   loaded.masters = zero_shards.take_masters(states);  // checks the count too
   loaded.states.resize(shards.size());
   for (size_t k = 0; k < shards.size(); ++k)
-    if (!states[k].empty()) loaded.states[k] = state_from(states[k], shards[k], k, static_cast<const typename Base::ParamState*>(nullptr));
+    if (!states[k].empty())
+      loaded.states[k] = state_from(states[k], shards[k], k,
+                                    static_cast<int64_t>(zero_shards.bucket(k).slots.size()),
+                                    static_cast<const typename Base::ParamState*>(nullptr));
+
   if (options) check_options<Base>(*options);
   loaded.options = std::move(options);
   loaded.steps = steps;
@@ -204,8 +245,10 @@ void ZeroOptimizer<Base>::load_agreed(const std::string& what, const std::functi
   for (size_t k = 0; k < shards.size(); ++k) {
     void* key = shards[k].unsafeGetTensorImpl();
     if (loaded->states[k]) {
+      zero_shards.group_counters(k, loaded->states[k]->step());
       this->state_[key] = std::move(loaded->states[k]);
     } else {
+      zero_shards.group_counters(k, at::Tensor());
       this->state_.erase(key);
     }
   }
@@ -223,6 +266,18 @@ void ZeroOptimizer<Base>::save_shard(const std::string& path) const {
 }
 
 namespace {
+// Shard files hold a state for every flat buffer from the first step on (a buffer none of whose parameters had
+// a gradient keeps zeros and step 0): a state for some buffers and not others is a damaged or crafted file, not
+// a fresh start. (A per-parameter state, as torch's, may leave out parameters never stepped: not checked there.)
+void check_every_buffer(const std::vector<NamedTensors>& states) {
+  const auto with_state = std::count_if(states.begin(), states.end(), [](const NamedTensors& st) {
+    return std::any_of(st.begin(), st.end(), [](const auto& field) { return field.first != "master_param"; });
+  });
+  TORCH_CHECK_VALUE(with_state == 0 || with_state == static_cast<int64_t>(states.size()), "ZeroOptimizer: the state "
+                    "has entries for ", with_state, " of the ", states.size(), " flat buffers; a state saved after a "
+                    "step has every buffer's, one saved before any step none (a damaged or crafted file)");
+}
+
 template <class Options>
 std::unique_ptr<Options> options_from(torch::serialize::InputArchive& archive) {
   auto options = std::make_unique<Options>(0.0);
@@ -235,6 +290,7 @@ template <class Base>
 void ZeroOptimizer<Base>::load(torch::serialize::InputArchive& archive) {
   load_agreed("ZeroOptimizer.load", [&](dist::Agreement& agreement) {
     auto read = zero_shards.read_own(archive, kind());
+    check_every_buffer(read.states);
     agreement.field("checkpoint (optimizer id:steps)", read.checkpoint);
     return prepare(std::move(read.states), options_from<Options>(read.options), read.steps);
   });
@@ -246,6 +302,7 @@ void ZeroOptimizer<Base>::load_shards(const std::vector<std::string>& files, boo
     agreement.field("number of files", std::to_string(files.size()))
         .field("allow_reshard", allow_reshard ? "true" : "false");
     auto read = zero_shards.read_shards(files, kind(), allow_reshard);
+    check_every_buffer(read.states);
     agreement.field("checkpoint (optimizer id:steps)", read.checkpoint);
     return prepare(std::move(read.states), options_from<Options>(read.options), read.steps);
   });

@@ -1,11 +1,14 @@
 // gpuops::optim::ZeroShards (zero_optimizer.h), the step side: buckets (one flat buffer each), shards and
 // masters, the reduction of the gradients (at the step, or from autograd hooks during backward), the global
 // flag and norm, the all-gather. No optimizer math here.
+#include <algorithm>
 #include <deque>
+#include <map>
 #include <string>
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
@@ -69,16 +72,23 @@ void check_units(const ZeroOptions& options, size_t n_params) {
   if (options.device) {  // the buffers move there; the collectives must reach it
     TORCH_CHECK_VALUE(options.device->is_cpu() || options.device->is_cuda(), "ZeroOptimizer: device must be a CPU "
                       "or CUDA device, got ", *options.device);
+    const int64_t gpus = options.device->is_cuda() && at::hasCUDA() ? at::detail::getCUDAHooks().deviceCount() : 0;
+    TORCH_CHECK_VALUE(!options.device->is_cuda() || (gpus > 0 && options.device->index() < gpus),
+                      "ZeroOptimizer: device ", *options.device, " is not available: this process sees ", gpus,
+                      " CUDA device(s)", at::hasCUDA() ? "" : " (no CUDA driver or device)");
   }
   if (options.units.empty()) return;
   TORCH_CHECK_VALUE(options.units.size() == n_params, "ZeroOptimizer: ", options.units.size(), " units for ",
                     n_params, " parameters; give the unit of every parameter, or none (one unit)");
+  // Each unit holds a parameter, so there are at most n_params of them: a larger number is refused before
+  // anything is sized by it (near INT64_MAX the count would wrap; 2^40 would ask for a terabit table).
+  for (size_t i = 0; i < options.units.size(); ++i)
+    TORCH_CHECK_VALUE(options.units[i] >= 0 && options.units[i] < static_cast<int64_t>(n_params), "ZeroOptimizer: "
+                      "units[", i, "] must be in [0, ", n_params, ") (units number 0 .. U-1, each holding a "
+                      "parameter), got ", options.units[i]);
   const int64_t count = *std::max_element(options.units.begin(), options.units.end()) + 1;
-  std::vector<bool> used(static_cast<size_t>(std::max<int64_t>(count, 0)), false);
-  for (size_t i = 0; i < options.units.size(); ++i) {
-    TORCH_CHECK_VALUE(options.units[i] >= 0, "ZeroOptimizer: units[", i, "] must be >= 0, got ", options.units[i]);
-    used[static_cast<size_t>(options.units[i])] = true;
-  }
+  std::vector<bool> used(static_cast<size_t>(count), false);
+  for (int64_t unit : options.units) used[static_cast<size_t>(unit)] = true;
   const auto empty = std::find(used.begin(), used.end(), false);
   TORCH_CHECK_VALUE(empty == used.end(), "ZeroOptimizer: unit ", empty - used.begin(), " has no parameter; number "
                     "the units 0 .. U-1 (", count, " here), each holding at least one parameter");
@@ -105,6 +115,10 @@ void check_arguments(const std::vector<at::Tensor>& params, const ZeroOptions& o
                       i, "] is ", dtype, "; accepted: float32, or float16/bfloat16 (stepped on fp32 master shards)");
     TORCH_CHECK_VALUE(!params[i].defined() || params[i].numel() > 0, "ZeroOptimizer: params[", i, "] has no "
                       "elements (shape ", params[i].sizes(), "); leave it out of the optimizer");
+    TORCH_CHECK_VALUE(!params[i].defined() || params[i].is_cpu() || params[i].is_cuda(), "ZeroOptimizer: ",
+                      options.param_names.empty() ? "params[" + std::to_string(i) + "]" : "'" + options.param_names[i] + "'",
+                      " is on ", params[i].device(), "; accepted: parameters with values on the CPU or a CUDA device "
+                      "(a meta model is materialised first, e.g. with to_empty() and its initialisation)");
   }
   FlatParams::check(params, padded_to(world_size));
 }
@@ -232,6 +246,11 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
     for (auto& f : flats_) f->release_grads();  // a bucket's gradient exists from its first gradient on
   grad_versions_.resize(flats_.size());
   for (size_t k = 0; k < flats_.size(); ++k) {
+    has_grad_.emplace_back(bucket(k).slots.size(), 0);
+    with_grad_.emplace_back(bucket(k).slots.size(), 0);
+    counter_class_.emplace_back(bucket(k).slots.size(), 0);
+  }
+  for (size_t k = 0; k < flats_.size(); ++k) {
     hooks_.emplace_back();
     for (size_t i = 0; i < bucket(k).slots.size(); ++i) hooks_.back().push_back(hook(k, i));
   }
@@ -250,6 +269,7 @@ ZeroShards::HookKey ZeroShards::hook(size_t k, size_t i) {
   const uintptr_t key = accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
       [this, k, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
         if (options_.reduce_in_backward || options_.stage == 3) on_gradient(k, i);
+        has_grad_[k][i] = 1;
         const at::Tensor& grad = bucket(k).slots[i].param.grad();
         grad_versions_[k][i] = grad.defined() ? grad._version() : -1;
         return outputs;
@@ -261,6 +281,7 @@ void ZeroShards::rehook(size_t k) {
   // A parameter whose data was replaced in place (torch's C++ Module::load set_s the loaded tensor into it)
   // gets a new gradient accumulator from autograd, without our hook: its gradients would bypass us.
   for (size_t i = 0; i < hooks_[k].size(); ++i) {
+    if (!bucket(k).slots[i].param.requires_grad()) continue;  // frozen since: no gradient comes; the hook waits
     const auto now = torch::autograd::impl::try_get_grad_accumulator(bucket(k).slots[i].param);
     if (now == hooks_[k][i].accumulator) continue;
     hooks_[k][i].accumulator->del_post_hook(hooks_[k][i].key);
@@ -386,8 +407,12 @@ void ZeroShards::wait_for_parameters() const {
   for (size_t k = flats_.size(); k-- > 0;) wait_for_bucket(k);  // the first parameters are in the last bucket
 }
 
-void ZeroShards::zero_grad() {
+void ZeroShards::zero_grad(bool set_to_none) {
   const bool stage3 = options_.stage == 3;
+  if (set_to_none) {
+    for (auto& flags : has_grad_) std::fill(flags.begin(), flags.end(), 0);
+    for (auto& flags : with_grad_) std::fill(flags.begin(), flags.end(), 0);
+  }
   if (!stage3) {
     // A model loaded through torch's C++ Module::load points its parameters at the loaded tensors: copy them in,
     // after the gathers that write the buffers. Otherwise the gathers go on (overlap_param_gather: the next
@@ -438,6 +463,7 @@ void ZeroShards::reduce_gradients() {
   if (reduced_grads_) return;
   TORCH_CHECK(!stepped_, "ZeroOptimizer: the gradients were spent by the last step; call zero_grad() (of this "
               "optimizer) before the next backward");
+  if (!options_.reduce_in_backward) agree_with_grad();  // (reducing in the backward: at each pass's end)
   wait_for_parameters();
   if (options_.reduce_in_backward) {  // every backward pass reduced its own gradients
     TORCH_CHECK(!pass_abandoned(), "ZeroOptimizer.step: the last backward raised before it finished, so its "
@@ -475,6 +501,82 @@ void ZeroShards::reduce_gradients() {
     for (auto& f : flats_) f->release_grads();  // only the shards are kept
   for (size_t k = 0; k < flats_.size(); ++k) record_grad_versions(k);
   reduced_grads_ = true;
+}
+
+// ------------------------------------------------------------------ parameters without a gradient
+
+void ZeroShards::agree_with_grad() {
+  std::vector<uint8_t> flags;
+  for (const auto& bucket_flags : has_grad_) flags.insert(flags.end(), bucket_flags.begin(), bucket_flags.end());
+  if (comm_.size() > 1) {  // a parameter any rank used is stepped everywhere (absent gradients count as zeros)
+    at::Tensor any = at::tensor(flags, at::kByte).to(shards_.front().device());
+    comm_.all_reduce(any, dist::ReduceOp::Max).wait();
+    any = any.to(at::kCPU);  // read on the host: the runs to step are chosen there
+    std::copy(any.data_ptr<uint8_t>(), any.data_ptr<uint8_t>() + any.numel(), flags.begin());
+  }
+  size_t next = 0;
+  for (auto& bucket_flags : with_grad_)
+    for (uint8_t& f : bucket_flags) f = flags[next++] != 0;
+}
+
+size_t ZeroShards::shard_index(const at::Tensor& shard) const {
+  for (size_t k = 0; k < shards_.size(); ++k)
+    if (shards_[k].unsafeGetTensorImpl() == shard.unsafeGetTensorImpl()) return k;
+  TORCH_CHECK_VALUE(false, "ZeroOptimizer: a tensor of shape ", shard.sizes(), " is not one of its shard parameters");
+}
+
+std::vector<ZeroShards::StepRun> ZeroShards::step_runs(size_t k) const {
+  const auto& slots = bucket(k).slots;
+  const int64_t s = shards_[k].numel(), lo = comm_.rank() * s, hi = lo + s;
+  std::vector<StepRun> runs;
+  bool every = true;  // every parameter in this shard is stepped
+  size_t last = slots.size();  // the last slot added to runs.back()
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int64_t from = std::max(lo, slots[i].offset), to = std::min(hi, slots[i].offset + slots[i].numel);
+    if (from >= to) continue;
+    if (!with_grad_[k][i]) {
+      every = false;
+      continue;
+    }
+    if (last + 1 == i && counter_class_[k][runs.back().slot] == counter_class_[k][i]) {
+      runs.back().numel = to - lo - runs.back().offset;  // the padding between two parameters goes along
+    } else {
+      runs.push_back({from - lo, to - from, i});
+    }
+    last = i;
+  }
+  if (every && runs.size() == 1) runs.front() = {0, s, runs.front().slot};  // the whole shard: no view
+  return runs;
+}
+
+void ZeroShards::advance_counters(size_t k, const at::Tensor& counters, const std::optional<at::Tensor>& found_inf) {
+  c10::NoGradGuard no_grad;
+  const auto& stepped = with_grad_[k];
+  const bool every = std::all_of(stepped.begin(), stepped.end(), [](uint8_t f) { return f != 0; });
+  at::Tensor advance = every ? at::ones({}, counters.options())
+                             : at::tensor(std::vector<float>(stepped.begin(), stepped.end()), at::kFloat)
+                                   .to(counters.device());
+  if (found_inf) advance = advance * found_inf->reshape({}).eq(0).to(at::kFloat);  // no sync
+  counters.add_(advance);
+  if (every) return;
+  // Parameters stepped and not stepped part ways: their counters may differ from now on.
+  std::map<std::pair<int64_t, uint8_t>, int64_t> classes;
+  auto& cls = counter_class_[k];
+  for (size_t i = 0; i < cls.size(); ++i)
+    cls[i] = classes.emplace(std::make_pair(cls[i], stepped[i]), static_cast<int64_t>(classes.size())).first->second;
+}
+
+void ZeroShards::group_counters(size_t k, const at::Tensor& counters) {
+  auto& cls = counter_class_[k];
+  if (!counters.defined()) {
+    std::fill(cls.begin(), cls.end(), 0);
+    return;
+  }
+  const at::Tensor values = counters.detach().to(at::kCPU, at::kDouble).contiguous();
+  TORCH_INTERNAL_ASSERT(values.numel() == static_cast<int64_t>(cls.size()), "one step counter per parameter");
+  std::map<double, int64_t> classes;
+  for (size_t i = 0; i < cls.size(); ++i)
+    cls[i] = classes.emplace(values.data_ptr<double>()[i], static_cast<int64_t>(classes.size())).first->second;
 }
 
 // ------------------------------------------------------------------ reduce_in_backward
@@ -572,6 +674,7 @@ void ZeroShards::finish_pass() {
   if (options_.reduce_in_backward) {
     while (next_launch_ < flats_.size()) launch(next_launch_++);
     while (!pending_.empty()) finish_oldest();
+    agree_with_grad();  // here, so that the step itself communicates only its all-gathers
   }
   ready_.assign(flats_.size(), 0);
   unit_ready_.assign(unit_ready_.size(), 0);

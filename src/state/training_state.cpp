@@ -21,6 +21,7 @@
 
 #include "../common/file_checks.h"
 #include "../common/rng_state.h"
+#include "archive_file.h"
 #include "posix_files.h"
 #include "gpuops/grad_scaler.h"
 #include "gpuops/sharded_state.h"
@@ -262,7 +263,10 @@ std::string TrainingState::save(const TrainingProgress& progress, const Training
     TrainingObjects rest = objects;
     rest.optimizer = nullptr;
     return save_sharded_state(store ? &*store : nullptr, progress.step, "cpp", *sharded,
-                              [&](const std::string& file) { make_archive(progress, rest).save_to(file); },
+                              [&](const std::string& file) {
+                                auto archive = make_archive(progress, rest);
+                                detail::save_archive(archive, file);
+                              },
                               local_error);
   }
   const auto write = [&] {
@@ -271,7 +275,8 @@ std::string TrainingState::save(const TrainingProgress& progress, const Training
     try {
       const std::string file = pending.file_path(kStateFile);
       try {
-        make_archive(progress, objects).save_to(file);
+        auto archive = make_archive(progress, objects);
+        detail::save_archive(archive, file);
       } catch (const c10::Error& e) {
         TORCH_CHECK(false, "TrainingState::save: cannot write ", file, " (", first_line(e.what_without_backtrace()), ")");
       }

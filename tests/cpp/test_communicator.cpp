@@ -28,6 +28,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
+#include "gpuops/agreement.h"
 #include "gpuops/communicator.h"
 #include "multiprocess.h"
 
@@ -207,6 +208,23 @@ int run_worker(const std::string& scenario) {
 
 // ------------------------------------------------------------------------------------------------------
 // Parent side (launch helpers: multiprocess.h)
+
+// The agreement's fingerprint of tensors (what construction compares across ranks for the initial weights) tells
+// a swap of two elements apart, wherever they are: a weight repeating every 65521 positions let one pass.
+TEST(Fingerprint, SeesASwapOfTwoElementsAtAnyDistance) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const at::Tensor values = at::randn({3 * 65521 + 17}, gen);
+  const std::string base = gpuops::dist::fingerprint({values});
+  EXPECT_EQ(base, gpuops::dist::fingerprint({values.clone()}));
+  for (const int64_t distance : {int64_t{1}, int64_t{65521}, int64_t{2} * 65521, int64_t{1} << 16, int64_t{1} << 17}) {
+    at::Tensor swapped = values.clone();
+    swapped[5] = values[5 + distance];
+    swapped[5 + distance] = values[5];
+    EXPECT_NE(gpuops::dist::fingerprint({swapped}), base) << "a swap " << distance << " apart";
+  }
+  // The same values split into other tensors, or in another order of tensors, are another fingerprint.
+  EXPECT_NE(gpuops::dist::fingerprint({values.narrow(0, 0, 10), values.narrow(0, 10, values.numel() - 10)}), base);
+}
 
 TEST(Communicator, CollectivesTwoRanks) { run_all_ok(2, "collectives"); }
 TEST(Communicator, CollectivesFourRanks) { run_all_ok(4, "collectives"); }

@@ -17,6 +17,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include "gpuops/communicator.h"
 #include "gpuops/estimator/step_phases.h"
@@ -135,15 +136,16 @@ std::vector<at::Tensor> train_zero(Communicator& comm, const Setup& s, int64_t* 
                  return batch_of(step, m, comm.rank());
                }) ? 1 : 0;
     // Traffic per step (ring algorithm): one reduce-scatter and one all-gather of the flat buffer, i.e. one
-    // all-reduce of the parameters, plus the overflow flag (4 bytes) and the squared norm (8 bytes). With
-    // hooks, one reduce-scatter per micro-batch.
+    // all-reduce of the parameters, plus which parameters have a gradient (a byte each), the overflow flag (4
+    // bytes) and the squared norm (8 bytes). With hooks, one reduce-scatter and one agreement on the gradients
+    // per micro-batch.
     const auto t = comm.traffic();
     const int64_t reductions = s.hooks ? s.accumulation : 1;
     // The accumulation's divisor adds one 4-byte all-reduce (the mean of the ranks' divisors).
     const int64_t divisor = s.accumulation > 1 ? 1 : 0;
     WORKER_CHECK(t.reduce_scatter.ring_sent_bytes == reductions * 4 * total * (n - 1) / n &&
-                     t.all_gather.ring_sent_bytes == 4 * total * (n - 1) / n && t.all_reduce.calls == 2 + divisor &&
-                     t.all_reduce.payload_bytes == 12 + 4 * divisor,
+                     t.all_gather.ring_sent_bytes == 4 * total * (n - 1) / n && t.all_reduce.calls == reductions + 2 + divisor &&
+                     t.all_reduce.payload_bytes == reductions * 4 + 12 + 4 * divisor,
                  "step traffic: reduce-scatter {} B, all-gather {} B, {} all-reduces of {} B ({} elements)",
                  t.reduce_scatter.ring_sent_bytes, t.all_gather.ring_sent_bytes, t.all_reduce.calls,
                  t.all_reduce.payload_bytes, total);
@@ -241,11 +243,10 @@ void scenario_train(Communicator& comm) {
   }
   WORKER_CHECK(moved > 0.1, "training barely moved the parameters ({}): the comparison would prove little", moved);
   // Optimizer state, measured from the state tensors: 1/N of the unsharded moments plus the padding (FlatParams'
-  // alignment of each parameter and of the total to N x 16 bytes), plus one float32 step counter per buffer.
+  // alignment of each parameter and of the total to N x 16 bytes), plus one float32 step counter per parameter.
   int64_t numel = 0;
   for (const auto& p : ref) numel += p.numel();
-  const int64_t buckets = s.hooks ? 4 : 1;  // one step counter per bucket
-  const int64_t moments = zero_state - 4 * buckets, ref_moments = ref_state - 4 * static_cast<int64_t>(ref.size());
+  const int64_t moments = zero_state - 4 * static_cast<int64_t>(ref.size()), ref_moments = ref_state - 4 * static_cast<int64_t>(ref.size());
   WORKER_CHECK(zero_state == zero_state_again, "state bytes differ between runs");
   WORKER_CHECK(ref_moments == 8 * numel, "unsharded moments {} bytes for {} parameters", ref_moments, numel);
   WORKER_CHECK(moments * n == 8 * total && total >= numel &&
@@ -342,8 +343,90 @@ void scenario_bad_input(Communicator& comm) {
   comm.barrier().wait();
 }
 
+// torch's rule for parameters without a gradient, at stages 1 and 2 (at the step and reduced in backward):
+// params[0] is used by every rank at every step; params[1] by rank 0 only, on even steps (on odd steps by no
+// rank); params[2] never (an expert no token is routed to); params[3] is frozen (requires_grad false) after
+// kFreeze steps, as a user does after building the optimizer. The reference is our unsharded AdamW stepping
+// what torch would: the mean of the ranks' gradients with absent ones as zeros, no gradient where no rank has
+// one. Elementwise losses, so the gradients are the same bits in both.
+constexpr int kRuleSteps = 9, kFreeze = 4;
+
+bool uses_second(int step, int rank) { return rank == 0 && step % 2 == 0; }
+
+at::Tensor rule_loss(const std::vector<at::Tensor>& p, int step, int rank) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7000 + 10 * step + rank);
+  at::Tensor loss = (p[0] * at::randn(p[0].sizes(), gen)).sum();
+  if (uses_second(step, rank)) loss = loss + (p[1] * p[1] * at::randn(p[1].sizes(), gen)).sum();
+  return loss + (p[3].square() * at::randn(p[3].sizes(), gen)).sum();  // frozen: no gradient after kFreeze
+}
+
+void scenario_without_grad(Communicator& comm) {
+  const int n = comm.size(), rank = comm.rank();
+  for (const auto& [stage, hooks] : {std::pair{1, false}, std::pair{2, false}, std::pair{1, true}, std::pair{2, true}}) {
+    auto params = make_params();
+    const std::vector<at::Tensor> initial = {params[2].detach().clone()};
+    gpuops::optim::ZeroOptions zero;
+    zero.stage = stage;
+    zero.reduce_in_backward = hooks;
+    if (hooks) zero.bucket_bytes = 512;
+    ZeroOptimizer opt(params, comm, zero, adamw_options());
+    auto ref = make_params();
+    AdamW ref_opt(ref, adamw_options());
+    at::Tensor frozen_at;
+    for (int step = 0; step < kRuleSteps; ++step) {
+      if (step == kFreeze) {
+        params[3].requires_grad_(false);
+        ref[3].requires_grad_(false);
+        frozen_at = params[3].detach().clone();
+      }
+      opt.zero_grad();
+      rule_loss(params, step, rank).backward();
+      opt.step();
+      // The reference: every rank's gradients, mean with absent ones as zeros, none where no rank has one.
+      ref_opt.zero_grad();
+      std::vector<at::Tensor> mean(ref.size());
+      for (int r = 0; r < n; ++r) {
+        std::vector<at::Tensor> inputs;
+        for (const auto& p : ref)
+          if (p.requires_grad()) inputs.push_back(p);
+        const auto grads = torch::autograd::grad({rule_loss(ref, step, r)}, inputs, {}, false, false, true);
+        size_t next = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          if (!ref[i].requires_grad()) continue;
+          const at::Tensor& g = grads[next++];
+          if (g.defined()) mean[i] = mean[i].defined() ? mean[i] + g : g.clone();
+        }
+      }
+      for (size_t i = 0; i < ref.size(); ++i)
+        if (mean[i].defined()) ref[i].mutable_grad() = mean[i] / n;
+      ref_opt.step();
+    }
+    const std::string what = fmt::format("stage {}{}", stage, hooks ? " reduced in backward" : "");
+    WORKER_CHECK(at::equal(params[2], initial[0]), "{}: a parameter no rank ever used moved", what);
+    WORKER_CHECK(at::equal(params[3], frozen_at), "{}: a frozen parameter moved", what);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const double err = (params[i] - ref[i]).abs().max().item<double>();
+      WORKER_CHECK(err <= 1e-6 * ref[i].abs().max().item<double>(), "{}: params[{}] is {} from the reference", what, i, err);
+    }
+    // Each parameter's own step counter, as torch's state: none for the parameter never stepped.
+    const auto state = opt.consolidate_state(0);
+    if (rank == 0) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        const auto* ref_state = static_cast<const gpuops::optim::AdamWParamState*>(
+            ref_opt.state().count(ref[i].unsafeGetTensorImpl()) ? ref_opt.state().at(ref[i].unsafeGetTensorImpl()).get() : nullptr);
+        WORKER_CHECK(state[i].empty() == (ref_state == nullptr), "{}: params[{}] has state {} here, {} in the reference",
+                     what, i, !state[i].empty(), ref_state != nullptr);
+        if (ref_state == nullptr) continue;
+        const double steps = state[i].at("step").item<double>(), ref_steps = ref_state->step().item<double>();
+        WORKER_CHECK(steps == ref_steps, "{}: params[{}] took {} steps, the reference {}", what, i, steps, ref_steps);
+      }
+    }
+  }
+}
+
 int run_worker(const std::string& scenario) {
-  return run_scenario(scenario, {{"train", scenario_train}, {"bad_input", scenario_bad_input}});
+  return run_scenario(scenario, {{"train", scenario_train}, {"bad_input", scenario_bad_input},
+                                 {"without_grad", scenario_without_grad}});
 }
 
 // ------------------------------------------------------------------------------------------------------
@@ -375,6 +458,7 @@ TEST(ZeroOptimizer, Stage2ReducedInBackwardFourRanksNoAccumulation) { run_train(
 TEST(ZeroOptimizer, Stage2ReducedInBackwardGathersOverlappedTwoRanks) { run_train(2, 2, 2, true, true); }
 TEST(ZeroOptimizer, Stage1GathersOverlappedTwoRanks) { run_train(2, 1, 2, false, true); }
 TEST(ZeroOptimizer, BadInputTwoRanks) { run_all_ok(2, "bad_input"); }
+TEST(ZeroOptimizer, ParametersWithoutGradientsAreNotSteppedTwoRanks) { run_all_ok(2, "without_grad"); }
 
 // The estimator (torch-free) counts the fp32 chunks of a 16-bit reduction with its own copy of the chunk size.
 TEST(ZeroOptimizer, EstimatorKnowsTheReduceChunk) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -171,9 +172,18 @@ void scenario_bad_input(Communicator& comm) {
   WORKER_CHECK(m.find("does not hold the parameters of the optimizer's unit 0") != std::string::npos,
                "other layers: got '{}'", m);
   // Units that are not numbered 0 .. U-1, a unit call out of range: named, on every rank.
-  zero.units.back() = 7;
-  m = value_error_of([&] { ZeroOptimizer(gpuops::optim::sequential_units(fresh).params, comm, zero, AdamWOptions(1e-2)); });
-  WORKER_CHECK(m.find("has no parameter") != std::string::npos, "units with a gap: got '{}'", m);
+  const auto fresh_params = gpuops::optim::sequential_units(fresh).params;
+  zero.units.back() = static_cast<int64_t>(zero.units.size()) - 1;  // 3 units over 6 parameters: 3 and 4 empty
+  m = value_error_of([&] { ZeroOptimizer(fresh_params, comm, zero, AdamWOptions(1e-2)); });
+  WORKER_CHECK(m.find("unit 3 has no parameter") != std::string::npos, "units with a gap: got '{}'", m);
+  // Unit numbers past the parameter count, up to INT64_MAX (wrapped the count, then a segfault; 2^40 bad_alloc).
+  for (const int64_t unit : {static_cast<int64_t>(zero.units.size()), int64_t{1} << 40, INT64_MAX, INT64_MIN}) {
+    zero.units.back() = unit;
+    m = value_error_of([&] { ZeroOptimizer(fresh_params, comm, zero, AdamWOptions(1e-2)); });
+    WORKER_CHECK(m.find(fmt::format("must be in [0, {})", zero.units.size())) != std::string::npos &&
+                     m.find(std::to_string(unit)) != std::string::npos,
+                 "unit {}: got '{}'", unit, m);
+  }
   m = value_error_of([&] { three.shards().unit_pre_forward(3); });
   WORKER_CHECK(m.find("unit 3 is out of range [0, 3)") != std::string::npos, "unit out of range: got '{}'", m);
   comm.barrier().wait();

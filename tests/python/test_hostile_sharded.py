@@ -4,29 +4,13 @@ in paths, crafted shard files, parameters without elements or sharing memory, a 
 reduce_in_backward, sizes the estimator could not replay, and arguments of the wrong kind. Each gets a clear
 error naming what is wrong, in bounded time, with nothing changed."""
 
-import datetime
 import os
 import time
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import gpuops
-
-
-@pytest.fixture
-def world1():
-    """A Gloo group of one rank in this process; destroyed afterwards."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
-    try:
-        yield
-    finally:
-        import gc
-
-        gc.collect()
-        dist.destroy_process_group()
 
 
 def _model():

@@ -204,6 +204,10 @@ def _loads(comm, rank, folder):
     _raises("states differ", rank, ["ZeroOptimizer.load_state_dict: the ranks disagree on state"],
             lambda: opt.load_state_dict(good if rank == 0 else other))
     unchanged("states differ")
+    other_lr = spoiled(lambda d: d["param_groups"][0].update(lr=0.5))
+    _raises("lr differs", rank, ["ZeroOptimizer.load_state_dict: the ranks disagree on lr"],
+            lambda: opt.load_state_dict(good if rank == 0 else other_lr))
+    unchanged("lr differs")
     # Shard files: of two saves; a file missing on one rank; then every rank loads one save.
     opt.save_shard(folder / f"first-{rank}.pt")
     opt.zero_grad()

@@ -172,3 +172,40 @@ def test_a_state_that_does_not_fit_changes_nothing(tmp_path):
         with pytest.raises(ValueError, match="does not fit the objects given .* nothing was changed"):
             state.load(model=other)
         assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+
+
+@pytest.mark.parametrize("make", [
+    lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=20),
+    lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5),
+])
+def test_an_lr_scheduler_is_saved_and_loaded_with_the_rest(tmp_path, make):
+    """scheduler= as Lightning's and DeepSpeed's checkpoints hold it: a resumed schedule continues where it was
+    (torch's schedulers over our AdamW); loading it from a state saved without one changes nothing."""
+    model = torch.nn.Linear(4, 2)
+    opt = gpuops.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = make(opt)
+    for _ in range(random.randint(4, 9)):
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        scheduler.step()
+    state = gpuops.TrainingState(tmp_path / "s")
+    state.save(step=1, model=model, optimizer=opt, scheduler=scheduler)
+    model2 = torch.nn.Linear(4, 2)
+    opt2 = gpuops.optim.AdamW(model2.parameters(), lr=0.01)
+    scheduler2 = make(opt2)
+    state.load(model=model2, optimizer=opt2, scheduler=scheduler2)
+    assert scheduler2.last_epoch == scheduler.last_epoch and scheduler2.get_last_lr() == scheduler.get_last_lr()
+    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    scheduler.step()
+    scheduler2.step()
+    assert scheduler2.get_last_lr() == scheduler.get_last_lr()  # the schedule goes on alike
+
+    plain = gpuops.TrainingState(tmp_path / "plain")
+    plain.save(step=1, model=model, optimizer=opt)
+    before = (scheduler2.last_epoch, list(scheduler2.get_last_lr()), model2.weight.detach().clone())
+    with pytest.raises(ValueError, match="holds no scheduler"):
+        plain.load(model=model2, optimizer=opt2, scheduler=scheduler2)
+    assert before[:2] == (scheduler2.last_epoch, scheduler2.get_last_lr()) and torch.equal(before[2], model2.weight)
+    with pytest.raises(TypeError, match="scheduler must have state_dict"):
+        state.save(step=2, model=model, scheduler=3)

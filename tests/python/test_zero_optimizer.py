@@ -117,7 +117,7 @@ def _run(scenario, dist):
         numel = sum(x.numel() for x in a)
         unsharded = sum(s["exp_avg"].nbytes + s["exp_avg_sq"].nbytes for s in ref_opt.state.values())
         total = sum(opt.flat_numels())
-        moments = opt.state_bytes() - 4 * len(opt.flat_numels())  # one float32 step counter per buffer
+        moments = opt.state_bytes() - 4 * len(a)  # one float32 step counter per parameter
         assert unsharded == 8 * numel and moments * world == 8 * total and 0 <= total - numel < 4 * (world + 4)
         if stage == 2:
             assert opt.gradient_bytes() == 4 * total // world

@@ -167,7 +167,8 @@ def _run(scenario, rank):
         total = sum(p.numel() for p in before)
         if rank == 0:
             assert unchanged(right_after) >= total // 3, (unchanged(right_after), total)
-        assert unchanged(after) == 0, unchanged(after)
+        never_called = sum(p.numel() for p in model.unused.parameters())  # no gradient: not stepped (torch's rule)
+        assert unchanged(after) == never_called, (unchanged(after), never_called)
         print(f"rank {rank}: right after the step {unchanged(right_after)} of {total} values not yet gathered; "
               f"after the state_dict pre-hook {unchanged(after)}", flush=True)
         print("deferred ok", flush=True)

@@ -2,8 +2,9 @@
 with real processes (this file run as a script, one per rank; multiprocess_launch.py), on a small transformer
 with its embedding tied to the LM head:
 - 2 and 3 ranks (3 makes the padding real), fp32 with GradScaler, clipping, 2 micro-batches, one unit
-  checkpointed non-reentrant and one reentrant, 30 steps: parameters within 1e-6 of a single process that
-  averages every rank's gradient (gpuops.optim.AdamW), identical on every rank and from run to run;
+  checkpointed non-reentrant and one reentrant, 30 steps: identical on every rank and from run to run, and
+  within PARITY_FACTOR times the distance from float64 of a single process that averages every rank's gradient
+  (gpuops.optim.AdamW; a bound derived on the machine that runs it, not tuned on one);
 - bf16 parameters: fp32 masters within 1e-5 of a single process stepping fp32 masters on the fp32 average of
   every rank's bf16 gradient; each bf16 parameter is its master rounded. Without clipping: a clip coefficient
   one ulp apart (the global norm summed in another order) flips a bf16 rounding some steps later, and a bf16
@@ -18,6 +19,7 @@ with its embedding tied to the LM head:
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -67,6 +69,19 @@ def test_memory_per_rank():
 def test_training_state_reshards_3_2_1(tmp_path):
     env = {"GPUOPS_TEST_DIR": str(tmp_path)}
     _ok(launch(__file__, "save", 3, DEADLINE_S, env), "save")
+    # Offline, without a job: the state exports to the full state_dict a plain model loads (strict, the tied head
+    # included), bit for bit the model the 3 ranks held; loading it into a plain model without the optimizer says so.
+    out = tmp_path.parent / f"{tmp_path.name}-export.pt"
+    done = subprocess.run([sys.executable, "-m", "gpuops.state", "export", str(tmp_path), str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "wrote" in done.stdout, done.stderr
+    exported, held = torch.load(out), torch.load(tmp_path / "model-at-4.pt")
+    plain = TinyLM()
+    plain.load_state_dict(exported)
+    assert exported.keys() == plain.state_dict().keys()
+    assert all(torch.equal(exported[k], held[k]) for k in held)
+    with pytest.raises(ValueError, match="python -m gpuops.state export"):
+        gpuops.TrainingState(tmp_path, signals=()).load(model=TinyLM())
     _ok(launch(__file__, "resume", 2, DEADLINE_S, env), "resume")
     _ok(launch(__file__, "resume", 1, DEADLINE_S, env), "resume")
 
@@ -137,7 +152,9 @@ def _batch(step, rank):
 
 
 def _loss(model, idx, y):
-    return F.cross_entropy(model(idx).float().reshape(-1, VOCAB), y.reshape(-1))
+    logits = model(idx)
+    logits = logits if logits.dtype == torch.float64 else logits.float()
+    return F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
 
 
 def _sharded_steps(model, opt, scaler, rank, steps, micro=2, clip=True):
@@ -158,17 +175,20 @@ def _sharded_steps(model, opt, scaler, rank, steps, micro=2, clip=True):
 
 def _reference_grads(model, world, step, micro, scaler, fp32_sum):
     """Every rank's gradient of each micro-batch, averaged over ranks (in fp32 when `fp32_sum`), summed over
-    the micro-batches: what the sharded run reduces."""
+    the micro-batches: what the sharded run reduces. None for a parameter no rank's backward reached (torch's
+    rule: not stepped)."""
     params = list(model.parameters())
     acc = [torch.zeros_like(p, dtype=torch.float32 if fp32_sum else p.dtype) for p in params]
+    reached = [False] * len(params)
     for m in range(micro):
         total = [torch.zeros_like(a) for a in acc]
         for r in range(world):
             loss = _loss(model, *_batch(micro * step + m, r)) / micro
             grads = torch.autograd.grad(scaler.scale(loss) if scaler else loss, params, allow_unused=True)
             total = [t if g is None else t + g.to(t.dtype) for t, g in zip(total, grads)]
+            reached = [was or g is not None for was, g in zip(reached, grads)]
         acc = [a + t / world for a, t in zip(acc, total)]
-    return acc
+    return [a if was else None for a, was in zip(acc, reached)]
 
 
 def _reference_fp32(world, steps, micro=2, **kw):
@@ -183,6 +203,34 @@ def _reference_fp32(world, steps, micro=2, **kw):
         scaler.step(opt)
         scaler.update()
     return model.state_dict()
+
+
+def _reference_f64(world, steps, micro=2, **kw):
+    """_reference_fp32 in float64 with torch's AdamW and clip_grad_norm_: the exact result to within 1e-12."""
+    model = _model(torch.float64, **kw)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in steps:
+        opt.zero_grad()
+        for p, g in zip(model.parameters(), _reference_grads(model, world, step, micro, None, False)):
+            p.grad = g
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    return model.state_dict()
+
+
+# A float32 run's distance from the exact result depends on the CPU model (oneDNN/MKL choose their matmul
+# blocking by its caches, and many clipped Adam steps amplify one rounding), so a sharded run is not held to a
+# fixed distance from the single-process float32 run: both are compared with float64, and ours may be at most
+# PARITY_FACTOR times as far as the single-process float32 run is on the same machine. Measured ratios are 0.5-2;
+# a sharding mistake (a wrong slice, one rank's gradient missing) is 1e-3 or more, hundreds of times the base.
+PARITY_FACTOR = 10
+
+
+def _within_float32_noise(ours: dict, ref32: dict, ref64: dict, what: str):
+    err, base = _rel_err(ours, ref64), _rel_err(ref32, ref64)
+    assert err <= PARITY_FACTOR * base, (f"{what}: max relative error {err:.3g} from float64, while the "
+                                         f"single-process float32 run's is {base:.3g} (bound {PARITY_FACTOR}x)")
+    return err, base
 
 
 def _rel_err(a: dict, b: dict) -> float:
@@ -242,10 +290,10 @@ def _run(scenario, dist):
             assert all(p.numel() == 0 for p in model.parameters()), "a unit stayed gathered after the step"
         assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0]), "two runs differ"
         _every_rank_same(dist, runs[0])
-        err = _rel_err(runs[0], _reference_fp32(world, steps))
-        assert err <= 1e-6, f"max relative error {err} against single-process AdamW"
+        err, base = _within_float32_noise(runs[0], _reference_fp32(world, steps), _reference_f64(world, steps),
+                                          "stage 3 against float64")
         print(f"rank {rank}: stage 3, {world} ranks, 30 steps (scaler, clip, 2 micro-batches, 2 units "
-              f"checkpointed): max_rel_err={err:.3g}", flush=True)
+              f"checkpointed): max_rel_err from float64 {err:.3g}, single-process float32's {base:.3g}", flush=True)
         print("fp32 ok", flush=True)
     elif scenario == "usage":
         _usage(rank, world, comm)
@@ -324,15 +372,16 @@ def _run(scenario, dist):
 def _usage(rank, world, comm):
     """A block run twice in a forward and one not run at all; a forward without autograd; model.state_dict()
     and load_state_dict(); a torch LR scheduler."""
-    kw = dict(order=[0, 1, 0])  # layers[0] twice, layers[2] never (its unit still reduces, zeros, every step)
+    kw = dict(order=[0, 1, 0])  # layers[0] twice, layers[2] never (its unit reduces zeros and is not stepped)
     model = _model(**kw)
     opt = _stage3(model, comm)
     _sharded_steps(model, opt, gpuops.GradScaler("cpu", init_scale=256.0), rank, range(10))
     full = opt.full_state_dict(0)
     if rank == 0:
-        err = _rel_err(full, _reference_fp32(world, range(10), **kw))
-        assert err <= 1e-6, f"a block run twice, one skipped: max relative error {err}"
-        print(f"rank 0: a block run twice and one skipped, 10 steps: max_rel_err={err:.3g}", flush=True)
+        err, base = _within_float32_noise(full, _reference_fp32(world, range(10), **kw),
+                                          _reference_f64(world, range(10), **kw), "a block run twice, one skipped")
+        print(f"rank 0: a block run twice and one skipped, 10 steps: max_rel_err from float64 {err:.3g} "
+              f"(single-process float32: {base:.3g})", flush=True)
     # Without autograd every unit is freed after its forward; the logits are the gathered model's.
     full = _gathered_on_every_rank(opt, world)
     plain = TinyLM(**kw)
@@ -379,7 +428,8 @@ def _usage(rank, world, comm):
 
 def _fsdp2(rank, comm):
     """The same model under torch's FSDP2 (fully_shard per block and the root) with torch's AdamW and
-    clip_grad_norm_, 2 micro-batches, one block checkpointed: 30 steps, parameters within 1e-6 of ours."""
+    clip_grad_norm_, 2 micro-batches, one block checkpointed: 30 steps; ours as close to float64 as FSDP2's
+    (within PARITY_FACTOR)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
 
@@ -400,16 +450,16 @@ def _fsdp2(rank, comm):
     full = opt.full_state_dict(0)
     reference = get_model_state_dict(theirs, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
-        err = _rel_err(full, reference)
-        assert err <= 1e-6, f"max relative error {err} against FSDP2"
-        print(f"rank 0: against torch FSDP2 + torch AdamW, 30 steps: max_rel_err={err:.3g}", flush=True)
+        err, base = _within_float32_noise(full, reference, _reference_f64(2, range(30)), "against FSDP2")
+        print(f"rank 0: against torch FSDP2 + torch AdamW, 30 steps: max_rel_err from float64 {err:.3g} (FSDP2's: "
+              f"{base:.3g}; ours from FSDP2's {_rel_err(full, reference):.3g})", flush=True)
 
 
 def _accumulate(rank, world, comm, dist):
     """GradAccumulator (2 micro-batches, clipping at 1) over both ways of accumulating: each micro-batch's unit
     gradients reduce-scattered into the fp32 shard (reduce_in_backward=True, the default) or the unit's full
     gradients accumulated locally and reduced once per window (False). Then the traffic of one step."""
-    ref = _reference_clipped(world, range(30))
+    ref, ref64 = _reference_clipped(world, range(30)), _reference_f64(world, range(30))
     for in_backward in (True, False):
         model = _model()
         opt = _stage3(model, comm, reduce_in_backward=in_backward)
@@ -422,8 +472,7 @@ def _accumulate(rank, world, comm, dist):
                 acc.backward(loss_sum, y.numel())
                 most = max(most, opt.gradient_bytes())
         full = opt.full_state_dict(0)
-        err = _rel_err(full, ref) if rank == 0 else 0.0
-        assert err <= 1e-6, f"reduce_in_backward={in_backward}: max relative error {err}"
+        err = _within_float32_noise(full, ref, ref64, f"reduce_in_backward={in_backward}")[0] if rank == 0 else 0.0
         print(f"rank {rank}: GradAccumulator, reduce_in_backward={in_backward}: max_rel_err={err:.3g}, gradient "
               f"bytes at most {most} (parameters {sum(opt.flat_numels()) * 4} B padded)", flush=True)
     # Traffic of one step of one micro-batch: every unit gathered for its forward and again for its backward,

@@ -175,3 +175,34 @@ def test_data_replaced_in_place_keeps_the_reduction_hooks(device, stage):
             if stage == 3 else None
         results.append(_train(model, optimizer, device, seed + 1, snapshot=gathered)[-1])
     assert torch.equal(results[0], results[1])
+
+
+def test_training_state_of_stage3_saves_and_loads_without_the_state_dict_warning(device, tmp_path):
+    """model.state_dict() warns that a stage-3 model leaves its sharded parameters out (for a user who saves
+    the model by hand); TrainingState saves them with the shard files, so its own save and load stay quiet,
+    and the warning still comes to the user afterwards."""
+    import warnings
+
+    model = _model(device)
+    opt = gpuops.ZeroOptimizer(model.named_parameters(), stage=3, model=model, units=[model[0], model[2]], lr=1e-2)
+    _train(model, opt, device, seed=3)
+    state = gpuops.TrainingState(tmp_path / "state")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state.save(step=1, model=model, optimizer=opt)
+        assert state.load(model=model, optimizer=opt)["step"] == 1
+    with pytest.warns(UserWarning, match="left out"):
+        model.state_dict()
+
+
+def test_meta_parameters_and_an_absent_gpu_are_refused_naming_them(device):
+    """Clear errors instead of a raw NotImplementedError or driver error, nothing changed."""
+    meta = torch.nn.Linear(4, 3, device="meta")
+    with pytest.raises(ValueError, match="'weight' is on meta.*to_empty"):
+        gpuops.ZeroOptimizer(meta.named_parameters(), stage=2, lr=1e-2)
+    if torch.cuda.is_available():
+        return
+    model = _model("cpu")
+    with pytest.raises(ValueError, match="device cuda is not available: this process sees 0 CUDA device"):
+        gpuops.ZeroOptimizer(model.parameters(), stage=3, model=model, device="cuda")
+    assert all(p.numel() > 0 for p in model.parameters())
