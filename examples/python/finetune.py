@@ -95,7 +95,7 @@ def main() -> None:
                 window_loss += loss_sum.detach()
                 window_tokens += count
             recorder.step_done(window_loss / window_tokens, optimizer=optimizer, scaler=scaler, tokens=window_tokens,
-                               samples=args.window * MICRO_BATCH)
+                               samples=args.window * MICRO_BATCH, grad_norm=accumulator.last_grad_norm)
             print(f"step {step} loss {(window_loss / window_tokens).item()!r}", flush=True)
             if args.signal_self_at == step:
                 os.kill(os.getpid(), signal.SIGUSR1)

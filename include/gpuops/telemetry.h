@@ -4,6 +4,7 @@
 // interval, to JSON Lines and CSV files, TensorBoard event files, a callback and a Prometheus endpoint.
 // docs/telemetry.md.
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -40,8 +41,15 @@ struct RecorderOptions {
 };
 
 struct Record;
-/// A user's sink: called with each record on the ranks that write (an exception it throws is a warning).
+/// A user's sink: called with each record on the ranks that write (an exception it throws is a warning, but
+/// CallbackStop, which goes through).
 using RecordCallback = std::function<void(const Record&)>;
+
+/// Thrown by a callback that stops the run rather than fails (Python's KeyboardInterrupt and SystemExit are
+/// wrapped in it): the recorder lets it through, unchanged, to the caller of step_done/flush/close.
+struct CallbackStop {
+  std::exception_ptr original;  ///< what the callback threw
+};
 
 /// What one optimizer step hands over. The tensors are kept (not read) until the log interval ends.
 struct StepReport {
@@ -75,7 +83,7 @@ struct Record {
   std::string to_json() const;  ///< one line, no newline
 };
 
-/// True when this build of gpuops can serve a Prometheus endpoint (it was built with cpp-httplib).
+/// True: every build of gpuops serves a Prometheus endpoint (kept from when it needed cpp-httplib).
 bool prometheus_available();
 /// True when this build of gpuops can write TensorBoard event files (it was built with protobuf-lite and Boost).
 bool tensorboard_available();

@@ -28,6 +28,11 @@ class GradAccumulator:
     an enabled scaler an internal one with a fixed scale of 1 does the same bookkeeping (it still skips a
     window with inf/nan gradients). ``max_norm``: clip the window's mean gradient (L2) before the step.
     ``on_boundary``: called before each step, e.g. for a sharded optimizer to reduce its gradients.
+
+    ``last_grad_norm``: with ``max_norm``, the L2 norm of the last window's mean gradient before clipping (a
+    0-dim tensor on the gradients' device, not read on the host: hand it to a Recorder's ``grad_norm``, or
+    ``.item()`` it when you log); None before the first step and without ``max_norm``. As C++'s
+    ``GradAccumulator::last_grad_norm()``.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, window: int, scaler: Optional[GradScaler] = None, *,

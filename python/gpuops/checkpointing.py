@@ -239,4 +239,24 @@ def apply_checkpointing(layers, *, every: Optional[int] = None, names: Optional[
     for name, module in named:
         if name in chosen:
             _wrap(module)
+    _turn_off_kv_cache([module for name, module in named if name in chosen])
     return chosen
+
+
+def _turn_off_kv_cache(modules) -> None:
+    """Hugging Face models keep a key/value cache in training while config.use_cache is True (their default): a
+    checkpointed layer's recomputation writes it a second time, and the backward fails with torch's opaque
+    CheckpointError. As transformers' gradient_checkpointing_enable() does, the cache is turned off, with a
+    warning (a use_cache=True passed to the forward call itself still breaks it)."""
+    seen = set()
+    for module in modules:
+        for sub in module.modules():
+            config = getattr(sub, "config", None)
+            if config is None or id(config) in seen:
+                continue
+            seen.add(id(config))
+            if getattr(config, "use_cache", None) is True:
+                config.use_cache = False
+                warnings.warn("apply_checkpointing: the model's config.use_cache was True (Hugging Face's default), "
+                              "which a checkpointed layer's recomputation breaks; set to False, as transformers' "
+                              "gradient_checkpointing_enable() does", stacklevel=3)

@@ -376,7 +376,7 @@ class Advice:
 
     description: str      #: the change in words
     options: str          #: the same as ``gpuops estimate`` options
-    changes: int          #: 1, or 2 for a pair of changes
+    changes: int          #: 1, or 2 or 3 for a combination of changes
     keeps_numerics: bool  #: cost != "numerics"
     cost: str             #: besides memory: "none", "recompute", "slower", "communication" or "numerics"
     saved_bytes: int      #: the setup as given minus this one (total_bytes)
@@ -406,9 +406,10 @@ def advise(gpu: str, model: Optional[str] = None, **keywords) -> AdviceList:
     held, gradients set to None, ZeRO reduction in the backward, torch.compile, activation checkpointing, a
     smaller micro-batch with more accumulation, optimizer offload, a higher ZeRO stage, the 8-bit, paged or
     Adafactor optimizer, an fp32 master copy, LoRA without dropout, LoRA or QLoRA rank 16 on q,k,v,o), one at a
-    time and in pairs when no single change fits, each estimated on the GPU's CUDA profile. Ranked: those that
-    fit first, then by ``cost`` (``"none"`` < ``"recompute"`` < ``"slower"`` < ``"communication"`` <
-    ``"numerics"``), single changes before pairs, then the most memory saved (``saved_bytes``).
+    time, in pairs when no single change fits and in triples when no pair fits, each estimated on the GPU's CUDA
+    profile. Ranked: those that fit first, by ``cost`` (``"none"`` < ``"recompute"`` < ``"slower"`` <
+    ``"communication"`` < ``"numerics"``), single changes before combinations, then the most memory saved
+    (``saved_bytes``); then those that do not fit, the smallest shortfall first.
     Takes the arguments of :func:`estimate` (``device`` must be ``"cuda"``). The list's attributes describe
     the setup as given (``.fits``, ``.headroom_bytes``, ...)."""
     spec, device, setup = _estimate_inputs("advise", model, keywords)

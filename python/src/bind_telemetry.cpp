@@ -1,4 +1,5 @@
 // gpuops.metrics: the C++ MetricsRecorder (types only; the logic is in src/telemetry).
+#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +14,21 @@
 namespace py = pybind11;
 
 namespace gpuops::python {
+namespace {
+
+// Runs `call` without the GIL; a callback's KeyboardInterrupt or SystemExit (telemetry::CallbackStop) is raised
+// again as itself once the GIL is back.
+template <typename Call>
+void released(Call&& call) {
+  try {
+    py::gil_scoped_release release;
+    call();
+  } catch (const telemetry::CallbackStop& stop) {
+    std::rethrow_exception(stop.original);
+  }
+}
+
+}  // namespace
 
 void bind_telemetry(py::module_& m) {
   using telemetry::MetricsRecorder;
@@ -37,7 +53,10 @@ void bind_telemetry(py::module_& m) {
                  py::gil_scoped_acquire gil;
                  try {
                    callback(r);
-                 } catch (py::error_already_set& e) {  // a C++ exception, so that the recorder warns and goes on
+                 } catch (py::error_already_set& e) {
+                   // A stop the user asked for goes through; anything else becomes a warning, the run goes on.
+                   if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit))
+                     throw telemetry::CallbackStop{std::current_exception()};
                    throw std::runtime_error(e.what());
                  }
                };
@@ -60,23 +79,26 @@ void bind_telemetry(py::module_& m) {
             torch::PyWarningHandler warnings;  // a failed sink's TORCH_WARN becomes a Python UserWarning
             // Without the GIL, as the communicator's calls: a record's all-reduces wait on c10d's threads (a
             // callback takes the GIL back).
-            py::gil_scoped_release release;
-            r.step_done(step, {std::move(loss), std::move(grad_norm), std::move(loss_scale), std::move(skipped_steps),
-                               std::move(lrs), tokens, samples, data_wait_s});
+            released([&] {
+              r.step_done(step, {std::move(loss), std::move(grad_norm), std::move(loss_scale),
+                                 std::move(skipped_steps), std::move(lrs), tokens, samples, data_wait_s});
+            });
           },
           py::arg("step"), py::arg("loss"), py::arg("grad_norm"), py::arg("loss_scale"), py::arg("skipped_steps"),
           py::arg("lrs"), py::arg("tokens"), py::arg("samples"), py::arg("data_wait_s") = py::none())
       .def("flush",
            [](MetricsRecorder& r) {
              torch::PyWarningHandler warnings;
-             py::gil_scoped_release release;
-             return r.flush();
+             std::optional<Record> record;
+             released([&] { record = r.flush(); });
+             return record;
            })
       .def("close",
            [](MetricsRecorder& r) {
              torch::PyWarningHandler warnings;
-             py::gil_scoped_release release;
-             return r.close();
+             std::optional<Record> record;
+             released([&] { record = r.close(); });
+             return record;
            })
       .def_property_readonly("host_reads", &MetricsRecorder::host_reads)
       .def_property_readonly("resumed_after", &MetricsRecorder::resumed_after)

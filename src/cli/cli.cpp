@@ -394,11 +394,15 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   presets->add_flag("--json", presets_json, "JSON instead of a table");
 
   try {
+    if (args.size() == 1 && args[0] == "--version") {
+      out << "gpuops " << GPUOPS_VERSION_STRING << "\n";
+      return finish(0, out, err);
+    }
     // CLI11 reports a missing or unknown command without naming it; say which ones exist.
     const bool known = !args.empty() && (args[0] == "estimate" || args[0] == "gpus" || args[0] == "presets" ||
                                          args[0] == "--help" || args[0] == "-h");
     if (!known)
-      throw ArgumentError(fmt::format("command '{}' is not accepted; accepted: estimate, gpus, presets (or --help)",
+      throw ArgumentError(fmt::format("command '{}' is not accepted; accepted: estimate, gpus, presets (or --help, --version)",
                                       args.empty() ? "" : args[0]));
     std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 2.1 parses a reversed vector
     app.parse(reversed);
@@ -443,7 +447,12 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                                           spec.name), spec, setup, o, gpu_option->count() > 0));
       if (!note.empty()) runs.back().notes.insert(runs.back().notes.begin(), note);
     }
-    if (plot_option->count() > 0) write_plot(runs, o, gpu_option->count() > 0);
+    if (plot_option->count() > 0) {
+      write_plot(runs, o, gpu_option->count() > 0);
+      // On stderr: stdout stays the report (or the JSON) alone.
+      err << fmt::format("gpuops: wrote the picture of {} run{} to {}\n", runs.size(), runs.size() == 1 ? "" : "s",
+                         est::printable(o.plot));
+    }
     o.json ? emit_json(cli::runs_json(runs), out) : cli::print_runs(runs, out);
     return finish(0, out, err);
   } catch (const CLI::CallForHelp& e) {

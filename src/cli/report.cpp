@@ -141,7 +141,8 @@ void print_advice(const Run& r, std::ostream& out) {
     fmt::print(out, "  no change the estimator models lowers it\n");
     return;
   }
-  if (!fits && !r.advice.front().fits) fmt::print(out, "  no single change or pair of changes fits; closest:\n");
+  if (!fits && !r.advice.front().fits)
+    fmt::print(out, "  no single change or combination of up to three fits; closest first:\n");
   fmt::print(out, "  {:<4} {:>8} {:>8} {:>9} {:<13} {}\n", "fits", "GiB", "saved", "headroom", "cost",
              "change (options)");
   for (const est::Advice& a : r.advice)

@@ -1,5 +1,5 @@
-// --advise: every memory lever the estimator models, applied to a setup one at a time (and in pairs when none
-// suffices), each estimated with estimate_memory on the CUDA profile, judged with fits_on and ranked by what it
+// --advise: every memory lever the estimator models, applied to a setup one at a time (and in pairs, then
+// triples, when none suffices), each estimated with estimate_memory on the CUDA profile, judged with fits_on and ranked by what it
 // costs, then by the memory it saves.
 #include "gpuops/estimator/advise.h"
 
@@ -15,7 +15,8 @@
 namespace gpuops::estimator {
 namespace {
 
-constexpr int64_t kLoraRank = 16;  // the LoRA of the CLI's default example (rank 16 on q,k,v,o)
+constexpr int64_t kLoraRank = 16;
+constexpr int kMostChanges = 3;  // combinations of up to three levers when fewer do not fit  // the LoRA of the CLI's default example (rank 16 on q,k,v,o)
 
 // One way of applying a lever.
 struct Variant {
@@ -312,36 +313,49 @@ std::vector<Advice> advise(const ModelSpec& m, const TrainingSetup& setup, const
     out.push_back(to_advice(*singles[i], 1, kLevers[i].cost, given));
   }
 
-  if (!single_fits) {  // pairs: the first lever's pick, then the second lever searched on top of it
-    std::vector<Advice> pairs;
-    for (size_t i = 0; i < kCount; ++i) {
-      for (size_t j = i + 1; j < kCount && singles[i]; ++j) {
-        if (!singles[j] || (kLevers[i].group != 0 && kLevers[i].group == kLevers[j].group)) continue;
-        const std::optional<Candidate> second =
-            pick(m, kLevers[j].variants(m, singles[i]->variant.setup), gpu, device);
-        if (!second) continue;
-        const int64_t alone = std::min(singles[i]->breakdown.total(), singles[j]->breakdown.total());
-        if (second->breakdown.total() >= alone) continue;  // the pair saves no more than one of its parts
-        Candidate both = *second;
-        both.variant.description = singles[i]->variant.description + " + " + second->variant.description;
-        both.variant.options = singles[i]->variant.options + " " + second->variant.options;
-        pairs.push_back(to_advice(both, 2, std::max(kLevers[i].cost, kLevers[j].cost), given));
+  // Combinations, only while nothing simpler fits: pairs, then triples, each a lever searched on top of a smaller
+  // combination's pick. Of a size: those that fit, else the one that comes closest.
+  struct Combination {
+    Candidate candidate;
+    std::vector<size_t> levers;
+    AdviceCost cost;
+  };
+  std::vector<Combination> smaller;
+  for (size_t i = 0; i < kCount; ++i)
+    if (singles[i]) smaller.push_back({*singles[i], {i}, kLevers[i].cost});
+  bool fits = single_fits;
+  for (int size = 2; size <= kMostChanges && !fits; ++size) {
+    std::vector<Combination> combinations;
+    for (const Combination& c : smaller) {
+      for (size_t j = c.levers.back() + 1; j < kCount; ++j) {
+        const bool alternative = std::any_of(c.levers.begin(), c.levers.end(), [&](size_t i) {
+          return kLevers[i].group != 0 && kLevers[i].group == kLevers[j].group;
+        });
+        if (!singles[j] || alternative) continue;
+        const std::optional<Candidate> next = pick(m, kLevers[j].variants(m, c.candidate.variant.setup), gpu, device);
+        if (!next) continue;
+        const int64_t alone = std::min(c.candidate.breakdown.total(), singles[j]->breakdown.total());
+        if (next->breakdown.total() >= alone) continue;  // saves no more than one of its parts
+        Combination more{*next, c.levers, std::max(c.cost, kLevers[j].cost)};
+        more.levers.push_back(j);
+        more.candidate.variant.description = c.candidate.variant.description + " + " + next->variant.description;
+        more.candidate.variant.options = c.candidate.variant.options + " " + next->variant.options;
+        combinations.push_back(std::move(more));
       }
     }
-    const bool pair_fits = std::any_of(pairs.begin(), pairs.end(), [](const Advice& a) { return a.fits; });
-    if (pair_fits) {  // the pairs that fit; else the pair that comes closest
-      pairs.erase(std::remove_if(pairs.begin(), pairs.end(), [](const Advice& a) { return !a.fits; }), pairs.end());
-    } else if (!pairs.empty()) {
-      const auto lowest = std::min_element(pairs.begin(), pairs.end(), [](const Advice& a, const Advice& b) {
-        return a.breakdown.total() < b.breakdown.total();
-      });
-      pairs = {*lowest};
-    }
-    out.insert(out.end(), pairs.begin(), pairs.end());
+    fits = std::any_of(combinations.begin(), combinations.end(), [](const Combination& c) { return c.candidate.fits; });
+    const auto closest = std::min_element(combinations.begin(), combinations.end(), [](const auto& a, const auto& b) {
+      return a.candidate.breakdown.total() < b.candidate.breakdown.total();
+    });
+    for (auto c = combinations.begin(); c != combinations.end(); ++c)
+      if (fits ? c->candidate.fits : c == closest) out.push_back(to_advice(c->candidate, size, c->cost, given));
+    smaller = std::move(combinations);
   }
-  // Fitting first; then the cheapest; then single changes before pairs; then the most memory saved.
+  // Fitting first: the cheapest, single changes before combinations, the most memory saved. Then those that do
+  // not fit, the smallest shortfall (the most memory saved) first: what comes closest.
   std::stable_sort(out.begin(), out.end(), [](const Advice& a, const Advice& b) {
     if (a.fits != b.fits) return a.fits;
+    if (!a.fits) return a.saved_bytes > b.saved_bytes;
     if (a.cost != b.cost) return a.cost < b.cost;
     if (a.changes != b.changes) return a.changes < b.changes;
     return a.saved_bytes > b.saved_bytes;

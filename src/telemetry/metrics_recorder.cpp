@@ -31,6 +31,7 @@ constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
 
 // The values a step reports, by column of the interval's rows.
 enum Column : int64_t { kLoss, kGradNorm, kScale, kSkipped, kColumns };
+const char* const kReportedNames[kColumns] = {"loss", "grad_norm", "loss_scale", "skipped_steps"};
 
 const std::vector<std::string> kFigureNames = {
     "loss", "loss_last", "nonfinite_losses", "grad_norm", "grad_norm_max", "loss_scale", "skipped_steps",
@@ -131,6 +132,7 @@ struct MetricsRecorder::State {
   std::vector<std::array<bool, kColumns>> given, on_device;
   at::Tensor device_rows;  // log_every x kColumns doubles on the device of the first device value reported
   Totals totals;
+  bool warned_unreadable = false;  // a value the recorder cannot read was dropped (said once)
   int64_t last_step = 0, interval_first_step = 0, tokens = 0, samples = 0, host_reads = 0, resumed_after = 0;
   double data_wait = 0;  // the interval's seconds waiting for data, when reported
   bool data_wait_reported = false;
@@ -194,6 +196,16 @@ struct MetricsRecorder::State {
     for (int64_t c = 0; c < kColumns; ++c) {
       if (!*values[c]) continue;
       const at::Tensor t = (*values[c])->detach().reshape({});
+      if (t.is_meta() || (!t.is_cpu() && device_rows.defined() && t.device().type() != device_rows.device().type())) {
+        // A value without data (a meta tensor), or on a second kind of device: that figure is dropped, once
+        // said; the recorder goes on (holding it would make every later record fail to read).
+        if (!warned_unreadable)
+          TORCH_WARN("MetricsRecorder.step_done: ", kReportedNames[c], " is on ", t.device(), ", which the recorder "
+                     "cannot read", device_rows.defined() ? " beside the other values' device" : "",
+                     "; it is left out of the records (said once)");
+        warned_unreadable = true;
+        continue;
+      }
       has[c] = true;
       if (t.is_cpu()) {
         row[c] = t.item<double>();  // a read of host memory: no sync
@@ -412,8 +424,13 @@ std::optional<Record> MetricsRecorder::flush() {
   if (s.callback) {
     try {  // a user's sink that fails costs its record, never the training
       s.callback(record);
+    } catch (const CallbackStop&) {
+      throw;  // the user stops the run (Python's KeyboardInterrupt, SystemExit): not ours to swallow
     } catch (const std::exception& e) {
       TORCH_WARN("MetricsRecorder: the callback failed on the record of step ", record.step, ": ", e.what());
+    } catch (...) {
+      TORCH_WARN("MetricsRecorder: the callback failed on the record of step ", record.step,
+                 " with an exception that is not a std::exception");
     }
   }
   return record;

@@ -1,6 +1,6 @@
 // The Prometheus endpoint (see prometheus_endpoint.h). The text format: https://prometheus.io/docs/instrumenting/
-// exposition_formats/. Without cpp-httplib (GPUOPS_WITH_PROMETHEUS undefined) the text is still made, and asking
-// for an endpoint is refused naming the missing library.
+// exposition_formats/. The server is a poll loop of our own, bounded in every way a client could push
+// (docs/architecture.md, "Telemetry", says why not cpp-httplib).
 #include "prometheus_endpoint.h"
 
 #include <c10/util/Exception.h>
@@ -12,14 +12,18 @@
 #include <mutex>
 #include <thread>
 
-#ifdef GPUOPS_WITH_PROMETHEUS
-#include <httplib.h>
-#include <pthread.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
-#include <csignal>
+#include <cerrno>
 #include <cstdio>
-#endif
+#include <cstring>
+#include <vector>
 
 namespace gpuops::telemetry::detail {
 namespace {
@@ -82,18 +86,129 @@ std::string prometheus_text(const Record& record, const PrometheusLabels& labels
   return out;
 }
 
-#ifdef GPUOPS_WITH_PROMETHEUS
-
 bool prometheus_built() { return true; }
 
+namespace {
+
+// What the endpoint allows, so that no client (a scraper gone wrong, or any local process) can cost the
+// training process more than a few sockets and kilobytes, or hold its close():
+constexpr size_t kMaxConnections = 16;       // at once; more wait in the kernel's backlog, then are refused
+constexpr int kBacklog = 16;
+constexpr size_t kMaxRequestBytes = 8192;    // the request line and headers; a body is never read
+constexpr auto kConnectionTime = std::chrono::seconds(5);  // from accept to the last byte sent, whatever the pace
+
+struct Connection {
+  int fd = -1;
+  std::chrono::steady_clock::time_point deadline;
+  std::string request, response;
+  size_t sent = 0;
+};
+
+// The response to a request's head (request line and headers, up to the blank line): GET and HEAD of
+// /metrics, 404 for another path, 405 for another method; the connection closes after it (no keep-alive).
+std::string respond(const std::string& head, const std::string& text) {
+  const size_t line_end = head.find("\r\n");
+  const std::string line = head.substr(0, line_end);
+  const size_t space = line.find(' '), space2 = line.find(' ', space + 1);
+  const std::string method = line.substr(0, space);
+  const std::string target = space == std::string::npos ? "" : line.substr(space + 1, space2 - space - 1);
+  const std::string path = target.substr(0, target.find('?'));
+  const auto reply = [](const char* status, const std::string& type, const std::string& body, bool with_body,
+                        const char* extra = "") {
+    return fmt::format("HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n{}\r\n{}",
+                       status, type, body.size(), extra, with_body ? body : "");
+  };
+  if (method != "GET" && method != "HEAD")
+    return reply("405 Method Not Allowed", "text/plain", "GET or HEAD /metrics\n", true, "Allow: GET, HEAD\r\n");
+  if (path != "/metrics") return reply("404 Not Found", "text/plain", "GET /metrics\n", method == "GET");
+  return reply("200 OK", "text/plain; version=0.0.4; charset=utf-8", text, method == "GET");
+}
+
+void close_quietly(int fd) {
+  if (fd >= 0) ::close(fd);
+}
+
+}  // namespace
+
 struct PrometheusEndpoint::Server {
-  httplib::Server http;
+  int listener = -1;
+  int wake[2] = {-1, -1};  // a pipe: a byte written ends the loop at once
   std::thread thread;
   std::mutex mutex;
   std::string text;  // the latest record's exposition
   PrometheusLabels labels;
   int64_t port = 0;
+
+  ~Server() {
+    close_quietly(listener);
+    close_quietly(wake[0]);
+    close_quietly(wake[1]);
+  }
+
+  void serve();
 };
+
+// One thread, one poll loop over the listener, the wake pipe and at most kMaxConnections connections, each with
+// its own deadline: a slow or idle client costs one slot for kConnectionTime, never a thread or unbounded memory.
+void PrometheusEndpoint::Server::serve() {
+  std::vector<Connection> connections;
+  struct CloseAll {  // whatever ends the loop
+    std::vector<Connection>& connections;
+    ~CloseAll() {
+      for (const Connection& c : connections) close_quietly(c.fd);
+    }
+  } close_all{connections};
+  for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    for (Connection& c : connections)
+      if (now >= c.deadline) c.fd = (close_quietly(c.fd), -1);
+    connections.erase(std::remove_if(connections.begin(), connections.end(), [](const Connection& c) { return c.fd < 0; }),
+                      connections.end());
+    std::vector<pollfd> polled = {{wake[0], POLLIN, 0}};
+    if (connections.size() < kMaxConnections) polled.push_back({listener, POLLIN, 0});
+    auto next = now + std::chrono::seconds(1);
+    for (const Connection& c : connections) {
+      polled.push_back({c.fd, static_cast<short>(c.response.empty() ? POLLIN : POLLOUT), 0});
+      next = std::min(next, c.deadline);
+    }
+    const auto wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
+    if (::poll(polled.data(), polled.size(), static_cast<int>(wait_ms)) < 0 && errno != EINTR) return;
+    if (polled[0].revents != 0) return;  // close()
+    for (size_t i = 1; i < polled.size(); ++i) {
+      if (polled[i].revents == 0) continue;
+      if (polled[i].fd == listener) {
+        const int fd = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) connections.push_back({fd, std::chrono::steady_clock::now() + kConnectionTime, {}, {}, 0});
+        continue;
+      }
+      auto c = std::find_if(connections.begin(), connections.end(), [&](const Connection& x) { return x.fd == polled[i].fd; });
+      if (c == connections.end()) continue;
+      if (c->response.empty()) {  // reading the head
+        char buffer[2048];
+        const ssize_t n = ::recv(c->fd, buffer, sizeof buffer, 0);
+        if (n <= 0) {
+          if (n == 0 || (errno != EAGAIN && errno != EINTR)) c->fd = (close_quietly(c->fd), -1);
+          continue;
+        }
+        c->request.append(buffer, static_cast<size_t>(n));
+        const size_t end = c->request.find("\r\n\r\n");
+        if (end != std::string::npos) {
+          std::lock_guard<std::mutex> lock(mutex);
+          c->response = respond(c->request.substr(0, end), text);
+        } else if (c->request.size() > kMaxRequestBytes) {
+          c->response = "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        }
+        if (!c->response.empty()) c->request.clear();
+      } else {  // writing the response; MSG_NOSIGNAL: a client that hung up is no SIGPIPE
+        const ssize_t n = ::send(c->fd, c->response.data() + c->sent, c->response.size() - c->sent,
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) c->sent += static_cast<size_t>(n);
+        if ((n < 0 && errno != EAGAIN && errno != EINTR) || c->sent == c->response.size())
+          c->fd = (close_quietly(c->fd), -1);
+      }
+    }
+  }
+}
 
 PrometheusEndpoint::PrometheusEndpoint(const std::string& address, int64_t port, PrometheusLabels labels)
     : server_(std::make_unique<Server>()) {
@@ -101,51 +216,45 @@ PrometheusEndpoint::PrometheusEndpoint(const std::string& address, int64_t port,
                     " is not accepted; accepted: 0 (a free port) to 65535, or -1 for no endpoint");
   Server& s = *server_;
   s.labels = std::move(labels);
-  // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, which lets a second server share a port in use.
-  s.http.set_socket_options([](socket_t sock) {  // (cpp-httplib declares socket_t globally)
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
-  // Two worker threads (a scrape is small; httplib's default is one per core, per rank) and no keep-alive, so that
-  // stop() does not wait out an idle scraper's connection.
-  s.http.new_task_queue = [] { return new httplib::ThreadPool(2); };
-  s.http.set_keep_alive_max_count(1);
-  s.http.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
-    std::lock_guard<std::mutex> lock(server_->mutex);
-    response.set_content(server_->text, "text/plain; version=0.0.4; charset=utf-8");
-  });
-  const bool bound = port == 0 ? (s.port = s.http.bind_to_any_port(address)) > 0
-                               : (s.port = port, s.http.bind_to_port(address, static_cast<int>(port)));
-  TORCH_CHECK_VALUE(bound, "MetricsRecorder: prometheus endpoint ", address, ":", port,
-                    " cannot be bound (the port is in use, or the address is not one of this host's); accepted: a "
-                    "free port on an address of this host (default 127.0.0.1)");
-  s.thread = std::thread([&http = s.http] {
-    // A scraper that hangs up mid-response must not end the process: the Debian build of cpp-httplib sends
-    // without MSG_NOSIGNAL, so SIGPIPE is blocked on this thread and on the workers it starts (they inherit it).
-    sigset_t pipe;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+  const auto refuse = [&](const std::string& why) {
+    TORCH_CHECK_VALUE(false, "MetricsRecorder: prometheus endpoint ", address, ":", port, " cannot be bound (", why,
+                      "); accepted: a free port on an address of this host (default 127.0.0.1)");
+  };
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(address.c_str(), service.c_str(), &hints, &found); rc != 0) refuse(gai_strerror(rc));
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, &::freeaddrinfo);
+  s.listener = ::socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (s.listener < 0) refuse(std::strerror(errno));
+  // SO_REUSEADDR only (a restarted job rebinds its port at once); never SO_REUSEPORT, which would let a second
+  // server share a port in use silently.
+  int yes = 1;
+  ::setsockopt(s.listener, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  if (::bind(s.listener, found->ai_addr, found->ai_addrlen) != 0 || ::listen(s.listener, kBacklog) != 0)
+    refuse(errno == EADDRINUSE ? "the port is in use" : std::strerror(errno));
+  sockaddr_storage bound{};
+  socklen_t length = sizeof bound;
+  ::getsockname(s.listener, reinterpret_cast<sockaddr*>(&bound), &length);
+  s.port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  TORCH_CHECK(::pipe2(s.wake, O_CLOEXEC | O_NONBLOCK) == 0, "MetricsRecorder: cannot make the endpoint's pipe: ",
+              std::strerror(errno));
+  s.thread = std::thread([&s] {
     try {
-      http.listen_after_bind();
+      s.serve();
     } catch (const std::exception& e) {  // never into std::terminate: the training goes on without the endpoint
       std::fprintf(stderr, "gpuops MetricsRecorder: the Prometheus endpoint stopped: %s\n", e.what());
     }
   });
-  // Serving before the constructor returns: a stop() that came before the listening loop began would not end it.
-  for (int waited_ms = 0; !s.http.is_running(); ++waited_ms) {
-    if (waited_ms == 10000) {
-      s.http.stop();
-      s.thread.join();
-      TORCH_CHECK(false, "MetricsRecorder: the Prometheus endpoint on ", address, ":", s.port,
-                  " did not start serving within 10 s");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
 }
 
 PrometheusEndpoint::~PrometheusEndpoint() {
-  server_->http.stop();
+  const char stop = 1;
+  [[maybe_unused]] const ssize_t woken = ::write(server_->wake[1], &stop, 1);  // the loop returns at once
   if (server_->thread.joinable()) server_->thread.join();
 }
 
@@ -156,21 +265,5 @@ void PrometheusEndpoint::publish(const Record& record) {
   std::lock_guard<std::mutex> lock(server_->mutex);
   server_->text = std::move(text);
 }
-
-#else
-
-bool prometheus_built() { return false; }
-
-struct PrometheusEndpoint::Server {};
-
-PrometheusEndpoint::PrometheusEndpoint(const std::string&, int64_t, PrometheusLabels) {
-  TORCH_CHECK_VALUE(false, "MetricsRecorder: prometheus_port asks for a Prometheus endpoint, but this build of gpuops "
-                    "has none (built without cpp-httplib: Debian's libcpp-httplib-dev); accepted: prometheus_port -1");
-}
-PrometheusEndpoint::~PrometheusEndpoint() = default;
-int64_t PrometheusEndpoint::port() const { return -1; }
-void PrometheusEndpoint::publish(const Record&) {}
-
-#endif
 
 }  // namespace gpuops::telemetry::detail

@@ -1,6 +1,7 @@
 #pragma once
-// A Prometheus text-format endpoint (GET /metrics) for the recorder's latest record, served by cpp-httplib on a
-// thread of its own (off the training thread); docs/telemetry.md, "Prometheus".
+// A Prometheus text-format endpoint (GET /metrics) for the recorder's latest record, served from a thread of its
+// own (off the training thread) by a small poll loop bounded in connections, request size and time per
+// connection; docs/telemetry.md, "Prometheus".
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -19,7 +20,7 @@ struct PrometheusLabels {
 /// step, and each group's learning rate; figures not reported are left out.
 std::string prometheus_text(const Record& record, const PrometheusLabels& labels);
 
-/// True when this build serves Prometheus (it was built with cpp-httplib).
+/// True: every build serves Prometheus (kept for callers that asked when it needed cpp-httplib).
 bool prometheus_built();
 
 class PrometheusEndpoint {
@@ -27,7 +28,7 @@ class PrometheusEndpoint {
   /// Binds `address`:`port` (port 0: a free one; port() tells which) and serves from a thread of its own;
   /// ValueError naming the address and port when it cannot bind (in use, or not an address of this host).
   PrometheusEndpoint(const std::string& address, int64_t port, PrometheusLabels labels);
-  ~PrometheusEndpoint();  ///< stops serving and joins the thread
+  ~PrometheusEndpoint();  ///< stops serving and joins the thread, at once whatever the clients do
   PrometheusEndpoint(const PrometheusEndpoint&) = delete;
   PrometheusEndpoint& operator=(const PrometheusEndpoint&) = delete;
   int64_t port() const;

@@ -6,28 +6,37 @@
 
 #include <cerrno>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
-#include <sstream>
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../common/file_checks.h"
+#include "../state/posix_files.h"
+
 namespace gpuops::telemetry::detail {
 namespace {
 
-std::string read_all(int fd) {
-  std::string text;
-  char buffer[1 << 16];
-  off_t offset = 0;
-  for (;;) {
-    const ssize_t n = pread(fd, buffer, sizeof buffer, offset);
+// How much of an existing file is read to continue it: its first line (the CSV header, or a record that tells
+// the file is ours) and its last complete line (the step to resume after). A record line is well under this;
+// a longer first or last line is not one of ours. A log of any size costs this much to open.
+constexpr size_t kMaxLine = size_t{1} << 16;
+
+// Up to `length` bytes at `offset` (fewer at the end of the file).
+std::string read_at(int fd, off_t offset, size_t length, const std::string& path) {
+  std::string text(length, '\0');
+  size_t done = 0;
+  while (done < length) {
+    const ssize_t n = pread(fd, text.data() + done, length - done, offset + static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
-    TORCH_CHECK(n >= 0, "telemetry: cannot read its file: ", std::strerror(errno));
-    if (n == 0) return text;
-    text.append(buffer, static_cast<size_t>(n));
-    offset += n;
+    TORCH_CHECK(n >= 0, "telemetry: cannot read ", path, ": ", std::strerror(errno));
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
   }
+  text.resize(done);
+  return text;
 }
 
 // A figure as a CSV cell: empty where it was not reported.
@@ -57,32 +66,91 @@ int64_t step_of(const std::string& line, RecordFormat format) {
   return !first.empty() && first.find_first_not_of("0123456789") == std::string::npos ? std::stoll(first) : -1;
 }
 
+// The start of a line gpuops wrote, cut before its end by a crash: JSON Lines records begin with {"step":
+// (ordered keys), CSV lines with the header's "step," or a step number and its comma.
+bool starts_like_ours(const std::string& line, RecordFormat format) {
+  if (format == RecordFormat::JsonLines) return line.rfind("{\"step\":", 0) == 0 || std::string("{\"step\":").rfind(line, 0) == 0;
+  if (line.rfind("step,", 0) == 0 || std::string("step,").rfind(line, 0) == 0) return true;
+  const size_t digits = line.find_first_not_of("0123456789");
+  return digits > 0 && (digits == std::string::npos || line[digits] == ',');
+}
+
 }  // namespace
 
 RecordFile::RecordFile(std::string path, RecordFormat format) : path_(std::move(path)), format_(format) {
-  fd_ = open(path_.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  const std::string problem = gpuops::detail::path_problem(path_);
+  TORCH_CHECK_VALUE(problem.empty(), "telemetry: the path '", path_.substr(0, path_.find('\0')), "\\0...' ", problem,
+                    "; accepted: a path without NUL bytes");
+  const std::string folder = gpuops::detail::parent_of(path_);
+  if (!folder.empty() && folder != path_) gpuops::detail::make_directories(folder);  // as tensorboard= makes its own
+  // Not through a symbolic link, and without blocking on a FIFO: only a regular file (or a new one) is written.
+  fd_ = open(path_.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   TORCH_CHECK_VALUE(fd_ >= 0, "telemetry: the file ", path_, " cannot be opened for appending: ",
-                    std::strerror(errno), "; accepted: a writable path");
-  std::string text = read_all(fd_);
-  const size_t complete = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
-  if (complete < text.size()) {  // a partial last line: cut it off, so that no reader ever sees it
-    TORCH_CHECK(ftruncate(fd_, static_cast<off_t>(complete)) == 0, "telemetry: cannot repair ", path_, ": ",
-                std::strerror(errno));
-    text.resize(complete);
+                    errno == ELOOP ? "it is a symbolic link" : std::strerror(errno),
+                    "; accepted: a writable regular file, or a new path");
+  struct stat info {};
+  if (fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
+    close(fd_);
+    fd_ = -1;
+    TORCH_CHECK_VALUE(false, "telemetry: ", path_, " is not a regular file (a FIFO, socket or device); accepted: a "
+                      "writable regular file, or a new path");
   }
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) {
-    if (format_ == RecordFormat::Csv && line.rfind("step,", 0) == 0) {  // the header: how many lr columns
-      std::string columns = "step";
-      for (const auto& name : figure_names()) columns += "," + name;
-      TORCH_CHECK_VALUE(line.substr(0, line.find(",lr_")) == columns, "telemetry: ", path_, " is a CSV with other "
-                        "columns (another gpuops version wrote it): rows appended now would not match its header; "
-                        "accepted: a CSV this version wrote, or a new file");
-      lr_columns_ = 0;
-      for (size_t at = line.find(",lr_"); at != std::string::npos; at = line.find(",lr_", at + 1)) ++lr_columns_;
-      continue;
-    }
-    last_step_ = std::max(last_step_, step_of(line, format_));
+  try {
+    resume(static_cast<size_t>(info.st_size));
+  } catch (...) {
+    close(fd_);
+    fd_ = -1;
+    throw;
+  }
+}
+
+void RecordFile::resume(size_t size) {
+  if (size == 0) return;
+  const auto foreign = [&](const std::string& why) {
+    TORCH_CHECK_VALUE(false, "telemetry: ", path_, " exists and is not a gpuops metrics file (", why, "); nothing "
+                      "was written to it; accepted: a ", format_ == RecordFormat::Csv ? "CSV" : "JSON Lines",
+                      " file gpuops wrote, or a new path");
+  };
+  // The first line: the CSV header, or a record.
+  const std::string head = read_at(fd_, 0, std::min(size, kMaxLine), path_);
+  const size_t head_end = head.find('\n');
+  if (head_end == std::string::npos) {  // one unterminated line: ours only as a first record cut by a crash
+    if (size >= kMaxLine || !starts_like_ours(head, format_)) foreign("its first line is not a record");
+    TORCH_CHECK(ftruncate(fd_, 0) == 0, "telemetry: cannot repair ", path_, ": ", std::strerror(errno));
+    return;
+  }
+  const std::string first = head.substr(0, head_end);
+  if (format_ == RecordFormat::Csv) {
+    std::string columns = "step";
+    for (const auto& name : figure_names()) columns += "," + name;
+    if (first.rfind("step,", 0) != 0) foreign("its first line is not gpuops' CSV header");
+    TORCH_CHECK_VALUE(first.substr(0, first.find(",lr_")) == columns, "telemetry: ", path_, " is a CSV with other "
+                      "columns (another gpuops version wrote it): rows appended now would not match its header; "
+                      "accepted: a CSV this version wrote, or a new file");
+    lr_columns_ = 0;
+    for (size_t at = first.find(",lr_"); at != std::string::npos; at = first.find(",lr_", at + 1)) ++lr_columns_;
+  } else if (step_of(first, format_) < 0) {
+    foreign("its first line is not a record");
+  }
+  // The end: the last complete line, and what follows it (a record cut by a crash before its newline).
+  const size_t tail_length = std::min(size, 2 * kMaxLine);
+  const std::string tail = read_at(fd_, static_cast<off_t>(size - tail_length), tail_length, path_);
+  const size_t end = tail.rfind('\n');  // of the last complete line
+  const size_t partial = end == std::string::npos ? tail.size() : tail.size() - end - 1;
+  if (end == std::string::npos || end == 0 || partial >= kMaxLine ||
+      (partial > 0 && !starts_like_ours(tail.substr(end + 1), format_)))
+    foreign("its last line is not a record");
+  const size_t before = tail.rfind('\n', end - 1);
+  const std::string last = before != std::string::npos ? tail.substr(before + 1, end - before - 1)
+                           : tail_length == size       ? tail.substr(0, end)
+                                                       : std::string();  // longer than any record
+  const int64_t step = step_of(last, format_);
+  const bool header_only = format_ == RecordFormat::Csv && last == first;
+  if (step < 0 && !header_only) foreign("its last complete line is not a record");
+  last_step_ = std::max<int64_t>(0, step);
+  if (partial > 0) {  // a partial last record: cut off, so that no reader ever sees it
+    TORCH_CHECK(ftruncate(fd_, static_cast<off_t>(size - partial)) == 0, "telemetry: cannot repair ", path_, ": ",
+                std::strerror(errno));
   }
 }
 

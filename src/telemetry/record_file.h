@@ -13,8 +13,12 @@ enum class RecordFormat { JsonLines, Csv };
 
 class RecordFile : public RecordSink {
  public:
-  /// Opens `path` for appending (created if missing). An existing file is continued: a last line without its
-  /// newline (a crash during a write) is cut off, and last_step() is the step of its last record.
+  /// Opens `path` for appending (created, with its folders, if missing). Only a regular file is written:
+  /// symbolic links, FIFOs, sockets and devices are refused naming the path (c10::ValueError), and so is an
+  /// existing file that is not one gpuops wrote (its first and last complete lines must be our records or CSV
+  /// header), with nothing written to it. An existing file of ours is continued: a last line without its
+  /// newline (a crash during a write) is cut off, and last_step() is the step of its last record. Only the
+  /// first and last 64-128 KiB are read, whatever the file's size.
   RecordFile(std::string path, RecordFormat format);
   ~RecordFile() override;
   RecordFile(const RecordFile&) = delete;
@@ -26,6 +30,8 @@ class RecordFile : public RecordSink {
   int64_t last_step() const override { return last_step_; }
 
  private:
+  /// Checks that the existing file (`size` bytes) is ours, reads its last step, cuts a partial last record.
+  void resume(size_t size);
   std::string path_;
   RecordFormat format_;
   int fd_ = -1;

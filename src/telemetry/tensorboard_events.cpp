@@ -15,6 +15,7 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include "../common/file_checks.h"
 #include "../state/posix_files.h"  // not std::filesystem: posix_files.h says why
 
 #ifdef GPUOPS_WITH_TENSORBOARD
@@ -59,6 +60,8 @@ void check_tensorboard_folder(const std::string& folder) {
   TORCH_CHECK_VALUE(tensorboard_built(), "MetricsRecorder: tensorboard ", folder, " is not accepted: this gpuops "
                     "was built without TensorBoard files (they need protobuf-lite and Boost: Debian's "
                     "libprotobuf-dev, protobuf-compiler and libboost-dev, which scripts/system-packages installs)");
+  TORCH_CHECK_VALUE(gpuops::detail::path_problem(folder).empty(), "MetricsRecorder: tensorboard '",
+                    folder.substr(0, folder.find('\0')), "\\0...' holds a NUL byte; accepted: a path without one");
   // The nearest existing folder on the way must be writable: the rest is made.
   std::string existing = folder;
   struct stat info {};

@@ -192,3 +192,27 @@ def test_without_use_reentrant_it_warns_as_torchs_checkpoint_does():
     torch.testing.assert_close(x.grad, torch.cos(x.detach()))
     with pytest.raises(TypeError, match="use_reentrant must be True or False"):
         gpuops.checkpoint(torch.sin, x, use_reentrant="yes")
+
+
+def test_a_hugging_face_model_with_its_default_kv_cache_trains_checkpointed():
+    """transformers' models keep a key/value cache in training while config.use_cache is True (their default);
+    a checkpointed layer's recomputation then failed with torch's CheckpointError. apply_checkpointing turns the
+    cache off with a warning, as transformers' gradient_checkpointing_enable() does: the gradients then equal
+    the plain model's."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    plain = transformers.LlamaForCausalLM(config).train()
+    ours = transformers.LlamaForCausalLM(config).train()
+    ours.load_state_dict(plain.state_dict())
+    assert ours.config.use_cache is True
+    with pytest.warns(UserWarning, match="use_cache was True"):
+        gpuops.apply_checkpointing(ours.model.layers, every=1)
+    assert ours.config.use_cache is False
+    ids = torch.randint(0, 97, (2, 16))
+    plain.config.use_cache = False  # the reference needs no cache either
+    plain(ids, labels=ids).loss.backward()
+    ours(ids, labels=ids).loss.backward()
+    for (name, p), q in zip(plain.named_parameters(), ours.parameters()):
+        assert torch.equal(p.grad, q.grad), name

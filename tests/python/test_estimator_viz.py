@@ -39,9 +39,15 @@ def test_svg_is_the_command_lines_picture(tmp_path):
     path = tmp_path / "cli.svg"
     code, out, err = gpuops._C.run_cli(["estimate", "--model", "gpt2", "--seq", "256", "--plot", os.fsencode(path)])
     assert code == 0, err
+    assert err == os.fsencode(f"gpuops: wrote the picture of 1 run to {path}\n")  # on stderr: stdout is the report
     from_python = gpuops.estimate_svg("gpt2", seq_len=256)
     # Same engine: the command line's panel title is its run label, the same words for one setup.
     assert path.read_text(encoding="utf-8") == from_python
+
+
+def test_version():
+    code, out, err = gpuops._C.run_cli(["--version"])
+    assert (code, out, err) == (0, f"gpuops {gpuops.__version__}\n".encode(), b"")
 
 
 def test_names_are_escaped(tmp_path):
@@ -140,14 +146,16 @@ def test_advise_matches_the_command_line():
 ])
 def test_each_advice_is_what_its_options_give_on_the_command_line(args):
     """What a user does with the advice: copy its options onto the command. The estimate that gives is the
-    advice's; the Python setup replays it too; and the ranking is fits, then cost, then memory saved."""
+    advice's; the Python setup replays it too; and the ranking: those that fit by cost, then changes, then memory
+    saved; then those that do not, the smallest shortfall (the most saved) first."""
     code, out, err = gpuops._C.run_cli(["estimate", *args, "--json"])
     assert code == 0, err
     run = json.loads(out)["runs"][0]
     advice = run["advice"]
     assert advice
     costs = ["none", "recompute", "slower", "communication", "numerics"]
-    ranked = [(not a["fits"], costs.index(a["cost"]), a["changes"], -a["saved_bytes"]) for a in advice]
+    ranked = [(not a["fits"], costs.index(a["cost"]) if a["fits"] else 0, a["changes"] if a["fits"] else 0,
+               -a["saved_bytes"]) for a in advice]
     assert ranked == sorted(ranked)
     for a in advice:
         code, out, err = gpuops._C.run_cli(["estimate", *_with_options(args, a["options"].split()), "--json"])

@@ -51,6 +51,7 @@ def check_preempted_run_resumes_exactly(command, tmp_path, steps=10, stop_at=4):
     recorded = [r["step"] for r in records]
     assert recorded == sorted(set(recorded)) and recorded[-1] == steps, recorded
     assert sum(r["checkpoint_saves"] for r in records) >= 1 and all(r["loss"] > 0 for r in records)
+    assert all(r["grad_norm"] is not None and r["grad_norm"] > 0 for r in records)  # the accumulator's norm
     # The same records as TensorBoard reads its files (written where the build has TensorBoard files): the
     # resumed run's first step had TensorBoard drop what the stopped run wrote after its save.
     if gpuops.metrics.tensorboard_available() and importlib.util.find_spec("tensorboard") is not None:

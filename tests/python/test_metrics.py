@@ -156,8 +156,9 @@ def test_bad_input_is_refused_naming_it(tmp_path):
         gpuops.metrics.Recorder(log_every=0)
     with pytest.raises(ValueError, match="rank 3 .*world_size"):
         gpuops.metrics.Recorder(rank=3, world_size=2)
-    with pytest.raises(ValueError, match="no-such-folder.*cannot be opened"):
-        gpuops.metrics.Recorder(jsonl=tmp_path / "no-such-folder" / "m.jsonl")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ValueError, match="a-file"):  # its folder cannot be made: a file stands there
+        gpuops.metrics.Recorder(jsonl=tmp_path / "a-file" / "m.jsonl")
     with pytest.raises(ValueError, match="start_step"):
         gpuops.metrics.Recorder(start_step=-1)
     recorder = gpuops.metrics.Recorder(log_every=2)
@@ -216,6 +217,35 @@ def test_a_callback_gets_every_record_and_its_failure_is_a_warning():
     assert failing.step == 2
     with pytest.raises(TypeError, match="callback must be callable"):
         gpuops.metrics.Recorder(callback=3)
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_a_callback_that_stops_the_run_is_not_swallowed(stop):
+    def interrupted(record):
+        raise stop("the user stops")
+
+    recorder = gpuops.metrics.Recorder(log_every=1, callback=interrupted)
+    with pytest.raises(stop, match="the user stops"):
+        recorder.step_done(torch.tensor(1.0))
+    with pytest.raises(stop):
+        recorder.step_done(torch.tensor(2.0), tokens=3)
+    assert recorder.step == 2  # each step was recorded before its record's callback stopped the run
+    closing = gpuops.metrics.Recorder(log_every=10, callback=interrupted)
+    closing.step_done(torch.tensor(1.0))  # no record yet
+    with pytest.raises(stop):  # the last record's callback, at close()
+        closing.close()
+
+
+def test_an_unreadable_value_is_dropped_with_one_warning_and_the_recorder_goes_on(tmp_path):
+    recorder = gpuops.metrics.Recorder(log_every=2, jsonl=tmp_path / "m.jsonl")
+    with pytest.warns(UserWarning, match="grad_norm is on meta.*left out"):
+        recorder.step_done(torch.tensor(1.0), grad_norm=torch.empty((), device="meta"))
+    recorder.step_done(torch.tensor(3.0), grad_norm=torch.tensor(0.5))
+    recorder.step_done(torch.tensor(5.0), grad_norm=torch.empty((), device="meta"))  # said once
+    recorder.step_done(torch.tensor(7.0))
+    recorder.close()
+    records = _records(tmp_path / "m.jsonl")
+    assert [(r["step"], r["loss"], r["grad_norm"]) for r in records] == [(2, 2.0, 0.5), (4, 6.0, None)]
 
 
 def test_tflops_and_mfu_follow_a_flop_count_done_by_hand(monkeypatch):

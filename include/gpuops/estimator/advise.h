@@ -24,8 +24,8 @@ std::string_view to_string(AdviceCost cost);
 struct Advice {
   std::string description;  ///< the change in words, e.g. "checkpoint every 4th block"
   std::string options;      ///< the same as `gpuops estimate` options, e.g. "--checkpointing every:4"
-  int changes = 1;          ///< 1, or 2 for a combination
-  AdviceCost cost = AdviceCost::None;  ///< of a pair: the dearer of its two changes
+  int changes = 1;          ///< 1, or 2 or 3 for a combination
+  AdviceCost cost = AdviceCost::None;  ///< of a combination: the dearest of its changes
   bool keeps_numerics = true;  ///< cost != Numerics
   int64_t saved_bytes = 0;     ///< the setup as given minus this one (CUDA estimates on the GPU)
   TrainingSetup setup;      ///< the modified setup
@@ -39,8 +39,9 @@ struct Advice {
 /// checkpointing (the sparsest every:K that fits, selective, full), a smaller micro-batch with more accumulation
 /// (same global batch), optimizer offload, a higher ZeRO stage (num_gpus > 1), the 8-bit, paged 8-bit or
 /// Adafactor optimizer, 16-bit weights with an fp32 master, LoRA without dropout, LoRA rank 16 on q,k,v,o with
-/// a bf16 or an nf4 base. Pairs are added when no single change fits. Order: those that fit first; then by
-/// cost (AdviceCost); then single changes before pairs; then the most memory saved first.
+/// a bf16 or an nf4 base. Pairs are added when no single change fits, triples when no pair fits (of each size:
+/// those that fit, else the closest). Order: those that fit first, by cost (AdviceCost), then single changes
+/// before combinations, then the most memory saved; then those that do not fit, the smallest shortfall first.
 /// Validates the setup (ArgumentError).
 std::vector<Advice> advise(const ModelSpec& model, const TrainingSetup& setup, const GpuModel& gpu,
                            const CudaRuntime& runtime = CudaRuntime{});

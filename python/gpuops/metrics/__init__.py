@@ -14,6 +14,7 @@ count are combined on their device and read once per ``log_every`` steps.
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
@@ -23,13 +24,25 @@ from .. import _C
 
 
 def prometheus_available() -> bool:
-    """True when this build of gpuops serves Prometheus (it was built with cpp-httplib)."""
+    """True: every build of gpuops serves Prometheus (kept from when the endpoint needed cpp-httplib)."""
     return _C.prometheus_available()
 
 
 def tensorboard_available() -> bool:
     """True when this build of gpuops writes TensorBoard event files (it was built with protobuf-lite and Boost)."""
     return _C.tensorboard_available()
+
+
+def _path(name: str, value: Any) -> str:
+    """A file or folder argument: None (none: ""), a str or an os.PathLike naming a str path. An int would name a
+    file called "3" and bytes their repr: refused, naming the argument (a NUL byte is refused by the engine)."""
+    if value is None:
+        return ""
+    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(path, str):
+        raise TypeError(f"Recorder: {name} must be a path (str or os.PathLike of str) or None, got "
+                        f"{type(value).__name__}")
+    return path
 
 
 def _default_rank() -> tuple:
@@ -152,13 +165,13 @@ class Recorder:
         rank = default_rank if rank is None else rank
         world_size = default_world if world_size is None else world_size
         self._native = _C.MetricsRecorder(
-            log_every=log_every, jsonl="" if jsonl is None else str(jsonl), csv="" if csv is None else str(csv),
+            log_every=log_every, jsonl=_path("jsonl", jsonl), csv=_path("csv", csv),
             rank=rank, world_size=world_size, every_rank_writes=every_rank_writes,
             callback=(lambda record: callback(Recorder._as_dict(record))) if callback is not None else None,
             flops_per_token=_flops_per_token(flops_per_token, model, seq_len),
             peak_flops=_peak_flops(peak_tflops, gpu), communicator=communicator,
             prometheus_port=-1 if prometheus_port is None else prometheus_port,
-            prometheus_address=prometheus_address, job=job, tensorboard="" if tensorboard is None else str(tensorboard))
+            prometheus_address=prometheus_address, job=job, tensorboard=_path("tensorboard", tensorboard))
         self._step = start_step
         self._loader_wait: Optional[float] = None  # seconds timed() waited since the last step (None: not used)
 
@@ -178,9 +191,14 @@ class Recorder:
                             f"{type(data_wait).__name__}")
         wait = self._loader_wait if data_wait is None else float(data_wait)
         scale, skipped = _scaler_tensors(scaler)
-        self._native.step_done(step=self._step + 1, loss=loss, grad_norm=grad_norm, loss_scale=scale,
-                               skipped_steps=skipped, lrs=_host_lrs(optimizer), tokens=tokens, samples=samples,
-                               data_wait_s=wait)
+        try:
+            self._native.step_done(step=self._step + 1, loss=loss, grad_norm=grad_norm, loss_scale=scale,
+                                   skipped_steps=skipped, lrs=_host_lrs(optimizer), tokens=tokens, samples=samples,
+                                   data_wait_s=wait)
+        except (KeyboardInterrupt, SystemExit):  # the callback stopped the run: the step itself was recorded
+            self._step += 1
+            self._loader_wait = None
+            raise
         self._step += 1  # after the native call: a refused report does not count as a step
         self._loader_wait = None  # the next step's wait: timed() measures it again, or nothing was measured
 
