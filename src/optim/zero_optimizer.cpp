@@ -223,7 +223,6 @@ typename ZeroOptimizer<Base>::Loaded ZeroOptimizer<Base>::prepare(std::vector<Na
       loaded.states[k] = state_from(states[k], shards[k], k,
                                     static_cast<int64_t>(zero_shards.bucket(k).slots.size()),
                                     static_cast<const typename Base::ParamState*>(nullptr));
-
   if (options) check_options<Base>(*options);
   loaded.options = std::move(options);
   loaded.steps = steps;
