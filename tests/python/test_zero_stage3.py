@@ -221,9 +221,14 @@ def _reference_f64(world, steps, micro=2, **kw):
 # A float32 run's distance from the exact result depends on the CPU model (oneDNN/MKL choose their matmul
 # blocking by its caches, and many clipped Adam steps amplify one rounding), so a sharded run is not held to a
 # fixed distance from the single-process float32 run: both are compared with float64, and ours may be at most
-# PARITY_FACTOR times as far as the single-process float32 run is on the same machine. Measured ratios are 0.5-2;
-# a sharding mistake (a wrong slice, one rank's gradient missing) is 1e-3 or more, hundreds of times the base.
-PARITY_FACTOR = 10
+# PARITY_FACTOR times as far as the single-process float32 run is on the same machine. Measured here (x86-64,
+# 2026-11-29): 30 steps at 2 ranks 1.39e-5 against 1.38e-5, at 3 ranks 2.39e-4 against 2.39e-4, FSDP2's run
+# 1.38e-5, 10 steps of the skipped-block model 5.9e-7 against 5.9e-7: ratios 1.00-1.01. So the bound catches
+# an error of its own above about twice the float32 noise of the machine (2.8e-5 at 2 ranks, 4.8e-4 at 3):
+# looser than the 1e-6 tuned on one machine, which failed on another, but derived; a sharding mistake (a wrong
+# slice, a rank's gradient missing) moves parameters by 1e-2 and more. The direct distance to the float32 run is
+# printed too.
+PARITY_FACTOR = 3
 
 
 def _within_float32_noise(ours: dict, ref32: dict, ref64: dict, what: str):
@@ -290,10 +295,12 @@ def _run(scenario, dist):
             assert all(p.numel() == 0 for p in model.parameters()), "a unit stayed gathered after the step"
         assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0]), "two runs differ"
         _every_rank_same(dist, runs[0])
-        err, base = _within_float32_noise(runs[0], _reference_fp32(world, steps), _reference_f64(world, steps),
-                                          "stage 3 against float64")
-        print(f"rank {rank}: stage 3, {world} ranks, 30 steps (scaler, clip, 2 micro-batches, 2 units "
-              f"checkpointed): max_rel_err from float64 {err:.3g}, single-process float32's {base:.3g}", flush=True)
+        if rank == 0:  # (every rank holds the same bits, checked above: the references run once)
+            ref32 = _reference_fp32(world, steps)
+            err, base = _within_float32_noise(runs[0], ref32, _reference_f64(world, steps), "stage 3 against float64")
+            print(f"rank 0: stage 3, {world} ranks, 30 steps (scaler, clip, 2 micro-batches, 2 units "
+                  f"checkpointed): max_rel_err from float64 {err:.3g}, single-process float32's {base:.3g}; from "
+                  f"the single-process float32 run {_rel_err(runs[0], ref32):.3g}", flush=True)
         print("fp32 ok", flush=True)
     elif scenario == "usage":
         _usage(rank, world, comm)
@@ -459,7 +466,7 @@ def _accumulate(rank, world, comm, dist):
     """GradAccumulator (2 micro-batches, clipping at 1) over both ways of accumulating: each micro-batch's unit
     gradients reduce-scattered into the fp32 shard (reduce_in_backward=True, the default) or the unit's full
     gradients accumulated locally and reduced once per window (False). Then the traffic of one step."""
-    ref, ref64 = _reference_clipped(world, range(30)), _reference_f64(world, range(30))
+    ref, ref64 = (_reference_clipped(world, range(30)), _reference_f64(world, range(30))) if rank == 0 else (None, None)
     for in_backward in (True, False):
         model = _model()
         opt = _stage3(model, comm, reduce_in_backward=in_backward)
