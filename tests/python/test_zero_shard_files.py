@@ -125,3 +125,29 @@ def test_a_full_disk_during_save_shard_is_an_error_not_an_abort(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "raised: ZeroOptimizer.save_shard: cannot write" in done.stdout and "File too large" in done.stdout, done.stdout
     assert list(tmp_path.iterdir()) == []  # neither the shard nor a temporary
+
+
+def test_export_refuses_what_it_cannot_export(tmp_path):
+    """python -m gpuops.state export: a path that is not a folder, a folder without a state, a state saved without
+    a sharded optimizer (its state.pt holds the whole model) and wrong arguments are refused, naming them, with
+    nothing written."""
+    import gpuops.state
+
+    out = tmp_path / "out.pt"
+    with pytest.raises(ValueError, match="is not a folder"):
+        gpuops.state.export(tmp_path / "missing", out)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no training state"):
+        gpuops.state.export(tmp_path / "empty", out)
+    plain = gpuops.TrainingState(tmp_path / "plain", signals=())
+    plain.save(step=1, model=torch.nn.Linear(3, 2))
+    plain.close()
+    with pytest.raises(ValueError, match="saved without a sharded optimizer"):
+        gpuops.state.export(tmp_path / "plain", out)
+    assert not out.exists()
+    usage = subprocess.run([sys.executable, "-m", "gpuops.state", "export", str(tmp_path / "plain")],
+                           capture_output=True, text=True, timeout=120)
+    assert usage.returncode == 2 and "usage: python -m gpuops.state export FOLDER OUT.pt" in usage.stderr
+    refused = subprocess.run([sys.executable, "-m", "gpuops.state", "export", str(tmp_path / "plain"), str(out)],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and "saved without a sharded optimizer" in refused.stderr and not out.exists()
