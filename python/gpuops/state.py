@@ -28,6 +28,10 @@ def export(folder, out) -> Dict[str, torch.Tensor]:
 
     if not Path(folder).is_dir():
         raise ValueError(f"gpuops.state export: {folder} is not a folder")
+    target = Path(out)
+    if target.is_symlink() or (target.exists() and not target.is_file()):  # a rename would replace it with a file
+        raise ValueError(f"gpuops.state export: {out} is not a regular file (a symbolic link, folder, FIFO or "
+                         "device); accepted: a new path, or a regular file to replace")
     state = TrainingState(folder, signals=())
     try:
         stored, payload = state._newest_good(map_location="cpu")

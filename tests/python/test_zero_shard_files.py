@@ -145,6 +145,12 @@ def test_export_refuses_what_it_cannot_export(tmp_path):
     with pytest.raises(ValueError, match="saved without a sharded optimizer"):
         gpuops.state.export(tmp_path / "plain", out)
     assert not out.exists()
+    link = tmp_path / "link.pt"
+    link.symlink_to(tmp_path / "someone-elses")
+    for bad in (link, tmp_path / "empty"):  # a rename would put a regular file in place of a link or folder
+        with pytest.raises(ValueError, match="is not a regular file"):
+            gpuops.state.export(tmp_path / "plain", bad)
+    assert link.is_symlink() and (tmp_path / "empty").is_dir()
     usage = subprocess.run([sys.executable, "-m", "gpuops.state", "export", str(tmp_path / "plain")],
                            capture_output=True, text=True, timeout=120)
     assert usage.returncode == 2 and "usage: python -m gpuops.state export FOLDER OUT.pt" in usage.stderr
