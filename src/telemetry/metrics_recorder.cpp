@@ -271,11 +271,18 @@ struct MetricsRecorder::State {
       const auto low_if_none = [](double v) { return std::isnan(v) ? -1.0 : v; };
       at::Tensor sums = at::tensor({zero_if_none(figure("tokens_per_s")), zero_if_none(figure("samples_per_s"))},
                                    at::kDouble).to(options);
+      // The record's step, as its largest and (negated) smallest over the ranks: ranks recording other steps
+      // would otherwise be combined without a word.
+      const auto step = static_cast<double>(last_step);
       at::Tensor maxes = at::tensor({low_if_none(figure("step_time_s")), low_if_none(figure("peak_allocated_bytes")),
-                                     low_if_none(figure("peak_reserved_bytes"))}, at::kDouble).to(options);
+                                     low_if_none(figure("peak_reserved_bytes")), step, -step}, at::kDouble).to(options);
       communicator->all_reduce(sums, dist::ReduceOp::Sum).wait();
       communicator->all_reduce(maxes, dist::ReduceOp::Max).wait();
       const at::Tensor s = sums.cpu(), m = maxes.cpu();
+      const double latest = m[3].item<double>(), earliest = -m[4].item<double>();
+      TORCH_CHECK_VALUE(latest == earliest, "MetricsRecorder: the ranks make records of different steps (from ",
+                        static_cast<int64_t>(earliest), " to ", static_cast<int64_t>(latest), ", this rank's ",
+                        last_step, "): every rank must call step_done for the same steps, with the same log_every");
       for (int i = 0; i < 2; ++i) total[i] = s[i].item<double>() > 0 ? s[i].item<double>() : kNone;
       for (int i = 0; i < 3; ++i) largest[i] = m[i].item<double>() >= 0 ? m[i].item<double>() : kNone;
       traffic_at_record = communicator->traffic().ring_sent_bytes();

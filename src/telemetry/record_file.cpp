@@ -154,12 +154,53 @@ void RecordFile::resume(size_t size) {
   }
 }
 
+void RecordFile::roll_back(int64_t from_step) {
+  struct stat info {};
+  TORCH_CHECK(fstat(fd_, &info) == 0, "telemetry: cannot read ", path_, ": ", std::strerror(errno));
+  const off_t size = info.st_size;
+  if (size == 0) return;
+  // Lines from the end, each read once: `buf` holds [buf_start, line_end), the lines not yet looked at.
+  off_t line_end = size, buf_start = size;
+  std::string buf;
+  int64_t kept_step = 0;
+  while (line_end > 0) {
+    size_t newline = std::string::npos;  // the one before this line: where it starts
+    while (true) {
+      const size_t last = static_cast<size_t>(line_end - 1 - buf_start);  // this line's own newline
+      newline = last == 0 || buf.empty() ? std::string::npos : buf.rfind('\n', last - 1);
+      if (newline != std::string::npos || buf_start == 0 || line_end - buf_start > static_cast<off_t>(kMaxLine))
+        break;
+      const size_t more = static_cast<size_t>(std::min<off_t>(buf_start, static_cast<off_t>(kMaxLine)));
+      buf_start -= static_cast<off_t>(more);
+      buf = read_at(fd_, buf_start, more, path_) + buf;
+    }
+    const off_t start = newline == std::string::npos ? buf_start : buf_start + static_cast<off_t>(newline) + 1;
+    if (newline == std::string::npos && buf_start > 0) break;  // a line longer than any record: not ours, kept
+    const int64_t step = step_of(buf.substr(static_cast<size_t>(start - buf_start),
+                                            static_cast<size_t>(line_end - 1 - start)), format_);
+    if (step < from_step) {  // (the CSV header's is -1)
+      kept_step = std::max<int64_t>(0, step);
+      break;
+    }
+    line_end = start;
+    buf.resize(static_cast<size_t>(start - buf_start));
+  }
+  if (line_end == size) return;
+  TORCH_CHECK(ftruncate(fd_, line_end) == 0, "telemetry: cannot cut the abandoned run's records off ", path_, ": ",
+              std::strerror(errno));
+  last_step_ = kept_step;
+}
+
 RecordFile::~RecordFile() {
   if (fd_ >= 0) close(fd_);
 }
 
 void RecordFile::append(const Record& record) {
-  if (record.step <= last_step_) return;  // a resumed run reaches steps the file already holds
+  // A run resumed from an earlier checkpoint than the file's last record replaces the abandoned run's records
+  // from its first step on, as TensorBoard drops them (the SessionLog START of tensorboard_events.cpp).
+  if (!appended_ && record.first_step > 1 && record.first_step <= last_step_) roll_back(record.first_step);
+  appended_ = true;
+  if (record.step <= last_step_) return;  // a step the file already holds (e.g. recorded twice in one run)
   std::string text;
   if (format_ == RecordFormat::JsonLines) {
     text = record.to_json() + "\n";

@@ -25,19 +25,24 @@ class RecordFile : public RecordSink {
   RecordFile& operator=(const RecordFile&) = delete;
 
   /// Appends the record as one whole line (one write of the line), unless its step is not after
-  /// last_step(); CSV writes its header before the first record of a new file.
+  /// last_step(); CSV writes its header before the first record of a new file. The first record of a resumed
+  /// run (its first step after 1 and not after last_step()) first cuts the records of steps from that first
+  /// step on off the file: the abandoned run's, which TensorBoard drops too. Only those lines are read.
   void append(const Record& record) override;
   int64_t last_step() const override { return last_step_; }
 
  private:
   /// Checks that the existing file (`size` bytes) is ours, reads its last step, cuts a partial last record.
   void resume(size_t size);
+  /// Cuts the records of steps >= from_step off the end of the file, reading it backwards line by line.
+  void roll_back(int64_t from_step);
   std::string path_;
   RecordFormat format_;
   int fd_ = -1;
   int64_t last_step_ = 0;
   int64_t lr_columns_ = -1;  // CSV: learning-rate columns of the header (-1: no header yet)
   bool broken_ = false;      // a failed write could not be cut off (append_whole)
+  bool appended_ = false;    // a record of this run came (the first one may roll the file back)
 };
 
 }  // namespace gpuops::telemetry::detail

@@ -121,7 +121,7 @@ def test_a_nonfinite_loss_is_counted_and_training_goes_on(tmp_path):
     assert record["nonfinite_losses"] == 1 and record["loss"] == 2.0 and record["loss_last"] == 3.0
 
 
-def test_a_resumed_run_writes_no_step_twice_and_a_cut_line_is_dropped(tmp_path):
+def test_a_resumed_run_replaces_the_abandoned_steps_and_a_cut_line_is_dropped(tmp_path):
     path, table = tmp_path / "m.jsonl", tmp_path / "m.csv"
     first = gpuops.metrics.Recorder(log_every=5, jsonl=path, csv=table)
     _run(first, 12)
@@ -132,12 +132,12 @@ def test_a_resumed_run_writes_no_step_twice_and_a_cut_line_is_dropped(tmp_path):
         f.write("99,0.5")
     second = gpuops.metrics.Recorder(log_every=5, jsonl=path, csv=table, start_step=10)  # resumed at step 10
     assert second.resumed_after == 12
-    _run(second, 5)  # steps 11-15: the record at 15 is new
+    _run(second, 5)  # steps 11-15: the abandoned run's record of step 12 goes (TensorBoard drops it too)
     second.close()
-    assert [r["step"] for r in _records(path)] == [5, 10, 12, 15]
+    assert [r["step"] for r in _records(path)] == [5, 10, 15]
     with open(table) as f:
         rows = list(csv.DictReader(f))
-    assert [int(r["step"]) for r in rows] == [5, 10, 12, 15]
+    assert [int(r["step"]) for r in rows] == [5, 10, 15]
     assert float(rows[-1]["lr_1"]) == pytest.approx(3e-3) and rows[0]["loss_scale"] != ""
 
 

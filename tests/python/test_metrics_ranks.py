@@ -41,6 +41,17 @@ def test_ranks_recording_different_steps_raise_naming_the_call(tmp_path):
         assert "raised: " in out and "rank 1 calls all_reduce of 2 elements of Double" in out, out
 
 
+def test_ranks_recording_other_steps_in_step_raise_naming_them(tmp_path):
+    """Rank 1 resumed at another step than rank 0 (start_step 4 and 0), the same log_every 4: their first records
+    meet in the same all-reduces, of steps 4 and 8 (they were combined without a word): every rank raises,
+    naming the steps, and neither writes the record."""
+    for rank, (code, out) in enumerate(launch(__file__, "offset", 2, 30, args=(str(tmp_path / "m.jsonl"),))):
+        assert code == 0, f"rank {rank}:\n{out}"
+        assert "raised: " in out and "the ranks make records of different steps (from 4 to 8" in out, out
+    for rank in range(2):
+        assert (tmp_path / f"m.jsonl.rank{rank}").read_text() == ""
+
+
 def test_a_rank_that_dies_alone_makes_the_other_raise_within_seconds(tmp_path):
     """Rank 1 dies mid-interval (after step 2 of 3): rank 0's record at step 3 all-reduces with a rank that is gone,
     and raises within seconds instead of hanging; what it recorded before stays in its file."""
@@ -62,8 +73,9 @@ def _rank_main(path):
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     comm = gpuops.dist.Communicator(timeout=20)
     mode = sys.argv[1]
-    log_every = 3 - comm.rank if mode == "disagree" else LOG_EVERY  # "disagree": rank 1 records every 2 steps
-    recorder = gpuops.metrics.Recorder(log_every=log_every, jsonl=path, communicator=comm, every_rank_writes=True)
+    log_every = 3 - comm.rank if mode == "disagree" else 4 if mode == "offset" else LOG_EVERY
+    recorder = gpuops.metrics.Recorder(log_every=log_every, jsonl=path, communicator=comm, every_rank_writes=True,
+                                       start_step=4 * comm.rank if mode == "offset" else 0)
     import time
     start = time.monotonic()
     try:

@@ -5,6 +5,7 @@ writes no step twice as TensorBoard reads it; a folder that cannot be written is
 that fails is a warning, leaves no partial record behind, and the training goes on."""
 
 import glob
+import json
 import os
 import struct
 import subprocess
@@ -86,15 +87,23 @@ def test_the_files_are_tfrecords_of_tensorboards_schema(tmp_path):
 
 
 def test_a_resumed_run_writes_no_step_twice(tmp_path):
+    """A run rolled back to an earlier checkpoint: TensorBoard and the JSON Lines file show the same steps and
+    values (the file kept the abandoned run's records of the repeated steps while TensorBoard showed the new)."""
     first, second = [], []
-    with gpuops.metrics.Recorder(log_every=2, tensorboard=tmp_path, callback=first.append) as recorder:
-        _run(recorder, 6)  # records at 2, 4, 6; the checkpoint was taken at step 2
-    with gpuops.metrics.Recorder(log_every=2, tensorboard=tmp_path, start_step=2, callback=second.append) as recorder:
+    jsonl = tmp_path / "m.jsonl"
+    with gpuops.metrics.Recorder(log_every=2, tensorboard=tmp_path, jsonl=jsonl, callback=first.append) as recorder:
+        _run(recorder, 8)  # records at 2, 4, 6, 8; the checkpoint was taken at step 2
+    with gpuops.metrics.Recorder(log_every=2, tensorboard=tmp_path, jsonl=jsonl, start_step=2,
+                                 callback=second.append) as recorder:
         _run(recorder, 4)  # steps 3 to 6 again: records at 4 and 6
     losses = tensorboard_scalars(tmp_path)["gpuops/loss"]
     assert [step for step, _ in losses] == [2, 4, 6]
     expected = [first[0]["loss"], second[0]["loss"], second[1]["loss"]]
     assert [value for _, value in losses] == pytest.approx(expected, rel=1e-6)
+    with open(jsonl) as f:
+        written = [json.loads(line) for line in f]
+    assert [(r["step"], r["loss"]) for r in written] == [(2, first[0]["loss"]), (4, second[0]["loss"]),
+                                                         (6, second[1]["loss"])]
 
 
 def test_each_rank_writes_its_own_folder_only_when_asked(tmp_path):
