@@ -59,6 +59,10 @@ class Agreement {
   std::vector<Field> fields_;
 };
 
+/// Every rank's `mine`, in rank order, on every rank (collective: two small all-gathers on the communicator's
+/// control device). For what each rank keeps of its own, such as TrainingState's per-rank RNG states.
+std::vector<std::string> all_gather_bytes(Communicator& comm, const std::string& mine);
+
 /// A short, stable fingerprint of bytes (64-bit FNV-1a, hexadecimal): for fields whose values are long
 /// (parameter names, shapes).
 std::string fingerprint(const std::string& bytes);

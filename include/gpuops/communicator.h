@@ -35,8 +35,9 @@ struct CommunicatorOptions {
   /// Every collective (and the rendezvous of from_environment) fails after this long: a stalled peer
   /// makes the others raise rather than hang. Must be positive.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-  /// from_environment only: how long the TCPStore rendezvous and the Gloo group's connection wait for
-  /// every rank to arrive (process start-up can take longer than a collective should).
+  /// from_environment only: how long the TCPStore rendezvous and the Gloo group's connection together wait
+  /// for every rank to arrive (process start-up can take longer than a collective should); the Gloo group gets
+  /// what the store left of it.
   std::chrono::milliseconds rendezvous_timeout{std::chrono::seconds(300)};
   /// Before each reduce-scatter, all-gather and all-reduce, every rank checks that the others call the same
   /// collective with the same sizes and dtypes (one small all-gather): a mismatch raises c10::ValueError on every

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpuops/communicator.h"
@@ -27,21 +28,35 @@ namespace gpuops {
 /// "rank-00003.pt".
 std::string shard_file_name(int rank);
 
-/// Saves one state of `step` with every rank's shard of `optimizer`; `write_main(path)` writes rank 0's main
-/// file (state.pt). `local_error`: what the caller's own checks found on this rank (empty: none); `store` may
-/// be null only with one (its construction failed). Collective over the optimizer's communicator. Returns the
-/// state's folder on every rank. A failure on any rank removes the pending state and raises on every rank,
-/// naming the rank.
+/// What each rank brings to a collective save besides its checks.
+struct RankPart {
+  /// Compared across ranks (with the step): the folder, keep, the model's layout. Ranks that differ raise.
+  std::vector<std::pair<std::string, std::string>> fields;
+  /// What this rank keeps of its own (its RNG states, data position, extras), serialized by the caller: rank
+  /// 0's main file holds every rank's, so that each rank resumes with its own.
+  std::string own;
+};
+
+/// Every rank's RankPart::own, in rank order: what rank 0's writer puts into the main file.
+using RankParts = std::vector<std::string>;
+
+/// Saves one state of `step` with every rank's shard of `optimizer`; `write_main(path, parts)` writes rank 0's
+/// main file (state.pt). `local_error`: what the caller's own checks found on this rank (empty: none); `store`
+/// may be null only with one (its construction failed). Collective over the optimizer's communicator. Returns
+/// the state's folder on every rank. A failure on any rank, or fields that differ, remove the pending state and
+/// raise on every rank, naming the rank or the field.
 std::string save_sharded_state(const StateStore* store, int64_t step, const std::string& writer,
                                optim::ShardedOptimizer& optimizer,
-                               const std::function<void(const std::string& path)>& write_main,
-                               const std::string& local_error = "");
+                               const std::function<void(const std::string& path, const RankParts& parts)>& write_main,
+                               const std::string& local_error = "", const RankPart& part = {});
 
-/// A state saved by rank 0 for a process group (no sharded optimizer): every rank's checks and `step` agreed
-/// first, then rank 0 writes through `write` (returning the state's folder) and every rank hears whether it
-/// did. Collective over `comm`; returns the folder on every rank.
+/// A state saved by rank 0 for a process group (no sharded optimizer): every rank's checks, `step` and fields
+/// agreed first, every rank's own part gathered, then rank 0 writes through `write(parts)` (returning the
+/// state's folder) and every rank hears whether it did. Collective over `comm`; returns the folder on every
+/// rank.
 std::string save_by_rank_zero(dist::Communicator& comm, int64_t step, const std::string& local_error,
-                              const std::function<std::string()>& write);
+                              const std::function<std::string(const RankParts& parts)>& write,
+                              const RankPart& part = {});
 
 /// The shard files of a stored (verified) state, in rank order; empty when it has none. c10::ValueError when
 /// they are not rank-00000 ... rank-<N-1> without gaps.
@@ -50,10 +65,11 @@ std::vector<std::string> shard_files_of(const StoredState& state);
 /// What ranks compare before a collective load: "step N (name, state.pt sha256 ...)", or "no state" for null.
 std::string state_identity(const StoredState* state);
 
-/// Collective: the ranks agree on the state each chose to load (state_identity), or that none has one; a rank
-/// whose own search failed passes `local_error` (e.g. states exist and none can be loaded). Raises on every
-/// rank when a rank failed or the choices differ.
-void agree_on_state(dist::Communicator& comm, const std::string& identity, const std::string& local_error);
+/// Collective: the ranks agree on the state each chose to load (state_identity), or that none has one, and on
+/// `fields` (the folder, keep, the model's layout); a rank whose own search failed passes `local_error` (e.g.
+/// states exist and none can be loaded). Raises on every rank when a rank failed or the choices differ.
+void agree_on_state(dist::Communicator& comm, const std::string& identity, const std::string& local_error,
+                    const std::vector<std::pair<std::string, std::string>>& fields = {});
 
 /// Collective: every rank's `local_error` (what its own part of the load found: model, optimizer, scaler), so
 /// that a rank whose part failed makes every rank raise; the caller puts its objects back then. Raises on

@@ -45,9 +45,12 @@ struct TrainingProgress {
   std::map<std::string, c10::IValue> extras;  ///< anything else (tensors, numbers, strings)
 };
 
-/// What load() found: the progress and the file it came from.
+/// What load() found: the progress and the file it came from. With several ranks the progress's data_position
+/// and extras (and the RNG states restored) are this rank's own, as it saved them; `ranks` holds every saving
+/// rank's (step and epoch are shared), to map data positions when the world size changed.
 struct LoadedState : TrainingProgress {
   std::string path;
+  std::vector<TrainingProgress> ranks;  ///< empty for a state saved by one process
 };
 
 struct TrainingStateOptions {
@@ -71,7 +74,9 @@ class TrainingState {
   /// (the state's folder). A failed save leaves nothing behind, and its error names the path.
   /// With a process group only rank 0 writes and every rank returns after it has (a barrier). With a sharded
   /// optimizer (ZeroOptimizer) every rank writes its shard into the same state (sharded_state.h) and every
-  /// rank returns the path; a failure on any rank leaves nothing and raises on every rank.
+  /// rank returns the path; a failure on any rank leaves nothing and raises on every rank. With several ranks
+  /// the ranks must agree on the step, the folder, keep and the model's layout (names, shapes, dtypes), and
+  /// each rank's data_position, extras and RNG states are saved as its own.
   std::string save(const TrainingProgress& progress, const TrainingObjects& objects);
 
   /// Loads the newest good state into the objects; std::nullopt when the folder holds none. A missing,
@@ -80,7 +85,9 @@ class TrainingState {
   /// not fit the objects (another model) raises, leaving the objects as they were.
   /// With a sharded optimizer (ZeroOptimizer) every rank loads its shard from the per-rank files (a collective:
   /// the ranks agree that all succeeded, or all put their objects back and raise); a state saved by another
-  /// world size is resharded exactly when allow_reshard, refused otherwise.
+  /// world size is resharded exactly when allow_reshard, refused otherwise. With several ranks each rank gets
+  /// its own data_position, extras and RNG states back; a rank the saving job did not have gets rank 0's, with
+  /// a warning.
   std::optional<LoadedState> load(const TrainingObjects& objects, bool restore_rng = true, bool allow_reshard = false);
 
   /// True once a caught signal (on any rank, with a process group: a collective every rank must call) or

@@ -221,8 +221,9 @@ class TrainingState:
         ``scheduler``: an LR scheduler (torch's, or anything with state_dict/load_state_dict), saved beside
         the optimizer as Lightning's and DeepSpeed's checkpoints hold it.
         With a process group only rank 0 writes; with a gpuops.ZeroOptimizer every rank writes its shard into the
-        same state. With several ranks every rank's checks and ``step`` are agreed first, and a failure on any
-        rank raises on every rank, naming it (gpuops/sharded_state.h)."""
+        same state. With several ranks every rank's checks, ``step``, folder, ``keep`` and model layout are
+        agreed first, and a failure on any rank raises on every rank, naming it (gpuops/sharded_state.h); each
+        rank's RNG states, ``data_position`` and ``extras`` are saved as its own."""
         sharded = _is_sharded(optimizer)
         failure = payload = None
         try:
@@ -234,15 +235,23 @@ class TrainingState:
             if failure is not None:
                 raise failure
             return Path(self._write(step, payload))
+        fields, own = [], b""  # what the ranks must share; what each keeps of its own (gpuops/sharded_state.h)
+        if failure is None:
+            try:
+                fields, own = self._shared_fields(model, optimizer), _own_part(payload)
+            except Exception as error:  # noqa: BLE001 - as above
+                failure = error
         agreed_step = step if failure is None else 0  # a failing rank's fields are not compared
         try:
             if sharded:
                 # One file per rank in the same state (gpuops::save_sharded_state, shared with C++); state.pt
-                # (rank 0's) holds the rest.
+                # (rank 0's) holds the rest, with every rank's own part.
                 return Path(_C.save_sharded_state(self._store, agreed_step, "python", optimizer._impl,
-                                                  lambda file: torch.save(payload, file), _first_line(failure)))
+                                                  lambda file, parts: torch.save(_with_parts(payload, parts), file),
+                                                  _first_line(failure), fields, own))
             return Path(_C.save_by_rank_zero(comm, agreed_step, _first_line(failure),
-                                             lambda: self._write(step, payload)))
+                                             lambda parts: self._write(step, _with_parts(payload, parts)),
+                                             fields, own))
         except Exception:
             if failure is not None:
                 raise failure from None  # this rank's own error, as it was raised
@@ -279,6 +288,18 @@ class TrainingState:
                                         if names and optimizer._sharded_names else {})
         return payload
 
+    def _shared_fields(self, model, optimizer) -> list:
+        """What the ranks of a collective save or load must share besides the step: the folder (a rank that
+        writes its shard or reads elsewhere), keep, the kind of optimizer (a ZeroOptimizer on some ranks only
+        makes the ranks run different protocols) and the model's layout (names, shapes, dtypes)."""
+        kind = "none" if optimizer is None else "sharded" if _is_sharded(optimizer) else "unsharded"
+        layout = "none"
+        if model is not None:
+            tensors = list(model.named_parameters()) + list(model.named_buffers())
+            layout = ";".join(f"{n}{tuple(t.shape)}{t.dtype}" for n, t in tensors)
+        return [("folder", os.path.abspath(self.directory)), ("keep", str(self.keep)), ("optimizer", kind),
+                ("model layout", layout)]
+
     def _write(self, step: int, payload: dict) -> str:
         """One state of this process (rank 0's with a group): the folder, or nothing on failure."""
         pending = self._store.begin(step, [_STATE_FILE], "python")
@@ -307,7 +328,7 @@ class TrainingState:
              map_location=None, restore_rng: bool = True, allow_reshard: bool = False,
              scheduler=None) -> Optional[dict]:
         """Loads the newest good state into the given objects; returns {"step", "epoch", "data_position",
-        "extras", "path"}, or None when the folder holds no state. A truncated, corrupt or unsafe state is
+        "extras", "path", "ranks"}, or None when the folder holds no state. A truncated, corrupt or unsafe state is
         skipped with a warning naming it, and the previous good state is used; when states exist but none
         can be used, RuntimeError lists each one's problem (nothing is changed).
 
@@ -315,8 +336,11 @@ class TrainingState:
         load (folder copies whose newest states differ, or a rank that sees none, raise on every rank), then
         each loads its part and they agree that all did: all or nothing on every rank. With a ZeroOptimizer every
         rank loads its shard from the per-rank files; a state saved by another world size is resharded exactly
-        when ``allow_reshard``, refused otherwise. ``scheduler``: loaded from what save(scheduler=) wrote (a
-        state saved without one does not fit: refused, nothing changed)."""
+        when ``allow_reshard``, refused otherwise. With several ranks each rank gets back the RNG states,
+        ``data_position`` and ``extras`` it saved ("ranks" lists every saving rank's data_position and extras, to
+        map positions when the world size changed; a rank the saving job did not have takes rank 0's, with a
+        warning), and the ranks must agree on the folder, ``keep`` and the model's layout. ``scheduler``: loaded
+        from what save(scheduler=) wrote (a state saved without one does not fit: refused, nothing changed)."""
         sharded = _is_sharded(optimizer)
         comm = optimizer.communicator if sharded else self._communicator()
         stored = payload = failure = None
@@ -328,7 +352,8 @@ class TrainingState:
             failure = error
         if comm is not None:
             try:
-                _C.agree_on_state(comm, _C.state_identity(stored), _first_line(failure))
+                fields = self._shared_fields(model, optimizer) if failure is None else []
+                _C.agree_on_state(comm, _C.state_identity(stored), _first_line(failure), fields)
             except Exception:
                 if failure is not None:
                     raise failure from None
@@ -337,6 +362,8 @@ class TrainingState:
             raise failure
         if stored is None:
             return None
+        if comm is not None:
+            payload = _own_of(payload, comm.rank, stored.path)
         if payload.get("sharded_names") and not sharded and model is not None:
             error = ValueError(f"TrainingState.load: {stored.path} was saved by a gpuops.ZeroOptimizer at stage 3: "
                                "its model's parameters are in the shard files; load it with that optimizer "
@@ -349,8 +376,9 @@ class TrainingState:
             self._apply_sharded(stored, payload, model, optimizer, scaler, allow_reshard, restore_rng, scheduler)
         else:
             self._apply(Path(stored.path), payload, model, optimizer, scaler, restore_rng, comm, scheduler)
+        ranks = [{"data_position": p["data_position"], "extras": p["extras"]} for p in payload.get("ranks") or []]
         return {"step": payload["step"], "epoch": payload["epoch"], "data_position": payload["data_position"],
-                "extras": payload["extras"], "path": Path(stored.path)}
+                "extras": payload["extras"], "path": Path(stored.path), "ranks": ranks}
 
     def _newest_good(self, map_location):
         """(stored state, payload) of the newest state that verifies and reads, or (None, None) for an empty
@@ -444,6 +472,35 @@ class TrainingState:
         optimizer.param_groups[0].update(optimizer._impl.options)
 
 
+def _own_part(payload: dict) -> bytes:
+    """What this rank keeps of its own, as bytes for the gather: its RNG states, data position and extras."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save({key: payload[key] for key in ("rng", "data_position", "extras")}, buffer)
+    return buffer.getvalue()
+
+
+def _with_parts(payload: dict, parts: list) -> dict:
+    """Rank 0's payload with every rank's own part (read as state.pt is: no code runs)."""
+    import io
+
+    return dict(payload, ranks=[torch.load(io.BytesIO(p), weights_only=True) for p in parts])
+
+
+def _own_of(payload: dict, rank: int, path: str) -> dict:
+    """The payload with this rank's own RNG states, data position and extras in place of rank 0's."""
+    ranks = payload.get("ranks") or []
+    if not ranks:
+        return payload
+    if rank >= len(ranks):
+        warnings.warn(f"TrainingState.load: {path} was saved by {len(ranks)} ranks: rank {rank} has no RNG states, "
+                      "data position or extras of its own there and takes rank 0's (every saved rank's are in the "
+                      "result's 'ranks')", stacklevel=3)
+        return payload
+    return dict(payload, **ranks[rank])
+
+
 def _detail(error: BaseException) -> str:
     """The type and what matters of an error from load_state_dict: torch's "size mismatch for weight: ..." is on a
     later line of its message, so the first line that names a mismatch, else the first."""
@@ -491,6 +548,10 @@ def _read_payload(path: str, map_location):
     keys = {"format", "step", "epoch", "data_position", "extras", "rng", "model", "optimizer", "scaler"}
     if not isinstance(payload, dict) or payload.get("format") not in (1, _FORMAT) or not keys <= set(payload):
         return None, f"{path} cannot be read (not a gpuops training state)"
+    ranks = payload.get("ranks")
+    if ranks is not None and not (isinstance(ranks, list) and all(
+            isinstance(r, dict) and set(r) == {"rng", "data_position", "extras"} for r in ranks)):
+        return None, f"{path} cannot be read (its per-rank parts are not RNG states, data positions and extras)"
     return payload, None
 
 

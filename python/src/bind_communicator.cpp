@@ -130,7 +130,21 @@ void bind_communicator(py::module_& m) {
           py::arg("what"), py::arg("error") = "", py::arg("fields") = std::vector<std::pair<std::string, std::string>>{},
           py::arg("proposals") = std::vector<std::pair<std::string, std::string>>{},
           "One agreement (gpuops/agreement.h): every rank's error and fields; ValueError on every rank naming the "
-          "failed rank or the field that differs; returns rank 0's proposals as (name, value) pairs. Collective.");
+          "failed rank or the field that differs; returns rank 0's proposals as (name, value) pairs. Collective.")
+      .def(
+          "all_gather_bytes",
+          [](dist::Communicator& c, const py::bytes& mine) {
+            std::string bytes = mine;
+            std::vector<std::string> all;
+            {
+              py::gil_scoped_release release;
+              all = dist::all_gather_bytes(c, bytes);
+            }
+            py::list out;
+            for (const auto& b : all) out.append(py::bytes(b));
+            return out;
+          },
+          py::arg("mine"), "Every rank's bytes, in rank order, on every rank. Collective.");
 }
 
 }  // namespace gpuops::python

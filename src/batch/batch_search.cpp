@@ -160,7 +160,6 @@ void store(const BatchSearchOptions& o, const BatchSearchResult& r) {
   try {
     detail::write_atomically(o.cache_file, all.dump(1));
   } catch (const std::exception& e) {
-    detail::remove_file(detail::temporary_name(o.cache_file));
     TORCH_WARN("find_max_batch_size: could not write cache ", o.cache_file, " (", e.what(), "); result not cached");
   }
 }

@@ -105,7 +105,8 @@ std::string fingerprint(const std::vector<at::Tensor>& tensors) {
       at::Tensor weight = at::arange(begin, begin + len, total.options()).mul_(kOdd).add_(
           static_cast<int64_t>(static_cast<uint64_t>(i) * static_cast<uint64_t>(kTensor) + 1));
       weight.bitwise_xor_(weight.bitwise_right_shift(31).bitwise_and_((int64_t{1} << 33) - 1));  // a logical shift
-      total.add_(bits.narrow(0, begin, len).to(total.device(), at::kLong).mul_(weight).sum());
+      // (out of place: for 8-byte dtypes .to() returns the caller's own bits, which mul_ overwrote)
+      total.add_(bits.narrow(0, begin, len).to(total.device(), at::kLong).mul(weight).sum());
     }
   }
   return fmt::format("{:016x}", total.defined() ? static_cast<uint64_t>(total.item<int64_t>()) : uint64_t{0});
@@ -148,6 +149,28 @@ bool Agreement::check(const std::function<void()>& check) {
   return false;
 }
 
+std::vector<std::string> all_gather_bytes(Communicator& checked, const std::string& mine) {
+  Communicator comm = checked.unchecked();  // the lengths come first: the blobs' all-gather agrees by construction
+  const int n = comm.size();
+  const at::Device device = comm.control_device();
+  // Two all-gathers: every rank's length, then every blob padded to the longest.
+  at::Tensor lengths = at::empty({n}, at::TensorOptions(at::kLong).device(device));
+  comm.all_gather(at::tensor({static_cast<int64_t>(mine.size())}, at::kLong).to(device), lengths).wait();
+  lengths = lengths.cpu();
+  const int64_t longest = std::max<int64_t>(1, lengths.max().item<int64_t>());
+  at::Tensor blob = at::zeros({longest}, at::kByte);
+  if (!mine.empty()) std::memcpy(blob.data_ptr<uint8_t>(), mine.data(), mine.size());
+  at::Tensor all = at::empty({n * longest}, at::TensorOptions(at::kByte).device(device));
+  comm.all_gather(blob.to(device), all).wait();
+  all = all.cpu();
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r) {
+    const char* begin = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * longest;
+    out.emplace_back(begin, static_cast<size_t>(lengths[r].item<int64_t>()));
+  }
+  return out;
+}
+
 Agreement::Proposals Agreement::exchange(Communicator& checked) const {
   Communicator comm = checked.unchecked();  // its all-gathers agree by construction
   std::string mine;
@@ -159,22 +182,9 @@ Agreement::Proposals Agreement::exchange(Communicator& checked) const {
     put(mine, f.value);
   }
   const int n = comm.size();
-  const at::Device device = comm.control_device();
-  // Two all-gathers: every rank's length, then every blob padded to the longest.
-  at::Tensor lengths = at::empty({n}, at::TensorOptions(at::kLong).device(device));
-  comm.all_gather(at::tensor({static_cast<int64_t>(mine.size())}, at::kLong).to(device), lengths).wait();
-  lengths = lengths.cpu();
-  const int64_t longest = lengths.max().item<int64_t>();
-  at::Tensor blob = at::zeros({longest}, at::kByte);
-  std::memcpy(blob.data_ptr<uint8_t>(), mine.data(), mine.size());
-  at::Tensor all = at::empty({n * longest}, at::TensorOptions(at::kByte).device(device));
-  comm.all_gather(blob.to(device), all).wait();
-  all = all.cpu();
+  const std::vector<std::string> blobs = all_gather_bytes(comm, mine);
   std::vector<Decoded> ranks;
-  for (int r = 0; r < n; ++r) {
-    const char* begin = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * longest;
-    ranks.push_back(decode(begin, begin + lengths[r].item<int64_t>()));
-  }
+  for (const auto& blob : blobs) ranks.push_back(decode(blob.data(), blob.data() + blob.size()));
 
   const auto failing = std::find_if(ranks.begin(), ranks.end(), [](const Decoded& d) { return !d.error.empty(); });
   if (failed()) {  // this rank's own failure, as it was raised
@@ -187,16 +197,18 @@ Agreement::Proposals Agreement::exchange(Communicator& checked) const {
   const auto& first = ranks[0].fields;
   for (int r = 1; r < n; ++r) {
     const auto& theirs = ranks[r].fields;
-    TORCH_CHECK_VALUE(theirs.size() == first.size(), what_, ": rank ", r, " compares ", theirs.size(),
-                      " fields, rank 0 ", first.size(), ": the ranks run different versions of gpuops; nothing was "
-                      "changed on any rank");
-    for (size_t i = 0; i < first.size(); ++i) {
+    // Field by field first: ranks on different paths (a sharded optimizer on some only) differ in a field
+    // before they differ in the count.
+    for (size_t i = 0; i < std::min(first.size(), theirs.size()); ++i) {
       TORCH_CHECK_VALUE(theirs[i].name == first[i].name, what_, ": rank ", r, " compares '", theirs[i].name,
                         "' where rank 0 compares '", first[i].name, "': the ranks run different versions of gpuops");
       TORCH_CHECK_VALUE(!first[i].compared || theirs[i].value == first[i].value, what_, ": the ranks disagree on ",
                         first[i].name, ": rank 0 has ", first[i].value, ", rank ", r, " has ", theirs[i].value,
-                        "; every rank must give the same ", first[i].name, ". Nothing was changed on any rank");
+                        "; every rank must have the same. Nothing was changed on any rank");
     }
+    TORCH_CHECK_VALUE(theirs.size() == first.size(), what_, ": rank ", r, " compares ", theirs.size(),
+                      " fields, rank 0 ", first.size(), ": the ranks run different versions of gpuops; nothing was "
+                      "changed on any rank");
   }
   Proposals proposals;
   for (const auto& f : first)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <future>
 #include <memory>
@@ -69,7 +70,8 @@ c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, const c10
       made->set_exception(std::current_exception());
     }
   }).detach();
-  if (future.wait_for(so.timeout + std::chrono::seconds(5)) != std::future_status::ready)
+  // The store's own error first when it has one at the timeout (it says more); ours just after.
+  if (future.wait_for(so.timeout + std::chrono::milliseconds(200)) != std::future_status::ready)
     C10_THROW_ERROR(DistStoreError, fmt::format("no TCPStore answered at {}:{} within the rendezvous timeout: "
                                                 "something else listens there, or rank 0 stalls after connecting",
                                                 addr, so.port));
@@ -206,6 +208,7 @@ Communicator Communicator::from_environment(CommunicatorOptions options) {
   so.numWorkers = e.world_size;
   so.timeout = options.rendezvous_timeout;
   c10::intrusive_ptr<c10d::Store> store;
+  const auto deadline = std::chrono::steady_clock::now() + options.rendezvous_timeout;  // for both phases
   try {
     store = connect_store(e.master_addr, so);
   } catch (const c10::Error& err) {
@@ -220,8 +223,11 @@ Communicator Communicator::from_environment(CommunicatorOptions options) {
     device.interface = ifname->substr(0, ifname->find(','));
   else if (is_loopback(e.master_addr))
     device.hostname = e.master_addr;
+  // The Gloo rendezvous gets what is left of rendezvous_timeout (it had all of it again: twice the timeout).
+  const auto left = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                               deadline - std::chrono::steady_clock::now()));
   auto group = detail::make_gloo_process_group(c10::make_intrusive<c10d::PrefixStore>("gpuops.dist/0", store),
-                                               e.rank, e.world_size, options.rendezvous_timeout, device);
+                                               e.rank, e.world_size, left, device);
   return Communicator(std::move(group), options);
 }
 

@@ -151,7 +151,7 @@ void ZeroShards::save_shard(const std::string& path, const std::string& kind, co
   write_shard(archive, kind, states, options);
   // Complete or absent: a temporary name of this writer alone (two writers in one folder never share one),
   // renamed into place (TrainingState adds checksums and durability).
-  const std::string tmp = gpuops::detail::temporary_name(path) + "-" + dist::random_id();
+  const std::string tmp = gpuops::detail::temporary_name(path);
   try {
     gpuops::detail::save_archive(archive, tmp);
   } catch (const c10::Error& e) {

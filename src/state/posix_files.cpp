@@ -3,17 +3,22 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <memory>
+#include <random>
 
 #include <openssl/evp.h>
 
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 
 namespace gpuops::detail {
 
@@ -71,16 +76,64 @@ void commit_file(const std::string& tmp_path, const std::string& path) {
   fsync_path(parent_of(path));
 }
 
+namespace {
+// This host and this process, as temporary names carry them: two writers never pick the same name (two hosts
+// on a shared filesystem, two containers whose processes have the same PID), and a sweep can tell a dead
+// writer's leftovers from a live writer's save in progress.
+uint32_t fnv32(const std::string& bytes) {
+  uint32_t h = 2166136261u;
+  for (const unsigned char c : bytes) h = (h ^ c) * 16777619u;
+  return h;
+}
+std::string host_id() {
+  static const std::string id = [] {
+    char name[256] = {};
+    ::gethostname(name, sizeof(name) - 1);
+    return fmt::format("{:08x}", fnv32(name));
+  }();
+  return id;
+}
+std::string process_nonce() {
+  static const std::string nonce = fmt::format("{:08x}", std::random_device{}());
+  return nonce;
+}
+constexpr const char* kTagVersion = "v2-";
+}  // namespace
+
+std::string temporary_tag() {
+  static std::atomic<int64_t> counter{0};
+  return fmt::format("{}{}-{}-{}-{}", kTagVersion, host_id(), ::getpid(), process_nonce(), counter++);
+}
+
+bool temporary_is_stale(const std::string& path, const std::string& name, int64_t max_age_s) {
+  const auto at = name.find(".tmp-");
+  if (at == std::string::npos) return false;
+  std::string rest = name.substr(at + 5);
+  if (rest.rfind(kTagVersion, 0) == 0) {
+    rest = rest.substr(std::string(kTagVersion).size());
+    char host[9] = {}, nonce[9] = {};
+    long pid = 0;
+    if (std::sscanf(rest.c_str(), "%8[0-9a-f]-%ld-%8[0-9a-f]-", host, &pid, nonce) == 3 && host_id() == host &&
+        pid > 0) {
+      if (pid == ::getpid()) return process_nonce() != nonce;  // ours: in progress; an earlier process's: left over
+      return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;  // its writer is gone
+    }
+  }
+  // Another host's (or an older gpuops'): left over once nothing touched it for max_age_s.
+  struct stat info {};
+  return ::lstat(path.c_str(), &info) == 0 && std::time(nullptr) - info.st_mtime > max_age_s;
+}
+
 std::string temporary_name(const std::string& path) {
   const auto slash = path.find_last_of('/');
   const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  return join_path(parent_of(path), "." + name + ".tmp-" + std::to_string(::getpid()));
+  return join_path(parent_of(path), "." + name + ".tmp-" + temporary_tag());
 }
 
 void write_atomically(const std::string& path, const std::string& data) {
   const std::string tmp = temporary_name(path);
   try {
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     TORCH_CHECK(fd >= 0, "cannot create ", tmp, ": ", std::strerror(errno));
     size_t written = 0;
     int error = 0;

@@ -51,7 +51,16 @@ void commit_file(const std::string& tmp_path, const std::string& path);
 /// On failure (a full disk, an unwritable folder) the temporary file is removed and c10::Error names it.
 void write_atomically(const std::string& path, const std::string& data);
 
-/// The temporary name a write to `path` by this process uses: ".<name>.tmp-<pid>" in the same folder.
+/// A fresh tag for a temporary name: "v2-<host>-<pid>-<process nonce>-<counter>", unique across the writers
+/// of a shared folder (hosts, processes, containers whose processes share PIDs) and within this process.
+std::string temporary_tag();
+
+/// Whether the temporary `name` (at `path`; anything holding ".tmp-") is a leftover to remove: written on this
+/// host by a process that is gone (or by an earlier process with this PID), or, for another host's and older
+/// names without a tag, untouched for more than `max_age_s` seconds. A live writer's save is never stale.
+bool temporary_is_stale(const std::string& path, const std::string& name, int64_t max_age_s);
+
+/// A fresh temporary name for a write to `path`: ".<name>.tmp-<temporary_tag()>" in the same folder.
 std::string temporary_name(const std::string& path);
 
 /// Hex SHA-256 of a regular file's bytes, read in blocks; c10::Error for a link, FIFO, device or folder.

@@ -23,8 +23,8 @@ std::string shard_file_name(int rank) {
 
 std::string save_sharded_state(const StateStore* store, int64_t step, const std::string& writer,
                                optim::ShardedOptimizer& optimizer,
-                               const std::function<void(const std::string& path)>& write_main,
-                               const std::string& local_error) {
+                               const std::function<void(const std::string& path, const RankParts& parts)>& write_main,
+                               const std::string& local_error, const RankPart& part) {
   auto& comm = optimizer.shards().communicator();
   const int rank = comm.rank(), n = comm.size();
   const std::string what = "TrainingState.save";
@@ -35,6 +35,7 @@ std::string save_sharded_state(const StateStore* store, int64_t step, const std:
   dist::Agreement start(what);
   if (!local_error.empty() || !store) start.fail(local_error.empty() ? "no state store" : local_error);
   start.field("step", std::to_string(step));
+  for (const auto& [name, value] : part.fields) start.field(name, value);
   if (rank == 0) start.check([&] { pending = store->begin(step, files, writer); });
   start.propose("folder", pending.folder);
   const auto abort_on_failure = [&](const dist::Agreement& agreement) {
@@ -52,10 +53,13 @@ std::string save_sharded_state(const StateStore* store, int64_t step, const std:
     pending.folder = folder;
     pending.files = files;
   }
-  // 2. Every rank writes its files; they agree that all did; 3. only then does rank 0 commit.
+  // 2. Every rank's own part to every rank; every rank writes its files; they agree that all did; 3. only then
+  // does rank 0 commit.
+  RankParts parts;
   dist::Agreement written(what);
+  written.check([&] { parts = dist::all_gather_bytes(comm, part.own); });
   written.check([&] {
-    if (rank == 0) write_main(pending.file_path(kMainFile));
+    if (rank == 0) write_main(pending.file_path(kMainFile), parts);
     optimizer.save_shard(pending.file_path(shard_file_name(rank)));
   });
   abort_on_failure(written);
@@ -67,14 +71,17 @@ std::string save_sharded_state(const StateStore* store, int64_t step, const std:
 }
 
 std::string save_by_rank_zero(dist::Communicator& comm, int64_t step, const std::string& local_error,
-                              const std::function<std::string()>& write) {
+                              const std::function<std::string(const RankParts& parts)>& write, const RankPart& part) {
   const std::string what = "TrainingState.save";
   dist::Agreement start(what);
   if (!local_error.empty()) start.fail(local_error);
-  start.field("step", std::to_string(step)).exchange(comm);
+  start.field("step", std::to_string(step));
+  for (const auto& [name, value] : part.fields) start.field(name, value);
+  start.exchange(comm);
+  const RankParts parts = dist::all_gather_bytes(comm, part.own);
   std::string path;
   dist::Agreement written(what);
-  if (comm.rank() == 0) written.check([&] { path = write(); });  // write() leaves nothing behind on failure
+  if (comm.rank() == 0) written.check([&] { path = write(parts); });  // write() leaves nothing behind on failure
   written.propose("path", path);
   return written.exchange(comm).at(0).second;
 }
@@ -102,10 +109,13 @@ std::string state_identity(const StoredState* state) {
   return "step " + std::to_string(state->step) + " (" + state->name + ", " + kMainFile + " sha256 " + sha + ")";
 }
 
-void agree_on_state(dist::Communicator& comm, const std::string& identity, const std::string& local_error) {
+void agree_on_state(dist::Communicator& comm, const std::string& identity, const std::string& local_error,
+                    const std::vector<std::pair<std::string, std::string>>& fields) {
   dist::Agreement agreement("TrainingState.load");
   if (!local_error.empty()) agreement.fail(local_error);
-  agreement.field("the state to load", identity).exchange(comm);  // folder copies that differ, a rank seeing none
+  agreement.field("the state to load", identity);  // folder copies that differ, a rank seeing none
+  for (const auto& [name, value] : fields) agreement.field(name, value);
+  agreement.exchange(comm);
 }
 
 void agree_loaded(dist::Communicator& comm, const std::string& local_error) {

@@ -227,10 +227,11 @@ void remove_path(const std::string& path) {
     detail::remove_file(path);
 }
 
-std::string hidden_name(const std::string& what) {
-  static std::atomic<int64_t> counter{0};
-  return ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" + what;
-}
+std::string hidden_name(const std::string& what) { return ".tmp-" + detail::temporary_tag() + "-" + what; }
+
+// Another host's temporaries (a shared filesystem) are removed once untouched this long: a save in progress
+// there writes into its folder far more often.
+constexpr int64_t kForeignTemporaryAge_s = 24 * 3600;
 
 void emit(const std::vector<std::string>& messages, std::vector<std::string>* sink) {
   for (const auto& m : messages) {
@@ -357,7 +358,9 @@ StoredState StateStore::commit(const PendingState& pending, std::vector<std::str
       if (::rename(s.path.c_str(), doomed.c_str()) == 0) remove_path(doomed);
     }
     for (const auto& name : detail::list_folder(directory_))
-      if (temporary(name)) remove_path(detail::join_path(directory_, name));
+      if (temporary(name) && detail::temporary_is_stale(detail::join_path(directory_, name), name,
+                                                        kForeignTemporaryAge_s))
+        remove_path(detail::join_path(directory_, name));  // another writer's save in progress stays
     emit(warnings, warnings_out);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "StateStore: the state ", state.path, " is saved, but updating ", directory_,

@@ -2,9 +2,11 @@
 // file protocol (state_store.h), the stop flag from signals, agreement over a c10d backend.
 #include "gpuops/training_state.h"
 
+#include <limits.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -23,6 +25,7 @@
 #include "../common/rng_state.h"
 #include "archive_file.h"
 #include "posix_files.h"
+#include "gpuops/agreement.h"
 #include "gpuops/grad_scaler.h"
 #include "gpuops/sharded_state.h"
 #include "gpuops/state_store.h"
@@ -68,6 +71,8 @@ struct Payload {
   torch::serialize::InputArchive model, optimizer;
   amp::GradScalerState scaler;
   bool has_model = false, has_optimizer = false;
+  /// Every saving rank's own progress and RNG states (several ranks; empty: one process).
+  std::vector<std::pair<TrainingProgress, detail::RngState>> ranks;
 };
 
 int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key) {
@@ -76,18 +81,48 @@ int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key
   return value.toInt();
 }
 
+// What each rank keeps of its own: data position, extras, RNG states (the main archive holds rank 0's too).
+void read_own(torch::serialize::InputArchive& archive, TrainingProgress& progress, detail::RngState& rng_state) {
+  progress.data_position = read_int(archive, "data_position");
+  torch::serialize::InputArchive extras, rng;
+  archive.read("extras", extras);
+  progress.extras.clear();
+  for (const auto& key : extras.keys()) extras.read(key, progress.extras[key]);
+  archive.read("rng", rng);
+  rng_state = read_rng(rng);
+}
+
+void write_own(torch::serialize::OutputArchive& archive, const TrainingProgress& progress) {
+  torch::serialize::OutputArchive extras, rng;
+  archive.write("data_position", c10::IValue(progress.data_position));
+  for (const auto& [key, value] : progress.extras) extras.write(key, value);
+  archive.write("extras", extras);
+  write_rng(rng);
+  archive.write("rng", rng);
+}
+
 void read_payload(const std::string& path, Payload& payload) {
   torch::serialize::InputArchive archive;
   archive.load_from(path);
   TORCH_CHECK(read_int(archive, "format") == kFormat, "not a gpuops training state of format ", kFormat);
   payload.progress.step = read_int(archive, "step");
   payload.progress.epoch = read_int(archive, "epoch");
-  payload.progress.data_position = read_int(archive, "data_position");
-  torch::serialize::InputArchive extras, rng, scaler;
-  archive.read("extras", extras);
-  for (const auto& key : extras.keys()) extras.read(key, payload.progress.extras[key]);
-  archive.read("rng", rng);
-  payload.rng = read_rng(rng);
+  read_own(archive, payload.progress, payload.rng);
+  torch::serialize::InputArchive scaler, ranks;
+  if (archive.try_read("ranks", ranks)) {
+    at::Tensor bytes;
+    for (size_t r = 0; ranks.try_read(std::to_string(r), bytes); ++r) {
+      TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.dim() == 1, "rank ", r, "'s part is not bytes");
+      const at::Tensor contiguous = bytes.contiguous();
+      torch::serialize::InputArchive own;
+      own.load_from(reinterpret_cast<const char*>(contiguous.data_ptr<uint8_t>()),
+                    static_cast<size_t>(contiguous.numel()));
+      auto& [progress, rng] = payload.ranks.emplace_back();
+      progress.step = payload.progress.step;
+      progress.epoch = payload.progress.epoch;
+      read_own(own, progress, rng);
+    }
+  }
   payload.has_model = archive.try_read("model", payload.model);
   payload.has_optimizer = archive.try_read("optimizer", payload.optimizer);
   if (archive.try_read("scaler", scaler)) {
@@ -215,16 +250,32 @@ namespace {
 
 constexpr const char* kStateFile = "state.pt";
 
-torch::serialize::OutputArchive make_archive(const TrainingProgress& progress, const TrainingObjects& objects) {
-  torch::serialize::OutputArchive archive, extras, rng;
+// This rank's own part, as bytes for the gather (sharded_state.h's RankPart::own).
+std::string own_part(const TrainingProgress& progress) {
+  torch::serialize::OutputArchive archive;
+  write_own(archive, progress);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  return bytes.str();
+}
+
+// `parts`: every rank's own part (several ranks), each kept as a byte tensor under "ranks".
+torch::serialize::OutputArchive make_archive(const TrainingProgress& progress, const TrainingObjects& objects,
+                                             const RankParts& parts = {}) {
+  torch::serialize::OutputArchive archive;
   archive.write("format", c10::IValue(kFormat));
   archive.write("step", c10::IValue(progress.step));
   archive.write("epoch", c10::IValue(progress.epoch));
-  archive.write("data_position", c10::IValue(progress.data_position));
-  for (const auto& [key, value] : progress.extras) extras.write(key, value);
-  archive.write("extras", extras);
-  write_rng(rng);
-  archive.write("rng", rng);
+  write_own(archive, progress);
+  if (!parts.empty()) {
+    torch::serialize::OutputArchive ranks;
+    for (size_t r = 0; r < parts.size(); ++r) {
+      at::Tensor bytes = at::empty({static_cast<int64_t>(parts[r].size())}, at::kByte);
+      std::memcpy(bytes.data_ptr<uint8_t>(), parts[r].data(), parts[r].size());
+      ranks.write(std::to_string(r), bytes);
+    }
+    archive.write("ranks", ranks);
+  }
   if (objects.model) {
     torch::serialize::OutputArchive model;
     objects.model->save(model);
@@ -245,6 +296,29 @@ torch::serialize::OutputArchive make_archive(const TrainingProgress& progress, c
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+// What the ranks of a collective save or load must share besides the step: the folder (a rank writing its
+// shard or reading elsewhere), keep, the kind of optimizer (sharded on some ranks only: other protocols) and
+// the model's layout.
+std::vector<std::pair<std::string, std::string>> shared_fields(const std::string& directory, int64_t keep,
+                                                               const TrainingObjects& objects) {
+  const torch::nn::Module* model = objects.model;
+  const std::string kind = !objects.optimizer                                                  ? "none"
+                           : dynamic_cast<optim::ShardedOptimizer*>(objects.optimizer) != nullptr ? "sharded"
+                                                                                                  : "unsharded";
+  std::string layout = "none";
+  if (model) {
+    std::string described;
+    for (const auto& p : model->named_parameters()) described += p.key() + c10::str(p.value().sizes(), p.value().scalar_type()) + ";";
+    for (const auto& b : model->named_buffers()) described += b.key() + c10::str(b.value().sizes(), b.value().scalar_type()) + ";";
+    layout = dist::fingerprint(described);
+  }
+  // As given, made absolute (not resolved: node-local copies under one path may be links to other disks).
+  char cwd[PATH_MAX];
+  const bool relative = directory.empty() || directory[0] != '/';
+  const std::string folder = relative && ::getcwd(cwd, sizeof cwd) ? detail::join_path(cwd, directory) : directory;
+  return {{"folder", folder}, {"keep", std::to_string(keep)}, {"optimizer", kind}, {"model layout", layout}};
+}
+
 }  // namespace
 
 std::string TrainingState::save(const TrainingProgress& progress, const TrainingObjects& objects) {
@@ -259,23 +333,29 @@ std::string TrainingState::save(const TrainingProgress& progress, const Training
   }
   if (auto* sharded = dynamic_cast<optim::ShardedOptimizer*>(objects.optimizer)) {
     sharded->wait_for_parameters();  // overlap_param_gather: the model is saved as the step left it
+    // Stage 3 between a forward and its backward (reshard_after_forward=false): the model's parameters are full
+    // there and placeholders in every later model, which could then never load the state.
+    if (local_error.empty() && sharded->shards().stage() == 3 && sharded->shards().gathered_bytes() > 0)
+      local_error = "TrainingState::save: stage-3 units are gathered now (between a forward and its backward, or "
+                    "a unit kept by reshard_after_forward=false): the model would be saved with full parameters "
+                    "that no later model can load; save between steps";
     // One file per rank (sharded_state.h); state.pt holds the rest, written by rank 0.
     TrainingObjects rest = objects;
     rest.optimizer = nullptr;
     return save_sharded_state(store ? &*store : nullptr, progress.step, "cpp", *sharded,
-                              [&](const std::string& file) {
-                                auto archive = make_archive(progress, rest);
+                              [&](const std::string& file, const RankParts& parts) {
+                                auto archive = make_archive(progress, rest, parts);
                                 detail::save_archive(archive, file);
                               },
-                              local_error);
+                              local_error, {shared_fields(directory_, options_.keep, objects), own_part(progress)});
   }
-  const auto write = [&] {
+  const auto write = [&](const RankParts& parts) {
     TORCH_CHECK(store, local_error);  // (rank 0 alone reaches here, and only when it had no error)
     const PendingState pending = store->begin(progress.step, {kStateFile}, "cpp");
     try {
       const std::string file = pending.file_path(kStateFile);
       try {
-        auto archive = make_archive(progress, objects);
+        auto archive = make_archive(progress, objects, parts);
         detail::save_archive(archive, file);
       } catch (const c10::Error& e) {
         TORCH_CHECK(false, "TrainingState::save: cannot write ", file, " (", first_line(e.what_without_backtrace()), ")");
@@ -288,10 +368,12 @@ std::string TrainingState::save(const TrainingProgress& progress, const Training
   };
   if (!options_.process_group) {
     TORCH_CHECK_VALUE(local_error.empty(), local_error);
-    return write();
+    return write({});
   }
   auto comm = dist::Communicator::from_backend(options_.process_group);
-  return save_by_rank_zero(comm, progress.step, local_error, write);  // rank 0 writes; every rank hears how it went
+  // rank 0 writes; every rank hears how it went
+  return save_by_rank_zero(comm, progress.step, local_error, write,
+                           {shared_fields(directory_, options_.keep, objects), own_part(progress)});
 }
 
 namespace {
@@ -364,6 +446,20 @@ std::optional<StoredState> newest_good(const StateStore& store, const std::strin
   return std::nullopt;
 }
 
+// This rank's own data position, extras and RNG states in place of rank 0's (a state saved by several ranks).
+void take_own_part(Payload& payload, int rank, const std::string& path) {
+  if (payload.ranks.empty()) return;
+  const size_t saved = payload.ranks.size();
+  if (static_cast<size_t>(rank) >= saved) {
+    TORCH_WARN("TrainingState::load: ", path, " was saved by ", saved, " ranks: rank ", rank, " has no data "
+               "position, extras or RNG states of its own there and takes rank 0's (every saved rank's are in the "
+               "result's ranks)");
+    return;
+  }
+  payload.progress = payload.ranks[rank].first;
+  payload.rng = payload.ranks[rank].second;
+}
+
 }  // namespace
 
 std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, bool restore_rng, bool allow_reshard) {
@@ -384,7 +480,9 @@ std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, b
     comm = dist::Communicator::from_backend(options_.process_group);
   }
   if (comm) {
-    agree_on_state(*comm, state_identity(state ? &*state : nullptr), search_error);
+    agree_on_state(*comm, state_identity(state ? &*state : nullptr), search_error,
+                   shared_fields(directory_, options_.keep, objects));
+    if (state) take_own_part(payload, comm->rank(), state->path);
   } else {
     TORCH_CHECK(search_error.empty(), search_error);
   }
@@ -412,6 +510,7 @@ std::optional<LoadedState> TrainingState::load(const TrainingObjects& objects, b
   LoadedState loaded;
   static_cast<TrainingProgress&>(loaded) = std::move(payload.progress);
   loaded.path = state->path;
+  for (auto& rank : payload.ranks) loaded.ranks.push_back(std::move(rank.first));
   return loaded;
 }
 

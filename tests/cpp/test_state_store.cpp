@@ -2,11 +2,14 @@
 // what begin() accepts, abort, and folders written before the folder format.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -115,6 +118,54 @@ TEST(StateStore, APendingSaveItDidNotBeginIsNeitherCommittedNorRemoved) {
   escaping.files = {"../../a"};
   EXPECT_THROW(store.commit(escaping), c10::ValueError);
   std::system(("rm -rf '" + folder + "' '" + outside + "'").c_str());
+}
+
+// Two writers on one store (two jobs, or two hosts on a shared filesystem): a commit sweeps leftovers of
+// writers that are gone, never another writer's save in progress (it swept every ".tmp-*", and the temporary
+// names held only the PID, which two containers share).
+TEST(StateStore, ACommitRemovesDeadWritersTemporariesAndNoLiveWritersSave) {
+  const auto folder = fresh_folder("writers");
+  const gpuops::StateStore first(folder, 3), second(folder, 3);
+  const auto pending = first.begin(1, {"a"}, "first");
+  write_file(pending.file_path("a"), "the first writer's file");
+  // Its name: ".tmp-v2-<host>-<pid>-<process nonce>-<counter>-state-1"; the leftovers below are named alike.
+  const std::string name = pending.folder.substr(pending.folder.find_last_of('/') + 1);
+  char host[9] = {}, nonce[9] = {};
+  long pid = 0;
+  ASSERT_EQ(std::sscanf(name.c_str(), ".tmp-v2-%8[0-9a-f]-%ld-%8[0-9a-f]-", host, &pid, nonce), 3) << name;
+  ASSERT_EQ(pid, ::getpid());
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string other_nonce = std::string(nonce) == "0badf00d" ? "0badf00e" : "0badf00d";
+  const auto leftover = [&](const std::string& n, int64_t age_s) {
+    const std::string path = folder + "/" + n;
+    ::mkdir(path.c_str(), 0777);
+    write_file(path + "/a", "bytes");
+    const timespec times[2] = {{std::time(nullptr) - age_s, 0}, {std::time(nullptr) - age_s, 0}};
+    ::utimensat(AT_FDCWD, path.c_str(), times, 0);
+    return n;
+  };
+  const std::string h(host);
+  const std::vector<std::string> gone = {
+      leftover(".tmp-v2-" + h + "-" + std::to_string(dead) + "-" + other_nonce + "-0-state-7", 0),  // a dead writer
+      leftover(".tmp-v2-" + h + "-" + std::to_string(pid) + "-" + other_nonce + "-0-state-7", 0),   // our PID before
+      leftover(".tmp-v2-ffffffff-" + std::to_string(pid) + "-" + other_nonce + "-0-state-7", 3 * 86400),  // old
+      leftover(".tmp-4242-0-state-7", 3 * 86400)};  // an older gpuops', untouched for days
+  const std::vector<std::string> live = {
+      leftover(".tmp-v2-" + h + "-" + std::to_string(::getppid()) + "-" + other_nonce + "-0-state-7", 0),
+      leftover(".tmp-v2-ffffffff-" + std::to_string(pid) + "-" + other_nonce + "-0-state-8", 60),  // another host
+      leftover(".tmp-4242-0-state-8", 60)};
+  save_ranks(second, 2, 1);  // the second writer commits while the first is still writing
+  struct stat info {};
+  for (const auto& n : gone) EXPECT_NE(::stat((folder + "/" + n).c_str(), &info), 0) << n << " was kept";
+  for (const auto& n : live) EXPECT_EQ(::stat((folder + "/" + n).c_str(), &info), 0) << n << " was removed";
+  ASSERT_EQ(::stat(pending.folder.c_str(), &info), 0) << "the first writer's save in progress was removed";
+  first.commit(pending);
+  const auto states = first.states();
+  ASSERT_EQ(states.size(), 2u);
+  EXPECT_EQ(read_file(states[1].file_path("a")), "the first writer's file");
+  std::system(("rm -rf '" + folder + "'").c_str());
 }
 
 TEST(StateStore, AFolderOfTheFormerLayoutStillLoadsInCpp) {

@@ -10,8 +10,10 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <random>
+#include <optional>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -288,28 +290,98 @@ TEST(TrainingState, SignalsSetTheStopFlagAndHandlersComeBack) {
   EXPECT_EQ(after.sa_handler, before.sa_handler);
 }
 
+// Rank 0 writes one state holding every rank's own data position and extras, and each rank loads its own back
+// (every rank got rank 0's). Ranks whose folders differ raise together and write nothing (rank 1's folder was
+// ignored without a word).
 TEST(TrainingState, EveryRankAgreesToStopAndOnlyRankZeroWrites) {
   const auto folder = fresh_folder("ranks");
   auto shared = std::make_shared<ThreadBackend::Shared>(2);
   bool stop[2] = {false, false};
+  std::optional<gpuops::LoadedState> loaded[2];
+  std::string apart[2];
   auto rank = [&](int r) {
     gpuops::TrainingStateOptions options;
     options.signals = {};
     options.process_group = c10::make_intrusive<ThreadBackend>(r, shared);
-    gpuops::TrainingState state(folder + "/rank" + std::to_string(r), options);
+    gpuops::TrainingState state(folder, options);
     if (r == 1) state.request_stop();  // only rank 1 got the signal
     stop[r] = state.should_stop();
     gpuops::TrainingProgress progress;
     progress.step = 7;
+    progress.data_position = 10 * r + 1;
+    progress.extras["rank"] = c10::IValue(int64_t{r});
     state.save(progress, {});
+    loaded[r] = state.load({});
+    gpuops::TrainingState elsewhere(folder + "/rank" + std::to_string(r), options);
+    try {
+      elsewhere.save(progress, {});
+    } catch (const c10::ValueError& e) {
+      apart[r] = e.what_without_backtrace();
+    }
   };
   std::thread one(rank, 1);
   rank(0);
   one.join();
   EXPECT_TRUE(stop[0]);
   EXPECT_TRUE(stop[1]);
-  EXPECT_TRUE(exists(folder + "/rank0/state-000000000007/state.pt"));
-  EXPECT_FALSE(exists(folder + "/rank1/state-000000000007"));
+  EXPECT_TRUE(exists(folder + "/state-000000000007/state.pt"));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(loaded[r].has_value());
+    EXPECT_EQ(loaded[r]->data_position, 10 * r + 1) << "rank " << r;
+    EXPECT_EQ(loaded[r]->extras.at("rank").toInt(), r);
+    ASSERT_EQ(loaded[r]->ranks.size(), 2u);
+    EXPECT_EQ(loaded[r]->ranks[1].data_position, 11);
+    EXPECT_NE(apart[r].find("TrainingState.save: the ranks disagree on folder"), std::string::npos) << apart[r];
+    EXPECT_FALSE(exists(folder + "/rank" + std::to_string(r) + "/state-000000000007"));
+  }
+  remove_tree(folder);
+}
+
+// Saved by 2 ranks, loaded by 3: ranks 0 and 1 get their own data positions; rank 2, which the saving job did
+// not have, gets rank 0's with a warning saying so; every rank sees both saved ranks'.
+TEST(TrainingState, ALoadByMoreRanksGivesTheNewRankRankZerosPartWithAWarning) {
+  const auto folder = fresh_folder("more-ranks");
+  const auto run = [&](int world, const std::function<void(int, gpuops::TrainingState&)>& body) {
+    auto shared = std::make_shared<ThreadBackend::Shared>(world);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        gpuops::TrainingStateOptions options;
+        options.signals = {};
+        options.process_group = c10::make_intrusive<ThreadBackend>(r, shared);
+        gpuops::TrainingState state(folder, options);
+        body(r, state);
+      });
+    }
+    for (auto& t : threads) t.join();
+  };
+  run(2, [](int r, gpuops::TrainingState& state) {
+    gpuops::TrainingProgress progress;
+    progress.step = 5;
+    progress.data_position = 100 + r;
+    state.save(progress, {});
+  });
+  struct Collect : c10::WarningHandler {
+    std::vector<std::string> messages;
+    void process(const c10::Warning& w) override { messages.push_back(w.msg()); }
+  };
+  int64_t position[3] = {0, 0, 0};
+  size_t saved[3] = {0, 0, 0};
+  std::string warned[3];
+  run(3, [&](int r, gpuops::TrainingState& state) {
+    Collect collect;
+    c10::WarningUtils::WarningHandlerGuard guard(&collect);
+    const auto loaded = state.load({});
+    position[r] = loaded ? loaded->data_position : -1;
+    saved[r] = loaded ? loaded->ranks.size() : 0;
+    for (const auto& m : collect.messages) warned[r] += m;
+  });
+  EXPECT_EQ(position[0], 100);
+  EXPECT_EQ(position[1], 101);
+  EXPECT_EQ(position[2], 100);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(saved[r], 2u) << "rank " << r;
+  EXPECT_TRUE(warned[0].empty() && warned[1].empty()) << warned[0] << warned[1];
+  EXPECT_NE(warned[2].find("was saved by 2 ranks: rank 2 has no data position"), std::string::npos) << warned[2];
   remove_tree(folder);
 }
 

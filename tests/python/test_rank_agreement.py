@@ -272,7 +272,7 @@ def _training_state(comm, rank, folder):
             lambda: state.load(model=model, optimizer=opt, map_location=bad))
     loaded = state.load(model=model, optimizer=opt)  # then every rank, the same state: loads
     assert loaded["step"] == 3
-    none = gpuops.TrainingState(folder / f"nothing-{rank}").load(model=model, optimizer=opt)
+    none = gpuops.TrainingState(folder / "nothing").load(model=model, optimizer=opt)
     assert none is None  # every rank sees none: a fresh start, agreed
 
     # A plain optimizer over a process group: rank 0 writes, every rank loads.
@@ -286,12 +286,68 @@ def _training_state(comm, rank, folder):
     _raises("plain numpy extras", rank, expected,
             lambda: plain.save(step=2, model=plain_model, extras={"x": numpy.zeros(2) if rank else 1}))
     assert leftovers(folder / "plain") == []
-    # Rank 1's model does not fit the state: rank 0's, which loaded, is put back.
-    target = _model(seed=5) if rank == 0 else torch.nn.Linear(6, 4)
+    # Rank 1's objects do not fit the state (a scheduler it never saved): rank 0's, which loaded, are put back.
+    target = _model(seed=5)
     before = [p.detach().clone() for p in target.parameters()]
-    expected = ["does not fit the objects given"] + (["rank 1 failed"] if rank == 0 else [])
-    _raises("a model that does not fit on one rank", rank, expected, lambda: plain.load(model=target))
+    scheduler = torch.optim.lr_scheduler.StepLR(adamw, 1) if rank == 1 else None
+    expected = ["does not fit the objects given"] + (["rank 1 failed"] if rank == 0 else ["holds no scheduler"])
+    _raises("objects that do not fit on one rank", rank, expected,
+            lambda: plain.load(model=target, scheduler=scheduler))
     assert all(torch.equal(a, b) for a, b in zip(before, target.parameters()))
+    # Another model on one rank: its layout differs, refused before anything loads.
+    other = target if rank == 0 else torch.nn.Linear(6, 4)
+    _raises("another model on one rank", rank, ["TrainingState.load: the ranks disagree on model layout"],
+            lambda: plain.load(model=other))
+    assert all(torch.equal(a, b) for a, b in zip(before, target.parameters()))
+    _own_parts(comm, rank, folder, model, opt, state, plain_model)
+
+
+def _own_parts(comm, rank, folder, model, opt, state, plain_model):
+    """Each rank resumes with its own RNG states, data position and extras (every rank got rank 0's), with a
+    plain optimizer and with a sharded one; the ranks must agree on the folder, keep and the model's layout."""
+    import shutil
+
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    own = gpuops.TrainingState(folder / "own", process_group=group)
+    for saving, target in ((own, dict(model=plain_model)), (state, dict(model=model, optimizer=opt))):
+        torch.manual_seed(100 + rank)
+        saving.save(step=11, data_position=10 * rank + 1, extras={"rank": rank}, **target)
+        drawn = torch.rand(3)  # what this rank's generator gives next
+        torch.manual_seed(999)
+        got = saving.load(**target)
+        assert got["data_position"] == 10 * rank + 1 and got["extras"] == {"rank": rank}, got
+        assert torch.equal(torch.rand(3), drawn), "this rank's RNG state was not the one restored"
+        assert [(r["data_position"], r["extras"]) for r in got["ranks"]] == [(1, {"rank": 0}), (11, {"rank": 1})]
+    comm.barrier().wait()
+    if rank == 0:  # one process loading a state of two ranks: rank 0's, every rank's listed
+        alone = gpuops.TrainingState(folder / "own").load(model=_model())
+        assert alone["data_position"] == 1 and len(alone["ranks"]) == 2
+        shutil.copytree(folder / "own", folder / "own-copy")
+    comm.barrier().wait()
+    # Folders, keep or model layouts that differ: raised on every rank, naming the field (a rank saved into
+    # another folder, or the sharded optimizer's shard into rank 0's, without a word).
+    apart = gpuops.TrainingState(folder / f"apart-{rank}", process_group=group)
+    _raises("folders differ", rank, ["TrainingState.save: the ranks disagree on folder"],
+            lambda: apart.save(step=12, model=plain_model))
+    _raises("sharded, folders differ", rank, ["TrainingState.save: the ranks disagree on folder"],
+            lambda: gpuops.TrainingState(folder / f"apart-{rank}").save(step=12, model=model, optimizer=opt))
+    keeps = gpuops.TrainingState(folder / "own", keep=3 + rank, process_group=group)
+    _raises("keep differs", rank, ["the ranks disagree on keep: rank 0 has 3, rank 1 has 4"],
+            lambda: keeps.save(step=12, model=plain_model))
+    other_model = plain_model if rank == 0 else torch.nn.Linear(6, 4)
+    _raises("layouts differ", rank, ["the ranks disagree on model layout"],
+            lambda: own.save(step=12, model=other_model))
+    mixed = gpuops.TrainingState(folder / "mixed", process_group=group)  # a ZeroOptimizer on rank 0 only
+    mine = opt if rank == 0 else gpuops.optim.AdamW(plain_model.parameters(), lr=1e-2)
+    _raises("a sharded optimizer on one rank", rank, ["TrainingState.save: the ranks disagree on optimizer: rank 0 "
+                                                      "has sharded, rank 1 has unsharded"],
+            lambda: mixed.save(step=12, model=model if rank == 0 else plain_model, optimizer=mine))
+    copy = gpuops.TrainingState(folder / ("own" if rank == 0 else "own-copy"), process_group=group)
+    _raises("an identical copy elsewhere", rank, ["TrainingState.load: the ranks disagree on folder"],
+            lambda: copy.load(model=plain_model))
+    assert [s.step for s in own._store.states()[0]] == [11], "a refused save left a state"
 
 
 def _rank_main(group):
