@@ -14,7 +14,8 @@ Per method and world size, rank 0 reports:
 - step time: median of the timed steps, and its ratio to torch's ZeroRedundancyOptimizer in the same run.
 The model is an MLP (4 x Linear(1024, 1024)); every method sees the same data; OMP_NUM_THREADS=1 per rank.
 gpuops' buckets are 4 MiB (one weight matrix each); "-bwd" reduces them from autograd hooks during backward;
-stage 3 makes each Linear a unit, as FSDP2's fully_shard per Linear here.
+stage 3 makes each Linear a unit, as FSDP2's fully_shard per Linear here ("-nocheck": without the unit-order
+check before each gather).
 """
 
 import argparse
@@ -28,7 +29,8 @@ import time
 
 import torch
 
-METHODS = ["gpuops-zero1", "gpuops-zero2", "gpuops-zero2-bwd", "gpuops-zero3", "torch-zero+ddp", "ddp", "fsdp2"]
+METHODS = ["gpuops-zero1", "gpuops-zero2", "gpuops-zero2-bwd", "gpuops-zero3", "gpuops-zero3-nocheck", "torch-zero+ddp",
+           "ddp", "fsdp2"]
 # overlap_param_gather on and off, timed as whole loops of steps (a barrier per step would wait for the gathers
 # the overlap leaves running, outside the timed region): the mean step of TIMED consecutive steps.
 LOOP_METHODS = ["gpuops-zero2-bwd-loop", "gpuops-zero2-bwd-overlap-loop"]
@@ -63,8 +65,10 @@ def _run_method(method, rank, world):
             # -bwd: reduced from autograd hooks in buckets while backward runs (reduce_in_backward)
             stage = int(method[11])
             if stage == 3:  # a unit per Linear, as fully_shard below; each reduced as its backward ends
+                # -nocheck: without the per-gather unit-order check (check_unit_order=False), to price it
                 opt = gpuops.ZeroOptimizer(model.parameters(), "adamw", communicator=comm, stage=3, model=model,
-                                           units=[m for m in model if isinstance(m, torch.nn.Linear)], lr=1e-3)
+                                           units=[m for m in model if isinstance(m, torch.nn.Linear)], lr=1e-3,
+                                           check_unit_order="-nocheck" not in method)
             else:
                 opt = gpuops.ZeroOptimizer(model.parameters(), "adamw", communicator=comm, stage=stage,
                                            reduce_in_backward="-bwd" in method, bucket_bytes=4 * 2**20, lr=1e-3,

@@ -43,17 +43,18 @@ SequentialUnits sequential_units(const torch::nn::Sequential& layers);
 
 class ShardedSequentialImpl : public torch::nn::Module {
  public:
-  /// `optimizer` (stage 3, built from sequential_units(layers)) must outlive this module. c10::ValueError when
-  /// its units are not the layers' parameters.
+  /// `optimizer`: stage 3, built from sequential_units(layers). c10::ValueError when its units are not the
+  /// layers' parameters, and from a forward, or the backward of an earlier forward, once it is destroyed.
   ShardedSequentialImpl(torch::nn::Sequential layers, ShardedOptimizer& optimizer);
 
   /// The layers in order, each unit gathered around its forward and, through the autograd graph, its backward.
+  /// c10::ValueError when layers were added to or removed from the Sequential after the wrap.
   at::Tensor forward(at::Tensor x);
 
   torch::nn::Sequential layers;
 
  private:
-  ShardedOptimizer* optimizer_;
+  int64_t shards_key_;  ///< the optimizer's ZeroShards::live_key(): a forward or backward after it is gone raises
   std::vector<int64_t> unit_of_layer_;  ///< -1: a layer without trainable parameters
 };
 

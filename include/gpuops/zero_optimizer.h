@@ -101,6 +101,14 @@ struct ZeroOptions {
   /// become placeholders there (move the model's buffers with module.to(device) afterwards). Unset: the
   /// parameters' device.
   std::optional<c10::Device> device;
+  /// Stage 3: before each unit's gather the ranks compare which unit they gather and what for (a forward with
+  /// or without autograd, a backward, a read of the full parameters): one all-gather of two integers on the
+  /// communicator's control device, read on the host. Ranks that run their units in different orders
+  /// (LayerDrop with a seed per rank, a layer skipped or an extra forward on one rank) then raise on every
+  /// rank naming each rank's unit, before the mismatched gather that Gloo answers by aborting the process
+  /// (NCCL: a hang until the timeout). false skips the check: one host synchronisation fewer per unit gather
+  /// (a CUDA group waits there for the gathers queued before it).
+  bool check_unit_order = true;
 };
 
 /// An optimizer's state tensors by name ("step", "exp_avg", "momentum_buffer", "master_param", ...), the names
@@ -130,6 +138,12 @@ class ZeroShards {
   int stage() const { return options_.stage; }
   /// This optimizer's id, the same on every rank (rank 0's choice): its shard files carry it with a save count.
   const std::string& id() const { return id_; }
+  /// A key naming this object while it lives, never reused: what an autograd node that may outlive the
+  /// optimizer holds instead of a pointer (ShardedSequential's), so that a backward run after the optimizer
+  /// was destroyed raises instead of reading freed memory.
+  int64_t live_key() const { return live_key_; }
+  /// The object with that key, or nullptr once it is destroyed.
+  static ZeroShards* find_live(int64_t key);
   const ZeroOptions& options() const { return options_; }
   const dist::Communicator& communicator() const { return comm_; }
   dist::Communicator& communicator() { return comm_; }
@@ -179,10 +193,12 @@ class ZeroShards {
   /// last step (a model load, an EMA swap) and the master no longer rounds to them. Warns (check_gradients).
   void before_step();
   /// Warns, once per optimizer and kind, when the model's gradients went through something ZeroOptimizer does
-  /// not see: written in place after backward (torch::nn::utils::clip_grad_norm_ on the model's parameters
-  /// clips each rank by its own norm before the reduction, or is lost after it) or reduced by another C++
-  /// reducer's hook (DistributedDataParallel's: every gradient reduced twice). reduce_gradients and
-  /// before_step call it.
+  /// not see: written in place after backward through the gradient tensors themselves (Python's
+  /// torch.nn.utils.clip_grad_norm_ on the model's parameters clips each rank by its own norm before the
+  /// reduction, or is lost after it) or reduced by another C++ reducer's hook (DistributedDataParallel's: every
+  /// gradient reduced twice). reduce_gradients and before_step call it. Not seen: writes through .data(),
+  /// which has a version counter of its own, as LibTorch's torch::nn::utils::clip_grad_norm_ makes them
+  /// (grad().data().mul_()): clip with the optimizer's or a GradScaler's clip_grad_norm_ in C++.
   void check_gradients(bool reduced) const;
   /// After the fused step: masters rounded into the 16-bit shards, every buffer all-gathered (waited, unless
   /// overlap_param_gather). Collective.
@@ -195,6 +211,8 @@ class ZeroShards {
   void wait_for_parameters() const;
 
   // ------------------------------------------------------------------ stage 3 units (zero_units.cpp)
+  /// Why a unit is gathered: part of what the ranks compare (check_unit_order).
+  enum class GatherFor : int64_t { Forward = 1, ForwardNoGrad = 2, Backward = 3, Read = 4 };
   size_t unit_count() const { return unit_buckets_.size(); }
   /// Before unit u's forward: its parameters gathered (waited) and the next `prefetch` units of the last
   /// forward's order launched. Collective (every rank runs the same units in the same order). Inside a backward
@@ -215,7 +233,11 @@ class ZeroShards {
   /// unit by unit (no device ever holds more than one unit); other ranks get an empty vector. Collective.
   std::vector<at::Tensor> full_parameters(int to);
   /// Stage 3: sets every parameter's shard from full values (parameter order, any device: a model's
-  /// state_dict); masters follow. c10::ValueError, nothing changed, for a count, shape or dtype that differs.
+  /// state_dict); masters follow. Floating values of another dtype are converted, as torch's load_state_dict
+  /// copies them. Collective: every rank checks its values, then the ranks agree on a fingerprint of them.
+  /// c10::ValueError on every rank, nothing changed on any, for a count or shape that differs, a value that is
+  /// not floating, or values that differ between ranks (a dict loaded with other values on some rank). A call
+  /// on some ranks only waits for the others until the communicator's timeout and raises there.
   void load_full_parameters(const std::vector<at::Tensor>& values);
 
   int64_t gradient_bytes() const;  ///< flat gradients while allocated, plus the separate fp32 gradient shards
@@ -307,13 +329,15 @@ class ZeroShards {
 
   // stage 3 (zero_units.cpp)
   enum class UnitState { Sharded, Gathering, Full };
+  /// check_unit_order: every rank gathers unit u for the same reason, or every rank raises (nothing launched).
+  void agree_on_unit(size_t u, GatherFor why);
   void build_units();  ///< the units' buckets; every unit released
   /// Right after bucket k's buffer is made: its full views kept, this rank's shard of the values returned (a
   /// copy), the buffer and its gradient freed, the parameters full-shaped placeholders without bytes (so that
   /// gradient accumulators made later see their shapes). Construction then never holds two units' copies.
   at::Tensor park(size_t k);
-  void gather_unit(size_t u);   ///< launches u's all-gathers (nothing when not Sharded)
-  void wait_unit(size_t u);     ///< u in place: parameters (and existing gradient buffers) attached
+  void gather_unit(size_t u, GatherFor why);  ///< launches u's all-gathers (nothing when not Sharded)
+  void wait_unit(size_t u, GatherFor why);    ///< u in place: parameters (and existing gradient buffers) attached
   void release_unit(size_t u);  ///< u's full parameters freed, its parameters placeholders
   void release_units();         ///< every unit (stale after a step; the end of a backward)
   /// The parameters with a gradient on this rank (hook or a write by hand), then the maximum over ranks.
@@ -329,6 +353,7 @@ class ZeroShards {
   dist::Communicator comm_;
   ZeroOptions options_;
   std::string id_;
+  int64_t live_key_ = 0;
   int64_t steps_ = 0;
   std::vector<std::unique_ptr<FlatParams>> flats_;  ///< one per bucket
   std::vector<at::Tensor> shards_;       ///< per buffer: the shard parameter handed to the optimizer

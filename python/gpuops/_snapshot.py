@@ -32,7 +32,9 @@ def _host_copy(t):
 class StateSnapshot:
     """The state of objects with state_dict/load_state_dict, to be put back in place: values are saved to
     host memory and copied back into the very tensors that held them (the state_dicts reference them), so no
-    allocation moves, and state created in between (optimizer moments) is dropped. A module's parameters'
+    allocation moves, and state created in between (optimizer moments) is dropped. An object with
+    ``_local_snapshot()`` / ``_local_restore(saved)`` (gpuops.ZeroOptimizer: each rank's shard) saves and puts
+    back itself, after the others. A module's parameters'
     gradients are put back too (None stays None: a trial's gradients do not outlive it).
 
     ``restore`` allocates nothing under a memory_budget (it runs in ``_C.unbudgeted()`` and loads to the
@@ -44,7 +46,17 @@ class StateSnapshot:
             if not (callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None))):
                 raise TypeError(f"restore[{i}] must have state_dict() and load_state_dict() (a module, an "
                                 f"optimizer, a GradScaler), got {type(o).__name__}")
-        self.live = [(o, o.state_dict()) for o in objects]
+        # A sharded optimizer holds only this rank's part: it snapshots that itself (no consolidation), and a
+        # stage-3 model's parameters live in it (its state_dict leaves them out, quietly here).
+        self.local = [(o, o._local_snapshot()) for o in objects if callable(getattr(o, "_local_snapshot", None))]
+        quiet = [(o, getattr(o, "_quiet_state_dict", False)) for o, _ in self.local]
+        for o, _ in quiet:
+            o._quiet_state_dict = True
+        try:
+            self.live = [(o, o.state_dict()) for o in objects if not callable(getattr(o, "_local_snapshot", None))]
+        finally:
+            for o, before in quiet:
+                o._quiet_state_dict = before
         self.grads = [(p, _host_copy(p.grad)) for o in objects if isinstance(o, torch.nn.Module)
                       for p in o.parameters()]
         self.buffer = io.BytesIO()
@@ -69,5 +81,10 @@ class StateSnapshot:
                         p.grad.copy_(grad)
                 else:
                     p.grad = grad.to(p.device)
+            for obj, saved in self.local:  # (collective for a sharded optimizer: every rank restores)
+                try:
+                    obj._local_restore(saved)
+                except Exception as error:  # noqa: BLE001 - as above
+                    first_error = first_error or error
         if first_error is not None:
             raise first_error

@@ -180,7 +180,9 @@ def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high:
     grow with the batch) rather than probed forever.
     ``restore``: objects with state_dict/load_state_dict (model, optimizer, scaler) put back as they were
     after the search (the trials train them), modules' gradients included; their snapshot lives in host memory
-    and is put back outside any budget, also when the search fails (its error is the one raised).
+    and is put back outside any budget, also when the search fails (its error is the one raised). A
+    gpuops.ZeroOptimizer puts back each rank's shard (every rank restores: run the search on every rank); a
+    stage-3 model needs its optimizer in the list, which holds its parameters.
     ``process_group``: a torch.distributed group; every trial's outcome is agreed (the minimum) before the
     next, so all ranks return the same result. ``headroom_bytes``: the memory the trials may use, for the
     profile seed (default: the active memory_budget on the CPU, free memory on CUDA). On the CPU without an
@@ -231,7 +233,14 @@ def find_max_batch_size(step_fn: Callable[[int], object], *, low: int = 1, high:
     if cache_file is not None:
         options.cache_file = os.fspath(cache_file)
         options.cache_key = cache_key if cache_key is not None else ""
-    snapshot = StateSnapshot(list(restore)) if restore else None
+    restore = list(restore)
+    for i, o in enumerate(restore):  # a stage-3 model alone would be "restored" without its parameters
+        holder = getattr(o, "_gpuops_sharded_by", None)
+        if holder is not None and holder() is not None and not any(r is holder() for r in restore):
+            raise ValueError(f"find_max_batch_size: restore[{i}] is a model whose parameters a stage-3 "
+                             "gpuops.ZeroOptimizer holds: put that optimizer in restore= too (each rank puts its "
+                             "shard back)")
+    snapshot = StateSnapshot(restore) if restore else None
     try:
         with memory_budget(limit if limit > 0 else None, device) as counter:
             result = _C.search_max_batch(_trial_runner(step_fn, validate, steps_per_trial, counter), options,

@@ -37,7 +37,8 @@ import torch
 from . import _C
 from . import dist as _dist
 from .amp import clip_sharded_grad_norm_
-from .zero_units import full_state_dict, install_state_dict_hooks, install_unit_hooks, sharded_names, unit_layout
+from .zero_units import (full_state_dict, install_layout_check, install_state_dict_hooks, install_unit_hooks,
+                         sharded_names, unit_layout)
 
 _KIND_NAMES = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}
 
@@ -132,7 +133,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
                  reduce_in_backward: Optional[bool] = None, bucket_bytes: int = 25 * 2**20,
                  overlap_param_gather: Union[bool, torch.nn.Module] = False, model: Optional[torch.nn.Module] = None,
                  units=None, prefetch: int = 1, reshard_after_forward: bool = True,
-                 device: Union[None, str, torch.device] = None, **defaults) -> None:
+                 device: Union[None, str, torch.device] = None, check_unit_order: bool = True,
+                 **defaults) -> None:
         if communicator is None or isinstance(communicator, torch.distributed.ProcessGroup):
             communicator = _dist.Communicator(communicator)
         if not isinstance(communicator, _C.Communicator):  # no way to reach the other ranks: this one raises alone
@@ -170,14 +172,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
         shapes = [(p.shape, p.dtype) for p in params]
         self._impl = _C.ZeroOptimizer(params, communicator, stage, kind, dict(defaults), reduce_in_backward,
                                       bucket_bytes, names, True if module is not None else overlap_param_gather,
-                                      unit_of, prefetch, reshard_after_forward, device)
+                                      unit_of, prefetch, reshard_after_forward, device, check_unit_order)
         self._hooks = _wait_hooks(self, module, params) if module is not None else []
         self.model = model
         self._sharded_names = sharded_names(model, params) if stage == 3 else {}
-        if stage == 3:
-            self._hooks += install_unit_hooks(self, model, unit_order)
-            self._hooks += install_state_dict_hooks(self, model, self._sharded_names)
         self._params = params  # the model's, for the unsharded optimizer's load checks
+        if stage == 3:
+            model._gpuops_sharded_by = weakref.ref(self)  # its parameters live here (find_max_batch_size's restore=)
+            self._hooks += install_unit_hooks(self, model, unit_order)
+            self._hooks += install_layout_check(self, model, self._sharded_names, params)
+            self._hooks += install_state_dict_hooks(self, model, self._sharded_names)
         # (stage 3: placeholders from here on; their shapes and dtypes, without bytes, stand in for the checks)
         self._checked_as = [torch.empty(s, dtype=d, device="meta", requires_grad=True) for s, d in shapes]
         self.param_names = names
@@ -256,6 +260,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
         (no device holds the whole model), which an unsharded model loads with ``load_state_dict``; None on the
         other ranks. Collective: every rank calls it."""
         return full_state_dict(self, self.model, self._sharded_names, to)
+
+    def _local_snapshot(self) -> bytes:
+        """This rank's shard (what save_shard writes), in memory: what find_max_batch_size(restore=) puts back.
+        At stage 3 it holds the model's parameters too."""
+        return self._impl.save_bytes()
+
+    def _local_restore(self, saved: bytes) -> None:
+        """Puts back a _local_snapshot(). Collective: every rank restores its own of the same snapshot."""
+        self._impl.load_bytes(saved)
+        self.param_groups[0].update(self._impl.options)
 
     def wait_for_parameters(self, params=None) -> None:
         """Waits for the all-gathers after the last step (``overlap_param_gather``) of the buckets holding

@@ -11,6 +11,8 @@ from typing import Optional
 import torch
 from torch.utils._pytree import tree_flatten
 
+from . import dist as _dist
+
 
 def _unit_modules(model: torch.nn.Module, units) -> list:
     """The unit modules: the children of the container named by ``units`` (a dotted attribute path of
@@ -132,11 +134,39 @@ def sharded_names(model: torch.nn.Module, params: list) -> dict:
     return {n: index[id(p)] for n, p in model.named_parameters(remove_duplicate=False) if id(p) in index}
 
 
+def check_in_place(model: torch.nn.Module, names: dict, params: list) -> None:
+    """ValueError when a sharded parameter is no longer the model's under its name: its module or the parameter
+    itself was replaced after the optimizer was built (module assignment, load_state_dict(assign=True))."""
+    now = dict(model.named_parameters(remove_duplicate=False))
+    for name, i in names.items():
+        if now.get(name) is not params[i]:
+            raise ValueError(f"gpuops.ZeroOptimizer (stage 3): '{name}' is no longer the parameter the optimizer "
+                             "shards (its module or the parameter was replaced after the optimizer was built): the "
+                             "new one would train outside the optimizer, and state_dict() and full_state_dict() "
+                             "would give the old values. Change the model before building the optimizer")
+
+
+def install_layout_check(optimizer, model: torch.nn.Module, names: dict, params: list) -> list:
+    """Before every forward of the model (ahead of unit 0's gather): check_in_place. One pass over the model's
+    parameter names."""
+    ref = weakref.ref(optimizer)
+
+    def check(_module, _args):
+        if ref() is not None:
+            check_in_place(model, names, params)
+
+    handle = model.register_forward_pre_hook(check, prepend=True)
+    weakref.finalize(optimizer, handle.remove)
+    return [handle]
+
+
 def install_state_dict_hooks(optimizer, model: torch.nn.Module, names: dict) -> list:
     """model.state_dict() leaves the sharded parameters out (no rank holds them; a gather would be a collective
     that a rank-0-only call would leave waiting), warning once; model.load_state_dict() takes them when the dict
-    has every one of them (each rank keeps its shard: every rank must call it) and does not report them missing
-    when it has none (a state dict saved by state_dict() here, TrainingState's)."""
+    has every one of them and does not report them missing when it has none (a state dict saved by state_dict()
+    here, TrainingState's). Taking them is collective (each rank keeps its shard): every rank calls it with the
+    same values, agreed on their fingerprint; a partial dict, a bad value or values that differ on any rank
+    raise on every rank before anything of the model is loaded."""
     ref = weakref.ref(optimizer)
 
     def leave_out(_module, state_dict, prefix, _local_metadata):
@@ -150,25 +180,25 @@ def install_state_dict_hooks(optimizer, model: torch.nn.Module, names: dict) -> 
                           f"(stage 3) are left out (the first: '{removed[0]}'); call opt.full_state_dict(to) on every "
                           "rank for the whole model, or save with gpuops.TrainingState", stacklevel=2)
 
-    def take(_module, state_dict, prefix, _local_metadata, _strict, _missing, _unexpected, error_msgs):
+    def take(_module, state_dict, prefix, _local_metadata, _strict, _missing, _unexpected, _error_msgs):
+        # Raised here, before torch loads anything of the model: a failed load leaves every rank as it was.
         opt = ref()
         present = [n for n in names if prefix + n in state_dict]
         if opt is None or not present:
             return
+        what = "ZeroOptimizer.load_full_parameters"  # its agreement: the ranks that have every value wait there
         if len(present) < len(names):
             absent = next(n for n in names if prefix + n not in state_dict)
-            error_msgs.append(f"the state dict has {len(present)} of the {len(names)} parameters sharded by "
-                              f"gpuops.ZeroOptimizer (stage 3), not '{prefix + absent}': give all of them or none")
-            for n in present:
-                state_dict.pop(prefix + n)
-            return
+            _dist.fail_together(opt.communicator, what, ValueError(
+                f"model.load_state_dict: the state dict has {len(present)} of the {len(names)} parameters sharded by "
+                f"gpuops.ZeroOptimizer (stage 3), not '{prefix + absent}': give all of them or none; nothing was "
+                "loaded"))
         values = [None] * opt._impl.param_count
         for n in names:
-            values[names[n]] = state_dict.pop(prefix + n)
-        try:
-            opt._impl.load_full_parameters(values)
-        except ValueError as error:
-            error_msgs.append(str(error))
+            values[names[n]] = state_dict[prefix + n]
+        opt._impl.load_full_parameters(values)
+        for n in names:
+            state_dict.pop(prefix + n)
 
     def not_missing(_module, incompatible):
         missing = set(incompatible.missing_keys)
@@ -187,6 +217,10 @@ def full_state_dict(optimizer, model: torch.nn.Module, names: dict, to: int = 0)
     """The model's full state_dict on rank ``to``'s host memory (parameters gathered unit by unit; buffers and
     parameters outside the optimizer as the model holds them), in the model's order: what an unsharded model
     loads. None on the other ranks. Collective."""
+    try:
+        check_in_place(model, names, optimizer._params)
+    except ValueError as error:  # the others wait in full_parameters' agreement: they hear of it there
+        _dist.fail_together(optimizer.communicator, "ZeroOptimizer.full_parameters", error)
     values = optimizer._impl.full_parameters(to)
     if optimizer._impl.rank != to:
         return None

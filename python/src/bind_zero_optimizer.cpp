@@ -5,11 +5,14 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <sstream>
 
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Exceptions.h>  // torch::PyWarningHandler
 #include <torch/csrc/utils/pybind.h>  // torch.Tensor <-> at::Tensor
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include "bindings.h"
 #include "fail_together.h"
@@ -201,7 +204,7 @@ void bind_zero_optimizer(py::module_& m) {
                        const py::object& bucket_bytes, const std::vector<std::string>& param_names,
                        const py::object& overlap_param_gather, const std::vector<int64_t>& units,
                        const py::object& prefetch, const py::object& reshard_after_forward,
-                       const std::string& device) {
+                       const std::string& device, const py::object& check_unit_order) {
              const std::string where = "gpuops.ZeroOptimizer";
              Construct construct;
              try {
@@ -219,6 +222,7 @@ void bind_zero_optimizer(py::module_& m) {
                zero.units = units;
                zero.prefetch = int_arg(where, "prefetch", prefetch);
                zero.reshard_after_forward = bool_arg(where, "reshard_after_forward", reshard_after_forward);
+               zero.check_unit_order = bool_arg(where, "check_unit_order", check_unit_order);
                if (!device.empty()) {
                  try {
                    zero.device = c10::Device(device);
@@ -241,7 +245,7 @@ void bind_zero_optimizer(py::module_& m) {
            py::arg("reduce_in_backward") = false, py::arg("bucket_bytes") = optim::ZeroOptions().bucket_bytes,
            py::arg("param_names") = std::vector<std::string>{}, py::arg("overlap_param_gather") = false,
            py::arg("units") = std::vector<int64_t>{}, py::arg("prefetch") = 1, py::arg("reshard_after_forward") = true,
-           py::arg("device") = std::string())
+           py::arg("device") = std::string(), py::arg("check_unit_order") = true)
       // stage 3: the module hooks of gpuops.ZeroOptimizer call these around each unit (collective: gathers)
       .def("unit_count", [](const ShardedOptimizer& z) { return z.shards().unit_count(); })
       .def("unit_pre_forward", [](ShardedOptimizer& z, size_t u) { z.shards().unit_pre_forward(u); },
@@ -255,7 +259,7 @@ void bind_zero_optimizer(py::module_& m) {
            py::arg("to") = 0, py::call_guard<py::gil_scoped_release>())
       .def("load_full_parameters",
            [](ShardedOptimizer& z, const std::vector<at::Tensor>& values) { z.shards().load_full_parameters(values); },
-           py::arg("values"))
+           py::arg("values"), py::call_guard<py::gil_scoped_release>())  // collective: its agreement
       .def(
           "step",
           [](ShardedOptimizer& z, const py::object& grad_scale, const py::object& found_inf) {
@@ -313,6 +317,28 @@ void bind_zero_optimizer(py::module_& m) {
              return n;
            })
       .def("save_shard", &ShardedOptimizer::save_shard, py::arg("path"), py::call_guard<py::gil_scoped_release>())
+      // This rank's shard in memory (save_shard's content) and back: what find_max_batch_size(restore=) puts
+      // back. load_bytes is collective (its agreement: every rank loads its bytes of the same snapshot).
+      .def("save_bytes",
+           [](ShardedOptimizer& z) {
+             std::ostringstream bytes;
+             {
+               py::gil_scoped_release release;
+               torch::serialize::OutputArchive archive;
+               dynamic_cast<torch::optim::Optimizer&>(z).save(archive);
+               archive.save_to(bytes);
+             }
+             return py::bytes(bytes.str());
+           })
+      .def("load_bytes",
+           [](ShardedOptimizer& z, const py::bytes& saved) {
+             const std::string bytes = saved;
+             py::gil_scoped_release release;
+             torch::serialize::InputArchive archive;
+             archive.load_from(bytes.data(), bytes.size());
+             dynamic_cast<torch::optim::Optimizer&>(z).load(archive);
+           },
+           py::arg("saved"))
       .def("load_shards", &ShardedOptimizer::load_shards, py::arg("files"), py::arg("allow_reshard") = false,
            py::call_guard<py::gil_scoped_release>())
       .def(
@@ -340,29 +366,46 @@ void bind_zero_optimizer(py::module_& m) {
           },
           py::arg("per_param"));
 
+  // The writers get every rank's own part as a list of bytes (RankParts).
+  using Fields = std::vector<std::pair<std::string, std::string>>;
+  const auto as_list = [](const RankParts& parts) {  // (with the GIL held)
+    py::list list;
+    for (const auto& p : parts) list.append(py::bytes(p));
+    return list;
+  };
   m.def(
       "save_sharded_state",
-      [](const StateStore& store, int64_t step, const std::string& writer, ShardedOptimizer& optimizer,
-         const std::function<void(const std::string&)>& write_main, const std::string& local_error) {
+      [as_list](const StateStore& store, int64_t step, const std::string& writer, ShardedOptimizer& optimizer,
+                const py::function& write_main, const std::string& local_error, const Fields& fields,
+                const py::bytes& own) {
+        const RankPart part{fields, std::string(own)};
         py::gil_scoped_release release;  // write_main takes the GIL back to run
-        return save_sharded_state(&store, step, writer, optimizer, write_main, local_error);
+        return save_sharded_state(&store, step, writer, optimizer, [&](const std::string& path, const RankParts& parts) {
+          py::gil_scoped_acquire gil;
+          write_main(path, as_list(parts));
+        }, local_error, part);
       },
       py::arg("store"), py::arg("step"), py::arg("writer"), py::arg("optimizer"), py::arg("write_main"),
-      py::arg("local_error") = "");
+      py::arg("local_error") = "", py::arg("fields") = Fields{}, py::arg("own") = py::bytes());
   m.def(
       "save_by_rank_zero",
-      [](dist::Communicator& comm, int64_t step, const std::string& local_error,
-         const std::function<std::string()>& write) {
+      [as_list](dist::Communicator& comm, int64_t step, const std::string& local_error, const py::function& write,
+                const Fields& fields, const py::bytes& own) {
+        const RankPart part{fields, std::string(own)};
         py::gil_scoped_release release;  // write takes the GIL back to run
-        return save_by_rank_zero(comm, step, local_error, write);
+        return save_by_rank_zero(comm, step, local_error, [&](const RankParts& parts) {
+          py::gil_scoped_acquire gil;
+          return write(as_list(parts)).cast<std::string>();
+        }, part);
       },
-      py::arg("communicator"), py::arg("step"), py::arg("local_error"), py::arg("write"));
+      py::arg("communicator"), py::arg("step"), py::arg("local_error"), py::arg("write"), py::arg("fields") = Fields{},
+      py::arg("own") = py::bytes());
   m.def("shard_files_of", &shard_files_of, py::arg("state"));
   m.def("read_full_parameters", &optim::read_full_parameters, py::arg("files"),
         py::call_guard<py::gil_scoped_release>());
   m.def("state_identity", &state_identity, py::arg("state").none(true));
   m.def("agree_on_state", &agree_on_state, py::arg("communicator"), py::arg("identity"), py::arg("local_error"),
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("fields") = Fields{}, py::call_guard<py::gil_scoped_release>());
   m.def("agree_loaded", &agree_loaded, py::arg("communicator"), py::arg("local_error"),
         py::call_guard<py::gil_scoped_release>());
   m.def("load_sharded_state", &load_sharded_state, py::arg("optimizer"), py::arg("files"), py::arg("allow_reshard"),

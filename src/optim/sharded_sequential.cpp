@@ -17,6 +17,7 @@ namespace {
 // Identity in forward; in backward, before the unit's own nodes run (the gradient of its output arrives
 // first), gathers the unit and prefetches the ones backward reaches next.
 struct GatherForBackward : public torch::autograd::Function<GatherForBackward> {
+  // `shards`: the optimizer's live_key(), not a pointer: the graph may outlive the optimizer.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t shards, int64_t unit) {
     ctx->saved_data["shards"] = shards;
     ctx->saved_data["unit"] = unit;
@@ -24,7 +25,10 @@ struct GatherForBackward : public torch::autograd::Function<GatherForBackward> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto* shards = reinterpret_cast<ZeroShards*>(ctx->saved_data["shards"].toInt());
+    ZeroShards* shards = ZeroShards::find_live(ctx->saved_data["shards"].toInt());
+    TORCH_CHECK_VALUE(shards != nullptr, "ShardedSequential: the ZeroOptimizer that ran this forward was "
+                      "destroyed before its backward: keep the optimizer alive until every backward of its forwards "
+                      "has run");
     shards->unit_pre_backward(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
     return {grads[0], at::Tensor(), at::Tensor()};
   }
@@ -55,7 +59,7 @@ SequentialUnits sequential_units(const torch::nn::Sequential& layers) {
 }
 
 ShardedSequentialImpl::ShardedSequentialImpl(torch::nn::Sequential layers_, ShardedOptimizer& optimizer)
-    : layers(register_module("layers", std::move(layers_))), optimizer_(&optimizer) {
+    : layers(register_module("layers", std::move(layers_))), shards_key_(optimizer.shards().live_key()) {
   ZeroShards& shards = optimizer.shards();
   TORCH_CHECK_VALUE(shards.stage() == 3, "ShardedSequential: the optimizer must be stage 3, got stage ",
                     shards.stage());
@@ -84,7 +88,14 @@ ShardedSequentialImpl::ShardedSequentialImpl(torch::nn::Sequential layers_, Shar
 }
 
 at::Tensor ShardedSequentialImpl::forward(at::Tensor x) {
-  ZeroShards& shards = optimizer_->shards();
+  ZeroShards* live = ZeroShards::find_live(shards_key_);
+  TORCH_CHECK_VALUE(live != nullptr, "ShardedSequential: its ZeroOptimizer was destroyed; build a new optimizer and "
+                    "ShardedSequential together");
+  ZeroShards& shards = *live;
+  // A layer added or removed after the wrap would run unsharded (or take another's unit): named, not run.
+  TORCH_CHECK_VALUE(layers->size() == unit_of_layer_.size(), "ShardedSequential: the Sequential has ", layers->size(),
+                    " layers, ", unit_of_layer_.size(), " when it was wrapped; layers cannot be added or removed "
+                    "after the wrap (build the optimizer and ShardedSequential again from the new Sequential)");
   size_t i = 0;
   for (auto& layer : *layers) {  // AnyModule: any layer taking and returning one tensor
     const int64_t unit = unit_of_layer_.at(i++);
@@ -97,7 +108,7 @@ at::Tensor ShardedSequentialImpl::forward(at::Tensor x) {
     shards.unit_post_forward(static_cast<size_t>(unit));
     // A recomputation inside backward (a checkpointed layer) needs no second gathering node.
     if (c10::GradMode::is_enabled() && x.requires_grad() && torch::autograd::get_current_graph_task_id() == -1)
-      x = GatherForBackward::apply(x, reinterpret_cast<int64_t>(&shards), unit);
+      x = GatherForBackward::apply(x, shards.live_key(), unit);
   }
   return x;
 }

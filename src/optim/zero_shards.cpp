@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -172,6 +174,26 @@ std::vector<std::vector<at::Tensor>> buckets_of(const std::vector<at::Tensor>& p
   return buckets;
 }
 
+// The ZeroShards alive now, by a key never reused (an address may be: a new optimizer where the old one was).
+std::mutex& live_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<int64_t, ZeroShards*>& live_shards() {
+  static std::unordered_map<int64_t, ZeroShards*> live;
+  return live;
+}
+int64_t remember_live(ZeroShards* shards) {
+  static int64_t next = 0;
+  std::lock_guard<std::mutex> lock(live_mutex());
+  live_shards()[++next] = shards;
+  return next;
+}
+void forget_live(int64_t key) {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  live_shards().erase(key);
+}
+
 }  // namespace
 
 ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, ZeroOptions options,
@@ -200,6 +222,7 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
                                   dist::fingerprint(fmt::format("{}", fmt::join(options_.units, ",")))))
       .field("prefetch", std::to_string(options_.prefetch))
       .field("reshard_after_forward", options_.reshard_after_forward ? "true" : "false")
+      .field("check_unit_order", options_.check_unit_order ? "true" : "false")
       .field("device type", options_.device ? c10::DeviceTypeName(options_.device->type(), true) : "the parameters'")
       .propose("optimizer id", dist::random_id());
   id_ = agreement.exchange(comm_).at(0).second;
@@ -260,6 +283,13 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
     record_grad_versions(k);
   }
   if (stage3) build_units();  // every unit released: the parameters become placeholders
+  live_key_ = remember_live(this);
+}
+
+ZeroShards* ZeroShards::find_live(int64_t key) {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  const auto found = live_shards().find(key);
+  return found == live_shards().end() ? nullptr : found->second;
 }
 
 ZeroShards::HookKey ZeroShards::hook(size_t k, size_t i) {
@@ -290,6 +320,7 @@ void ZeroShards::rehook(size_t k) {
 }
 
 ZeroShards::~ZeroShards() {
+  forget_live(live_key_);
   for (auto& bucket_hooks : hooks_)
     for (auto& h : bucket_hooks) h.accumulator->del_post_hook(h.key);
   try {  // no all-gather may write into the buffers after they are gone
@@ -463,6 +494,15 @@ void ZeroShards::reduce_gradients() {
   if (reduced_grads_) return;
   TORCH_CHECK(!stepped_, "ZeroOptimizer: the gradients were spent by the last step; call zero_grad() (of this "
               "optimizer) before the next backward");
+  // Parameters re-pointed since zero_grad() (torch's C++ Module::load set_s the loaded tensors into them): the
+  // backward wrote gradients the buffers never saw (reduce_in_backward: none reduced; the step would skip or
+  // use stale values). zero_grad() copies loaded values in; a load between it and the backward is refused.
+  if (options_.stage != 3)
+    for (size_t k = 0; k < flats_.size(); ++k)
+      TORCH_CHECK_VALUE(flats_[k]->attached(), "ZeroOptimizer.step: the parameters of bucket ", k, " (the first: ",
+                        describe(k, 0), ") were replaced after zero_grad() (torch's Module::load or set_data), so "
+                        "this step's gradients bypassed the optimizer; load the model before zero_grad(), then run "
+                        "the backward again. Nothing was stepped");
   if (!options_.reduce_in_backward) agree_with_grad();  // (reducing in the backward: at each pass's end)
   wait_for_parameters();
   if (options_.reduce_in_backward) {  // every backward pass reduced its own gradients

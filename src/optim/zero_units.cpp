@@ -101,8 +101,40 @@ void ZeroShards::build_units() {
   release_units();
 }
 
-void ZeroShards::gather_unit(size_t u) {
+namespace {
+const char* reason(int64_t why) {
+  switch (static_cast<ZeroShards::GatherFor>(why)) {
+    case ZeroShards::GatherFor::Forward: return "a forward";
+    case ZeroShards::GatherFor::ForwardNoGrad: return "a forward without autograd";
+    case ZeroShards::GatherFor::Backward: return "a backward";
+    case ZeroShards::GatherFor::Read: return "a read of the full parameters";
+  }
+  return "?";
+}
+}  // namespace
+
+void ZeroShards::agree_on_unit(size_t u, GatherFor why) {
+  if (!options_.check_unit_order || comm_.size() == 1) return;
+  const int n = comm_.size();
+  const at::Tensor mine = at::tensor({static_cast<int64_t>(u), static_cast<int64_t>(why)}, at::kLong);
+  at::Tensor all = at::empty({2 * n}, mine.options().device(comm_.control_device()));
+  comm_.all_gather(mine.to(all.device()), all).wait();
+  all = all.cpu();
+  const int64_t* v = all.data_ptr<int64_t>();
+  for (int r = 1; r < n; ++r) {
+    if (v[2 * r] == v[0] && v[2 * r + 1] == v[1]) continue;
+    TORCH_CHECK_VALUE(false, "ZeroOptimizer (stage 3): the ranks gather different units: rank 0 unit ", v[0],
+                      " for ", reason(v[1]), ", rank ", r, " unit ", v[2 * r], " for ", reason(v[2 * r + 1]),
+                      " (this is rank ", comm_.rank(), "). Every rank must run the same units in the same order, "
+                      "each forward followed by its backward on every rank (a layer skipped or an extra forward on "
+                      "some ranks, LayerDrop drawn with a seed per rank). Nothing was gathered; the ranks raised "
+                      "together");
+  }
+}
+
+void ZeroShards::gather_unit(size_t u, GatherFor why) {
   if (unit_state_[u] != UnitState::Sharded) return;
+  agree_on_unit(u, why);
   c10::NoGradGuard no_grad;
   for (size_t k : unit_buckets_[u]) {
     allocate_storage(bucket(k).data);
@@ -111,8 +143,8 @@ void ZeroShards::gather_unit(size_t u) {
   unit_state_[u] = UnitState::Gathering;
 }
 
-void ZeroShards::wait_unit(size_t u) {
-  gather_unit(u);
+void ZeroShards::wait_unit(size_t u, GatherFor why) {
+  gather_unit(u, why);
   if (unit_state_[u] == UnitState::Full) return;
   for (auto& work : unit_works_[u]) work.wait();
   unit_works_[u].clear();
@@ -189,12 +221,15 @@ void check_unit_call(const char* what, size_t u, size_t count, int stage) {
 
 void ZeroShards::unit_pre_forward(size_t u) {
   check_unit_call("unit_pre_forward", u, unit_state_.size(), options_.stage);
-  if (!in_backward()) {  // a recomputation inside backward needs u only: its neighbours are the backward's
-    gather_unit(u);
-    for (size_t j = 1; j <= static_cast<size_t>(options_.prefetch) && u + j < unit_state_.size(); ++j)
-      gather_unit(u + j);
+  if (in_backward()) {  // a recomputation inside backward needs u only: its neighbours are the backward's
+    wait_unit(u, GatherFor::Backward);
+    return;
   }
-  wait_unit(u);
+  const GatherFor why = c10::GradMode::is_enabled() ? GatherFor::Forward : GatherFor::ForwardNoGrad;
+  gather_unit(u, why);
+  for (size_t j = 1; j <= static_cast<size_t>(options_.prefetch) && u + j < unit_state_.size(); ++j)
+    gather_unit(u + j, why);
+  wait_unit(u, why);
 }
 
 void ZeroShards::unit_post_forward(size_t u) {
@@ -207,9 +242,10 @@ void ZeroShards::unit_pre_backward(size_t u) {
   check_unit_call("unit_pre_backward", u, unit_state_.size(), options_.stage);
   TORCH_CHECK(in_backward(), "ZeroOptimizer.unit_pre_backward: called outside a backward pass");
   begin_pass();  // its end frees every unit and reduces what is left
-  gather_unit(u);
-  for (size_t j = 1; j <= static_cast<size_t>(options_.prefetch) && j <= u; ++j) gather_unit(u - j);
-  wait_unit(u);
+  gather_unit(u, GatherFor::Backward);
+  for (size_t j = 1; j <= static_cast<size_t>(options_.prefetch) && j <= u; ++j)
+    gather_unit(u - j, GatherFor::Backward);
+  wait_unit(u, GatherFor::Backward);
 }
 
 std::vector<at::Tensor> ZeroShards::full_parameters(int to) {
@@ -227,7 +263,7 @@ std::vector<at::Tensor> ZeroShards::full_parameters(int to) {
   c10::NoGradGuard no_grad;
   for (size_t u = 0; u < unit_state_.size(); ++u) {  // one unit on the device at a time
     const bool was_full = unit_state_[u] == UnitState::Full;
-    wait_unit(u);
+    wait_unit(u, GatherFor::Read);
     if (comm_.rank() == to)
       for (size_t k : unit_buckets_[u])
         for (size_t i = 0; i < full_views_[k].size(); ++i)
@@ -238,19 +274,28 @@ std::vector<at::Tensor> ZeroShards::full_parameters(int to) {
 }
 
 void ZeroShards::load_full_parameters(const std::vector<at::Tensor>& values) {
-  TORCH_CHECK_VALUE(options_.stage == 3, "ZeroOptimizer.load_full_parameters: for stage 3 (load a stage 1 or 2 "
-                    "model's parameters into the model itself)");
-  TORCH_CHECK_VALUE(values.size() == param_count(), "ZeroOptimizer.load_full_parameters: ", values.size(),
-                    " tensors for ", param_count(), " parameters");
-  TORCH_CHECK(!in_backward() && !pass_active_, "ZeroOptimizer.load_full_parameters: called during a backward pass");
-  for (size_t i = 0; i < values.size(); ++i) {
-    const auto [k, slot] = slot_of_param_[i];
-    const at::Tensor& like = full_views_[k][slot];
-    TORCH_CHECK_VALUE(values[i].defined() && values[i].sizes() == like.sizes() && values[i].is_floating_point(),
-                      "ZeroOptimizer.load_full_parameters: values[", i, "] must be a floating tensor of shape ",
-                      like.sizes(), " (", describe(k, slot), "), got ",
-                      values[i].defined() ? c10::str(values[i].sizes()) : std::string("none"));
-  }
+  // Every rank checks, then the ranks agree that they load the same values: a dict loaded on some ranks only,
+  // or different dicts, would leave each rank's shard from another model.
+  dist::Agreement agreement("ZeroOptimizer.load_full_parameters");
+  agreement.check([&] {
+    TORCH_CHECK_VALUE(options_.stage == 3, "ZeroOptimizer.load_full_parameters: for stage 3 (load a stage 1 or 2 "
+                      "model's parameters into the model itself)");
+    TORCH_CHECK_VALUE(values.size() == param_count(), "ZeroOptimizer.load_full_parameters: ", values.size(),
+                      " tensors for ", param_count(), " parameters");
+    TORCH_CHECK(!in_backward() && !pass_active_, "ZeroOptimizer.load_full_parameters: called during a backward pass");
+    for (size_t i = 0; i < values.size(); ++i) {
+      const auto [k, slot] = slot_of_param_[i];
+      const at::Tensor& like = full_views_[k][slot];
+      TORCH_CHECK_VALUE(values[i].defined() && values[i].sizes() == like.sizes() && values[i].is_floating_point(),
+                        "ZeroOptimizer.load_full_parameters: values[", i, "] must be a floating tensor of shape ",
+                        like.sizes(), " (", describe(k, slot), "), got ",
+                        values[i].defined() ? c10::str(values[i].scalar_type(), " of shape ", values[i].sizes())
+                                            : std::string("none"));
+    }
+  });
+  if (!agreement.failed())
+    agreement.check([&] { agreement.field("values loaded (fingerprint)", dist::fingerprint(values)); });
+  agreement.exchange(comm_);
   release_units();  // gathered copies would be stale
   c10::NoGradGuard no_grad;
   const int64_t rank = comm_.rank();

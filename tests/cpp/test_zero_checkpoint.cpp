@@ -6,6 +6,7 @@
 
 #include <csignal>
 #include <iterator>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -57,7 +58,10 @@ constexpr int kAccumulation = 2;
 
 // One step of rank `rank` (or of the concatenated batch of all `ranks` when rank < 0): micro-batches summed
 // into the gradients (divided by the window), then the optimizer's step.
-void train_step(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params, int step, int rank, int ranks) {
+// `per_rank` (rank < 0): the mean of each rank's loss, each through its own matmuls, rather than the loss of the
+// concatenated batch: another equally valid order of the float32 sums.
+void train_step(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params, int step, int rank, int ranks,
+                bool per_rank = false) {
   for (int m = 0; m < kAccumulation; ++m) {
     std::vector<at::Tensor> xs, ys;
     for (int r = rank < 0 ? 0 : rank; r < (rank < 0 ? ranks : rank + 1); ++r) {
@@ -65,7 +69,13 @@ void train_step(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& par
       xs.push_back(x);
       ys.push_back(y);
     }
-    (loss_of(params, at::cat(xs), at::cat(ys)) / kAccumulation).backward();
+    at::Tensor loss = loss_of(params, at::cat(xs), at::cat(ys));
+    if (per_rank) {
+      loss = loss_of(params, xs[0], ys[0]);
+      for (size_t r = 1; r < xs.size(); ++r) loss = loss + loss_of(params, xs[r], ys[r]);
+      loss = loss / static_cast<double>(xs.size());
+    }
+    (loss / kAccumulation).backward();
   }
   opt.step();
 }
@@ -78,20 +88,29 @@ double max_rel_error(const at::Tensor& a, const at::Tensor& ref) {
 // ------------------------------------------------------------------------------------------------------
 // Adam and SGD: ZeRO stage 2 against the same optimizer on the concatenated batch, 20 steps.
 
+// Within 10 times the distance between two equally valid float32 references (the concatenated batch's loss, and
+// the mean of the ranks' losses), floor two float32 ulps: a bound derived where it runs (issue 31).
 template <class Base, class Options>
 double zero_against_single(Communicator& comm, const Options& options) {
-  auto params = make_params(), ref = make_params();
+  auto params = make_params(), ref = make_params(), other = make_params();
   ZeroOptimizer<Base> zero(params, comm, 2, options);
-  Base single(ref, options);
+  Base single(ref, options), single_other(other, options);
   for (int step = 0; step < 20; ++step) {
     zero.zero_grad();
     single.zero_grad();
+    single_other.zero_grad();
     train_step(zero, params, step, comm.rank(), comm.size());
     train_step(single, ref, step, -1, comm.size());
+    train_step(single_other, other, step, -1, comm.size(), /*per_rank=*/true);
   }
-  double worst = 0;
-  for (size_t i = 0; i < params.size(); ++i) worst = std::max(worst, max_rel_error(params[i], ref[i]));
-  WORKER_CHECK(worst <= 1e-6, "{}: max relative error {} against single-process > 1e-6", zero.kind(), worst);
+  double worst = 0, noise = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    worst = std::max(worst, max_rel_error(params[i], ref[i]));
+    noise = std::max(noise, max_rel_error(other[i], ref[i]));
+  }
+  constexpr double kNoiseFactor = 10, kUlps = 2.4e-7;
+  WORKER_CHECK(worst <= kNoiseFactor * std::max(noise, kUlps), "{}: max relative error {} against single-process > {} "
+               "x the two references' distance {}", zero.kind(), worst, kNoiseFactor, noise);
   WORKER_CHECK(max_rel_error(params[0], make_params()[0]) > 0.01, "{}: training barely moved", zero.kind());
   return worst;
 }
@@ -107,6 +126,31 @@ void scenario_kinds(Communicator& comm) {
 // 16-bit parameters (bf16, fp16; GPUOPS_ZERO_DTYPE): ZeRO's fp32 masters against a single process that
 // computes every rank's 16-bit gradient (accumulated in 16 bits as autograd does), averages them in fp32 and
 // steps fp32 masters; 50 steps with a GradScaler (the scale grows) and clipping on both sides.
+//
+// Step by step, not trajectory against trajectory: before each step the reference takes ZeRO's state (masters,
+// moments, step counts and the 16-bit parameters, consolidated on rank 0), so each comparison is one step from
+// the same state. Over 50 steps the trajectories themselves are not comparable at a fixed bound on every CPU: a
+// clip coefficient or a mean one fp32 ulp apart (the sum over ranks runs in Gloo's order, the norm in shards)
+// moves a master by an ulp, which now and then flips its 16-bit rounding, and a 16-bit network then drifts
+// apart chaotically, at a step that depends on the CPU's matmul blocking. One step from the same state differs
+// only by that reordering: the mean gradient and the clip coefficient by a few fp32 ulps, which Adam's
+// normalisation carries into an update of lr = 1e-2 per element: about 1e-8 of the masters' magnitude, measured
+// 4.3e-8 to 8.0e-8 (2 and 4 ranks). The bound, 1e-6, is 12 times the largest; a wrong step (a missing
+// gradient, a wrong scale or clip) moves a master by a step's size, 0.11-0.17 here.
+
+// The reference AdamW's state for `master` from ZeRO's consolidated entry (none before the first step).
+void take_state(AdamW& single, const at::Tensor& master, const NamedTensors& zero_state) {
+  at::NoGradGuard no_grad;
+  master.copy_(zero_state.at("master_param"));
+  auto& states = single.state();
+  states.erase(master.unsafeGetTensorImpl());
+  if (!zero_state.count("exp_avg")) return;
+  auto st = std::make_unique<AdamWParamState>();
+  st->step(zero_state.at("step").clone());
+  st->exp_avg(zero_state.at("exp_avg").clone());
+  st->exp_avg_sq(zero_state.at("exp_avg_sq").clone());
+  states[master.unsafeGetTensorImpl()] = std::move(st);
+}
 
 void scenario_bf16(Communicator& comm) {
   const int n = comm.size(), stage = std::stoi(env_or("GPUOPS_ZERO_STAGE", "1"));
@@ -119,12 +163,23 @@ void scenario_bf16(Communicator& comm) {
   so.growth_interval = 9;
   gpuops::amp::GradScaler zscaler(so), rscaler(so);
   constexpr double kMaxNorm = 1.0;  // clips on about half the steps
+  constexpr double kStepBound = 1e-6;
   int clipped = 0;
   std::vector<at::Tensor> masters;
   for (const auto& p : ref) masters.push_back(p.detach().to(at::kFloat).requires_grad_(true));
   AdamW single(masters, AdamWOptions(1e-2));
   const int64_t total = zero.bucket(0).data.numel();
+  double worst = 0, moved = 0;
   for (int step = 0; step < 50; ++step) {
+    // The reference starts this step where ZeRO stands (rank 0; the others take part in the collective).
+    const auto before = zero.consolidate_state(0);
+    if (comm.rank() == 0) {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        take_state(single, masters[i], before[i]);
+        ref[i].copy_(params[i]);
+      }
+    }
     zero.zero_grad();
     comm.reset_traffic();
     for (int m = 0; m < kAccumulation; ++m) {
@@ -141,6 +196,8 @@ void scenario_bf16(Communicator& comm) {
                      t.all_gather.ring_sent_bytes == 2 * total * (n - 1) / n && t.all_reduce.calls == 3,
                  "step traffic: reduce-scatter {} B, all-gather {} B, {} all-reduces, for {} 16-bit elements",
                  t.reduce_scatter.ring_sent_bytes, t.all_gather.ring_sent_bytes, t.all_reduce.calls, total);
+    const auto after = zero.consolidate_state(0);
+    if (comm.rank() != 0) continue;
     single.zero_grad();
     std::vector<at::Tensor> sum(ref.size());
     for (int r = 0; r < n; ++r) {
@@ -155,23 +212,25 @@ void scenario_bf16(Communicator& comm) {
     rscaler.clip_grad_norm_(single, kMaxNorm);
     rscaler.step(single);
     rscaler.update();
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < ref.size(); ++i) ref[i].copy_(masters[i]);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor master = after[i].at("master_param");
+      const double err = max_rel_error(master, masters[i]);
+      worst = std::max(worst, err);
+      moved = std::max(moved, max_rel_error(master, before[i].at("master_param")));
+      WORKER_CHECK(err <= kStepBound, "step {}: params[{}]'s master is {} (relative) from the reference's step "
+                   "from the same state > {}", step, i, err, kStepBound);
+      WORKER_CHECK(at::equal(master.to(dtype), params[i].detach()), "step {}: params[{}] is not its master rounded",
+                   step, i);
+    }
   }
-  const auto full = zero.consolidate_state(0);
   int64_t numel = 0;
   for (const auto& p : params) numel += p.numel();
   WORKER_CHECK(zero.shards().master_bytes() * n >= 4 * numel && zero.shards().master_bytes() * n < 4 * (numel + 64),
                "fp32 masters: {} bytes per rank for {} parameters", zero.shards().master_bytes(), numel);
+  const auto full = zero.consolidate_state(0);
   if (comm.rank() != 0) return;
-  double worst = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor master = full[i].at("master_param");
-    worst = std::max(worst, max_rel_error(master, masters[i]));
-    WORKER_CHECK(at::equal(master.to(dtype), params[i].detach()), "params[{}] is not its master rounded", i);
-  }
-  WORKER_CHECK(worst <= 1e-5, "{} masters: max relative error {} against single-process > 1e-5", c10::toString(dtype),
-               worst);
+  WORKER_CHECK(moved > 100 * kStepBound, "a step moved the masters by at most {}: the bound would prove little",
+               moved);
   WORKER_CHECK(zscaler.get_scale() == rscaler.get_scale() && zscaler.get_scale() > 256.0 && clipped > 0 &&
                    clipped < 50,
                "scale {} (reference {}), clipped on {} steps", zscaler.get_scale(), rscaler.get_scale(), clipped);
@@ -179,10 +238,9 @@ void scenario_bf16(Communicator& comm) {
   const at::Tensor m0 = full[0].at("master_param");
   WORKER_CHECK(!at::equal(m0, m0.to(dtype).to(at::kFloat)), "the fp32 masters hold only 16-bit values");
   write_file(fmt::format("{}/result.0", env_or("GPUOPS_COMM_DIR", "/tmp")),
-             fmt::format("{} stage {}: fp32 masters max_rel_err={:.3g} against single-process fp32 reduction; "
-                         "50 steps, final scale {}, clipped on {} steps", c10::toString(dtype), stage, worst,
-                         zscaler.get_scale(),
-                         clipped));
+             fmt::format("{} stage {}: fp32 masters max_rel_err={:.3g} per step against single-process fp32 "
+                         "reduction from the same state (largest step {:.3g}); 50 steps, final scale {}, clipped on "
+                         "{} steps", c10::toString(dtype), stage, worst, moved, zscaler.get_scale(), clipped));
 }
 
 // ------------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // gpuops::optim::ZeroOptimizer over Gloo, with real processes (multiprocess.h: the binary re-runs itself as
 // each rank, OMP_NUM_THREADS=1). Every rank trains a small MLP for 50 steps on fresh random data of its own,
 // with our GradScaler, clipping and gradient accumulation, and also trains the single-process reference
-// (our AdamW on the concatenated batch of all ranks, which it regenerates) to compare with. It trains twice
+// (our AdamW on the concatenated batch of all ranks, which it regenerates) to compare with, within 10 times the
+// distance between that reference and an equally valid one (each rank's loss through its own matmuls). It trains twice
 // to check the bits do not depend on timing, checks the ranks agree, and measures its optimizer state.
 #include <gtest/gtest.h>
 
@@ -82,6 +83,7 @@ struct Setup {
   bool overlap = false;  // overlap_param_gather: the loss waits for each layer's parameters before it reads them
   int accumulation = 2;
   double max_norm = 1.0;  // clipping active on some steps
+  int chunks = 1;  // the reference's loss as the mean of this many per-rank losses (another valid order of sums)
 };
 
 // One training step's gradient phase: `accumulation` micro-batches, a divisor, clipping, the scaled step.
@@ -90,7 +92,14 @@ template <typename Opt, typename BatchFn>
 bool train_step(Opt& opt, GradScaler& scaler, const std::vector<at::Tensor>& params, const Setup& s, BatchFn batch) {
   for (int m = 0; m < s.accumulation; ++m) {
     auto [x, y] = batch(m);
-    scaler.scale(loss_of(params, x, y)).backward();
+    at::Tensor loss = loss_of(params, x, y);
+    if (s.chunks > 1) {  // each rank's batch through its own matmuls, as the ranks compute them
+      const auto xs = x.chunk(s.chunks), ys = y.chunk(s.chunks);
+      loss = loss_of(params, xs[0], ys[0]);
+      for (int c = 1; c < s.chunks; ++c) loss = loss + loss_of(params, xs[c], ys[c]);
+      loss = loss / s.chunks;
+    }
+    scaler.scale(loss).backward();
   }
   if (s.accumulation > 1) scaler.set_grad_divisor(opt, at::scalar_tensor(static_cast<double>(s.accumulation)));
   const double norm = scaler.clip_grad_norm_(opt, s.max_norm).template item<double>();
@@ -231,16 +240,28 @@ void scenario_train(Communicator& comm) {
   comm.all_reduce(hi, gpuops::dist::ReduceOp::Max).wait();
   comm.all_reduce(lo, gpuops::dist::ReduceOp::Min).wait();
   WORKER_CHECK(at::equal(hi, flat) && at::equal(lo, flat), "the ranks hold different parameters");
-  // Single-process training on the concatenated batch: 1e-6 relative (to each tensor's largest value).
-  double worst = 0.0, moved = 0.0;
+  // Single-process training on the concatenated batch, within kNoiseFactor times the distance between two
+  // equally valid float32 references: that one and one summing each rank's loss through its own matmuls (the
+  // ranks' shapes). Both distances come from the order of float32 sums, amplified over 50 clipped steps; that
+  // order depends on the CPU's matmul blocking, so a fixed bound tuned on one CPU fails on another (issue 31:
+  // 2.45e-6 against 1e-6 on an AMD EPYC). A wrong step (a missing reduction, a wrong scale or clip) is >= 1e-3.
+  Setup chunked = s;
+  chunked.chunks = n;
+  int64_t unused_state = 0, unused_retained = 0;
+  const auto other = train_reference(n, chunked, &unused_state, &unused_retained);
+  const auto rel = [](const at::Tensor& a, const at::Tensor& b) {
+    return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / b.abs().max().item<double>();
+  };
+  double worst = 0.0, moved = 0.0, noise = 0.0;
   const auto init = make_params();
   for (size_t i = 0; i < a.size(); ++i) {
-    const double err = (a[i].to(at::kDouble) - ref[i].to(at::kDouble)).abs().max().item<double>();
-    const double scale = ref[i].abs().max().item<double>();
-    worst = std::max(worst, err / scale);
-    moved = std::max(moved, (ref[i] - init[i].detach()).abs().max().item<double>() / scale);
-    WORKER_CHECK(err <= 1e-6 * scale, "params[{}]: max abs error {} against single-process > 1e-6 x {}", i, err, scale);
+    worst = std::max(worst, rel(a[i], ref[i]));
+    noise = std::max(noise, rel(other[i], ref[i]));
+    moved = std::max(moved, rel(ref[i], init[i].detach()));
   }
+  constexpr double kNoiseFactor = 10, kUlps = 2.4e-7;  // (a floor of two float32 ulps, should the two agree)
+  WORKER_CHECK(worst <= kNoiseFactor * std::max(noise, kUlps), "max relative error {} against single-process > {} x "
+               "the two references' distance {}", worst, kNoiseFactor, noise);
   WORKER_CHECK(moved > 0.1, "training barely moved the parameters ({}): the comparison would prove little", moved);
   // Optimizer state, measured from the state tensors: 1/N of the unsharded moments plus the padding (FlatParams'
   // alignment of each parameter and of the total to N x 16 bytes), plus one float32 step counter per parameter.
@@ -263,10 +284,10 @@ void scenario_train(Communicator& comm) {
                "MemoryBudget: the first step kept {} bytes (state {}); the reference {} (state {})", retained,
                zero_state, ref_retained, ref_state);
   write_file(fmt::format("{}/result.{}", env_or("GPUOPS_COMM_DIR", "/tmp"), comm.rank()),
-             fmt::format("max_rel_err={:.3g}; state bytes per rank {} (moments {} x {} ranks = {} = 8 x {} padded "
-                         "elements) against {} unsharded ({} elements); MemoryBudget: the first step kept {} "
-                         "bytes against {} unsharded; {}",
-                         worst, zero_state, moments, n, moments * n, total, ref_state, numel, retained, ref_retained,
+             fmt::format("max_rel_err={:.3g} (the two references: {:.3g}); state bytes per rank {} (moments {} x {} "
+                         "ranks = {} = 8 x {} padded elements) against {} unsharded ({} elements); MemoryBudget: the "
+                         "first step kept {} bytes against {} unsharded; {}",
+                         worst, noise, zero_state, moments, n, moments * n, total, ref_state, numel, retained, ref_retained,
                          notes));
 }
 
@@ -340,6 +361,27 @@ void scenario_bad_input(Communicator& comm) {
   loss_of(params, at::ones({2, kIn}), at::zeros({2, kOut})).backward();
   m = value_error_of([&] { opt.step(); });
   WORKER_CHECK(m.find("it has 2 parameter groups") != std::string::npos, "a group added behind its back: got '{}'", m);
+  // A model loaded (torch's Module::load set_s the loaded tensors into the parameters) between zero_grad() and the
+  // backward, at stage 2 reduced in backward: the backward bypassed the buffers (it trained from wrong values);
+  // refused at the step on every rank, nothing stepped; zero_grad() takes the loaded values in, and it trains.
+  for (int stage : {1, 2}) {
+    auto fresh = make_params();
+    gpuops::optim::ZeroOptions hooks;
+    hooks.stage = stage;
+    hooks.reduce_in_backward = stage == 2;
+    ZeroOptimizer loaded(fresh, comm, hooks, adamw_options());
+    loaded.zero_grad();
+    for (auto& p : fresh) p.set_data(p.detach().clone() + 0.5);  // what Module::load does
+    loss_of(fresh, at::ones({2, kIn}), at::zeros({2, kOut})).backward();
+    m = value_error_of([&] { loaded.step(); });
+    WORKER_CHECK(m.find("were replaced after zero_grad()") != std::string::npos, "stage {} load: got '{}'", stage, m);
+    const at::Tensor values = fresh[0].detach().clone();
+    loaded.zero_grad();
+    WORKER_CHECK(at::equal(fresh[0], values), "stage {}: zero_grad lost the loaded values", stage);
+    loss_of(fresh, at::ones({2, kIn}), at::zeros({2, kOut})).backward();
+    loaded.step();
+    WORKER_CHECK(!at::equal(fresh[0], values), "stage {}: the step after the load did not move", stage);
+  }
   comm.barrier().wait();
 }
 

@@ -2,11 +2,14 @@
 // processes (multiprocess.h). Each rank trains an MLP Sequential (one layer checkpointed through a
 // CheckpointedSequential inside it) for 20 steps with our GradScaler, clipping and 2 micro-batches, and also
 // the single-process reference (our AdamW on every rank's gradient averaged, regenerated locally), twice to
-// check the bits, then checks: within 1e-6, the ranks agree, the parameters are placeholders between steps.
+// check the bits, then checks: within 10 times the distance between two equally valid references (floor: two
+// float32 ulps), the ranks agree, the parameters are placeholders between steps.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,7 +106,8 @@ std::vector<at::Tensor> train_sharded(Communicator& comm) {
   return gathered(opt, comm.size());
 }
 
-std::vector<at::Tensor> train_reference(int world) {
+// `reversed`: the ranks' gradients summed in the other order, an equally valid float32 reference.
+std::vector<at::Tensor> train_reference(int world, bool reversed = false) {
   auto net = make_net(false);
   auto params = gpuops::optim::sequential_units(net).params;
   AdamW opt(params, AdamWOptions(1e-2));
@@ -114,7 +118,8 @@ std::vector<at::Tensor> train_reference(int world) {
     for (int m = 0; m < kMicro; ++m) {
       std::vector<at::Tensor> total;
       for (const auto& p : params) total.push_back(at::zeros_like(p));
-      for (int r = 0; r < world; ++r) {
+      for (int k = 0; k < world; ++k) {
+        const int r = reversed ? world - 1 - k : k;
         auto [x, y] = batch_of(step, m, r);
         auto grads = torch::autograd::grad({scaler.scale((net->forward(x) - y).square().mean() / kMicro)}, params);
         for (size_t i = 0; i < params.size(); ++i) total[i] = total[i] + grads[i];
@@ -138,16 +143,23 @@ void scenario_train(Communicator& comm) {
   gpuops::dist::Agreement agreement("trained parameters");
   agreement.field("parameters' bits", gpuops::dist::fingerprint(first));
   agreement.exchange(comm);  // raises on every rank when any two ranks hold other bits
-  const auto ref = train_reference(comm.size());
-  double worst = 0;
+  // Within kNoiseFactor times the distance between two equally valid float32 references (the ranks' gradients
+  // summed in one order and in the other; Gloo sums in a third), with a floor of two float32 ulps: a bound
+  // derived on the machine that runs it, not tuned on one (issue 31).
+  const auto ref = train_reference(comm.size()), other = train_reference(comm.size(), /*reversed=*/true);
+  const auto rel = [](const at::Tensor& a, const at::Tensor& b) {
+    return ((a.to(at::kDouble) - b.to(at::kDouble)).abs().max() / b.to(at::kDouble).abs().max()).item<double>();
+  };
+  double worst = 0, noise = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
-    const double err = ((first[i].to(at::kDouble) - ref[i].to(at::kDouble)).abs().max() /
-                        ref[i].to(at::kDouble).abs().max()).item<double>();
-    worst = std::max(worst, err);
+    worst = std::max(worst, rel(first[i], ref[i]));
+    noise = std::max(noise, rel(other[i], ref[i]));
   }
-  WORKER_CHECK(worst <= 1e-6, "max relative error {} against single-process", worst);
+  constexpr double kNoiseFactor = 10, kUlps = 2.4e-7;
+  WORKER_CHECK(worst <= kNoiseFactor * std::max(noise, kUlps), "max relative error {} against single-process > {} x "
+               "the two references' distance {}", worst, kNoiseFactor, noise);
   write_file(fmt::format("{}/result.{}", env_or("GPUOPS_COMM_DIR", "."), comm.rank()),
-             fmt::format("max_rel_err={:.3g}", worst));
+             fmt::format("max_rel_err={:.3g} (the two references: {:.3g})", worst, noise));
 }
 
 void scenario_bad_input(Communicator& comm) {
@@ -186,6 +198,45 @@ void scenario_bad_input(Communicator& comm) {
   }
   m = value_error_of([&] { three.shards().unit_pre_forward(3); });
   WORKER_CHECK(m.find("unit 3 is out of range [0, 3)") != std::string::npos, "unit out of range: got '{}'", m);
+  // Ranks gathering different units, or one unit for different reasons (here with and without autograd):
+  // every rank raises naming each rank's unit (Gloo aborted the process on the mismatched gather), and the
+  // group stays usable: the next agreed gather runs.
+  m = value_error_of([&] { three.shards().unit_pre_forward(static_cast<size_t>(comm.rank())); });
+  WORKER_CHECK(m.find("rank 0 unit 0 for a forward, rank 1 unit 1 for a forward") != std::string::npos,
+               "different units: got '{}'", m);
+  m = value_error_of([&] {
+    std::optional<torch::NoGradGuard> no_grad;
+    if (comm.rank() == 1) no_grad.emplace();
+    three.shards().unit_pre_forward(0);
+  });
+  WORKER_CHECK(m.find("rank 0 unit 0 for a forward, rank 1 unit 0 for a forward without autograd") !=
+                   std::string::npos, "with and without autograd: got '{}'", m);
+  three.shards().unit_pre_forward(0);
+  three.shards().unit_post_forward(0);
+  // The optimizer destroyed between a forward and its backward (the backward used freed memory): named.
+  ZeroOptions fresh_zero;
+  fresh_zero.stage = 3;
+  fresh_zero.units = gpuops::optim::sequential_units(fresh).units;
+  auto owned = std::make_unique<ZeroOptimizer<AdamW>>(fresh_params, comm, fresh_zero, AdamWOptions(1e-2));
+  ShardedSequential model(fresh, *owned);
+  const auto [x, y] = batch_of(0, 0, comm.rank());
+  at::Tensor loss = (model->forward(x) - y).square().mean();
+  owned.reset();
+  m = value_error_of([&] { loss.backward(); });
+  WORKER_CHECK(m.find("was destroyed before its backward") != std::string::npos, "destroyed: got '{}'", m);
+  m = value_error_of([&] { model->forward(x); });
+  WORKER_CHECK(m.find("its ZeroOptimizer was destroyed") != std::string::npos, "forward after: got '{}'", m);
+  // A layer pushed after the wrap (it gave std::out_of_range).
+  auto grown = make_net();
+  const auto grown_units = gpuops::optim::sequential_units(grown);
+  ZeroOptions grown_zero;
+  grown_zero.stage = 3;
+  grown_zero.units = grown_units.units;
+  ZeroOptimizer<AdamW> grown_opt(grown_units.params, comm, grown_zero, AdamWOptions(1e-2));
+  ShardedSequential grown_model(grown, grown_opt);
+  grown->push_back(torch::nn::Linear(kOut, kOut));
+  m = value_error_of([&] { grown_model->forward(x); });
+  WORKER_CHECK(m.find("cannot be added or removed after the wrap") != std::string::npos, "push_back: got '{}'", m);
   comm.barrier().wait();
 }
 
@@ -216,6 +267,17 @@ void scenario_checkpoint(Communicator& comm) {
     }
     gpuops::TrainingProgress progress;
     progress.step = 3;
+    // A unit gathered (between a forward and its backward): refused on every rank, nothing saved (the model's
+    // full parameters went into a state no later model could load).
+    opt.shards().unit_pre_forward(2);
+    std::string refused;
+    try {
+      state.save(progress, objects);
+    } catch (const c10::ValueError& e) {
+      refused = e.what_without_backtrace();
+    }
+    WORKER_CHECK(refused.find("stage-3 units are gathered now") != std::string::npos, "gathered save: '{}'", refused);
+    opt.shards().unit_post_forward(2);
     state.save(progress, objects);
     const auto full = opt.shards().full_parameters(0);
     if (comm.rank() == 0) torch::save(full, dir + "/params3.pt");

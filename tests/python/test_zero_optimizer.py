@@ -1,7 +1,8 @@
 """gpuops.ZeroOptimizer over torch.distributed's Gloo group: two real processes (this file run as a script,
 one per rank; multiprocess_launch.py). Each rank trains a small MLP for 50 steps on fresh random data of its
-own with our GradScaler, clipping and accumulation (by hand, and through GradAccumulator), and compares with single-process training (our AdamW
-on the concatenated batch, which it regenerates): 1e-6 relative. Two runs give the same bits; the
+own with our GradScaler, clipping and accumulation (by hand, and through GradAccumulator), and compares with
+single-process training (our AdamW on the concatenated batch, which it regenerates): within 10 times the
+distance between that reference and an equally valid one (each rank's loss through its own matmuls). Two runs give the same bits; the
 optimizer state per rank is 1/2 of the unsharded plus padding; bad input raises naming the argument."""
 
 import sys
@@ -56,7 +57,24 @@ def _batch(step, micro, rank):
     return x, y
 
 
-def _train(make_opt, batch_of, accumulation=2):
+def _mse(model, x, y, chunks=1):
+    """The batch's mean squared error; with chunks > 1 the mean of each rank's (each through its own matmuls:
+    another equally valid order of the float32 sums)."""
+    return sum(torch.nn.functional.mse_loss(model(a), b) for a, b in zip(x.chunk(chunks), y.chunk(chunks))) / chunks
+
+
+def _within_noise(ours, ref, other, what):
+    """ours within 10 x the distance between two equally valid float32 references (floor: two float32 ulps). The
+    distances come from the order of float32 sums, amplified over the steps; that order depends on the CPU's
+    matmul blocking, so a fixed bound tuned on one CPU fails on another (issue 31: 2.45e-6 against 1e-6)."""
+    rel = lambda a, b: ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()  # noqa: E731
+    worst = max(rel(a, b) for a, b in zip(ours, ref))
+    noise = max(rel(a, b) for a, b in zip(other, ref))
+    assert worst <= 10 * max(noise, 2.4e-7), f"{what}: max relative error {worst} > 10 x the references' {noise}"
+    return worst, noise
+
+
+def _train(make_opt, batch_of, accumulation=2, chunks=1):
     model = _model()
     opt = make_opt(model.parameters())
     scaler = gpuops.GradScaler("cpu", init_scale=1024.0, growth_interval=7)
@@ -65,7 +83,7 @@ def _train(make_opt, batch_of, accumulation=2):
         opt.zero_grad()
         for m in range(accumulation):
             x, y = batch_of(step, m)
-            scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+            scaler.scale(_mse(model, x, y, chunks)).backward()
         scaler.set_grad_divisor(opt, accumulation)
         clipped += bool(scaler.clip_grad_norm_(opt, 0.55) > 0.55)  # clips about half the steps
         scaler.step(opt)
@@ -106,8 +124,8 @@ def _run(scenario, dist):
             return torch.cat(xs), torch.cat(ys)
 
         ref, ref_opt = _train(lambda params: gpuops.optim.AdamW(params, **options), concatenated)
-        worst = max(((x.double() - y.double()).abs().max() / y.abs().max()).item() for x, y in zip(a, ref))
-        assert worst <= 1e-6, f"max relative error {worst} against single-process"
+        other, _ = _train(lambda params: gpuops.optim.AdamW(params, **options), concatenated, chunks=world)
+        worst, noise = _within_noise(a, ref, other, f"stage {stage}")
         init = [p.detach() for p in _model().parameters()]
         assert max(((r - i).abs().max() / r.abs().max()).item() for r, i in zip(ref, init)) > 0.1
         flat = torch.cat([x.flatten() for x in a])
@@ -121,12 +139,13 @@ def _run(scenario, dist):
         assert unsharded == 8 * numel and moments * world == 8 * total and 0 <= total - numel < 4 * (world + 4)
         if stage == 2:
             assert opt.gradient_bytes() == 4 * total // world
-        print(f"rank {rank}: stage {stage} max_rel_err={worst:.3g} state bytes {opt.state_bytes()} per rank, "
+        print(f"rank {rank}: stage {stage} max_rel_err={worst:.3g} (references {noise:.3g}) state bytes "
+              f"{opt.state_bytes()} per rank, "
               f"{unsharded} unsharded moments ({numel} elements, {total} padded)", flush=True)
         print("train ok", flush=True)
     elif scenario == "accumulator":  # GradAccumulator: per-sample loss sums and counts, window 2, clipping
 
-        def train(make_opt, batch_of):
+        def train(make_opt, batch_of, per_rank=False):
             model = _model()
             opt = make_opt(model.parameters())
             acc = gpuops.GradAccumulator(opt, 2, gpuops.GradScaler("cpu", init_scale=1024.0, growth_interval=7),
@@ -134,7 +153,10 @@ def _run(scenario, dist):
             for step in range(STEPS):
                 for m in range(2):
                     x, y = batch_of(step, m)
-                    acc.backward(((model(x) - y) ** 2).mean(dim=1).sum(), x.shape[0])
+                    # per_rank: each rank's samples through their own matmuls (the other valid reference)
+                    sizes = [len(uneven(step, m, r)[0]) for r in range(world)] if per_rank else [len(x)]
+                    loss = sum(((model(a) - b) ** 2).mean(dim=1).sum() for a, b in zip(x.split(sizes), y.split(sizes)))
+                    acc.backward(loss, x.shape[0])
             return [p.detach().clone() for p in model.parameters()]
 
         def uneven(s, m, r):  # rank 1's second micro-batch is half as large: the ranks' counts differ
@@ -149,9 +171,10 @@ def _run(scenario, dist):
         a = train(lambda params: gpuops.ZeroOptimizer(params, communicator=comm, stage=2, **options),
                   lambda s, m: uneven(s, m, rank))
         ref = train(lambda params: gpuops.optim.AdamW(params, **options), concatenated)
-        worst = max(((x.double() - y.double()).abs().max() / y.abs().max()).item() for x, y in zip(a, ref))
-        assert worst <= 1e-6, f"max relative error {worst} against single-process"
-        print(f"rank {rank}: GradAccumulator, stage 2, counts 12 and 9: max_rel_err={worst:.3g}", flush=True)
+        other = train(lambda params: gpuops.optim.AdamW(params, **options), concatenated, per_rank=True)
+        worst, noise = _within_noise(a, ref, other, "GradAccumulator")
+        print(f"rank {rank}: GradAccumulator, stage 2, counts 12 and 9: max_rel_err={worst:.3g} (references "
+              f"{noise:.3g})", flush=True)
         print("accumulator ok", flush=True)
     elif scenario == "bad_input":
         model = _model()

@@ -96,6 +96,14 @@ def test_refused_layouts():
     _ok(launch(__file__, "refused", 2, DEADLINE_S), "refused")
 
 
+def test_batch_search_restores_the_shards():
+    _ok(launch(__file__, "restore", 2, DEADLINE_S), "restore")
+
+
+def test_ranks_running_other_units_raise_together():
+    _ok(launch(__file__, "diverge", 2, DEADLINE_S), "diverge")
+
+
 @pytest.mark.parametrize("fault", ["killed", "stalled"])
 def test_lost_rank_inside_a_gather(fault):
     outputs = launch(__file__, fault, 2, DEADLINE_S)
@@ -374,6 +382,76 @@ def _run(scenario, dist):
         print("refused ok", flush=True)
     elif scenario in ("killed", "stalled"):
         _fault(scenario, rank, dist)
+    elif scenario == "diverge":
+        _diverge(rank, world, comm, dist)
+        print("diverge ok", flush=True)
+    elif scenario == "restore":
+        _restore(rank, world, comm, dist)
+        print("restore ok", flush=True)
+
+
+def _restore(rank, world, comm, dist):
+    """find_max_batch_size(restore=[model, opt]) with stage 3: each rank puts its shard back (parameters and
+    optimizer state, bit for bit); it failed with an unrelated "call consolidate_state_dict" error."""
+    model = _model()
+    opt = _stage3(model, comm)
+    _sharded_steps(model, opt, None, rank, range(2), micro=1)
+    params = _gathered_on_every_rank(opt, world)
+    opt.consolidate_state_dict(0)
+    state = opt.state_dict() if rank == 0 else None
+
+    def step(batch):
+        opt.zero_grad()
+        g = torch.Generator().manual_seed(batch + 10 * rank)
+        idx, y = torch.randint(0, VOCAB, (batch, SEQ), generator=g), torch.randint(0, VOCAB, (batch, SEQ), generator=g)
+        _loss(model, idx, y).backward()
+        opt.step()
+
+    with gpuops.memory_budget(256 << 20):
+        found = gpuops.find_max_batch_size(step, high=6, seed=None, process_group=dist.group.WORLD,
+                                           restore=[model, opt], verbose=False)
+    assert found.max_batch == 6 and len(found.trials) > 1, found
+    after = _gathered_on_every_rank(opt, world)
+    assert all(torch.equal(params[k], after[k]) for k in params), "the parameters were not put back"
+    opt.consolidate_state_dict(0)
+    if rank == 0:
+        again = opt.state_dict()["state"]
+        assert all(torch.equal(state["state"][i][key], again[i][key]) for i in state["state"] for key in again[i])
+    with pytest.raises(ValueError, match="put that optimizer in restore= too"):
+        gpuops.find_max_batch_size(step, high=2, restore=[model])
+    _sharded_steps(model, opt, None, rank, range(2, 3), micro=1)  # and it trains on
+
+
+def _diverge(rank, world, comm, dist):
+    """Ranks that run their units differently raise together, naming each rank's unit, where Gloo aborted the
+    process or the ranks waited for the timeout; the group stays usable and the ranks then train alike."""
+    model = _model()
+    opt = _stage3(model, comm)
+    _sharded_steps(model, opt, None, rank, range(1), micro=1)
+    idx, y = _batch(1, rank)
+    model.order = [0, 1, 2] if rank == 0 else [0, 2, 1]  # LayerDrop-like: another order on rank 1
+    opt.zero_grad()
+    # (rank 1's second block prefetches the unit its first one freed: its gathers differ from rank 0's there)
+    with pytest.raises(ValueError, match=r"the ranks gather different units: rank 0 unit \d for a \w+, rank 1 unit "):
+        _loss(model, idx, y).backward()
+    model.order = [0, 1, 2]
+    opt.zero_grad()
+    with pytest.raises(ValueError, match="rank 0 unit 0 for a forward, rank 1 unit 0 for a forward without autograd"):
+        if rank == 1:  # an extra forward on one rank (an evaluation, a retry)
+            with torch.no_grad():
+                model(idx)
+        _loss(model, idx, y)
+    # A unit module replaced after the optimizer was built: its new parameters would train unsharded and outside
+    # the optimizer, and the state dicts would hold the old ones (silently dropped before): refused, named.
+    original = model.layers[1]
+    model.layers[1] = Block(WIDTH)
+    with pytest.raises(ValueError, match="'layers.1.ln1.weight' is no longer the parameter the optimizer shards"):
+        _loss(model, idx, y)
+    with pytest.raises(ValueError, match="no longer the parameter the optimizer shards"):
+        opt.full_state_dict(0)
+    model.layers[1] = original
+    _sharded_steps(model, opt, None, rank, range(2, 4), micro=1)
+    _every_rank_same(dist, _gathered_on_every_rank(opt, world))
 
 
 def _usage(rank, world, comm):
@@ -406,8 +484,24 @@ def _usage(rank, world, comm):
     again = _gathered_on_every_rank(opt, world)
     assert all(torch.equal(again[k], changed[k]) for k in changed)
     model.load_state_dict(partial)  # what state_dict() gave: nothing reported missing
-    with pytest.raises(RuntimeError, match="give all of them or none"):
+    with pytest.raises(ValueError, match="give all of them or none"):
         model.load_state_dict({k: v for k, v in changed.items() if k != "pos"})
+    # The load is agreed: values that differ between ranks, a bad value or a partial dict on one rank raise on
+    # every rank before anything is loaded (it was a patchwork of shards, or rank 0 raised while rank 1 loaded).
+    other = dict(changed, pos=changed["pos"] + rank)
+    with pytest.raises(ValueError, match="the ranks disagree on values loaded"):
+        model.load_state_dict(other)
+    bad = dict(changed, pos=changed["pos"][:-1]) if rank == 0 else changed
+    with pytest.raises(ValueError, match=r"values\[\d+\] must be a floating tensor" if rank == 0 else "rank 0 failed"):
+        model.load_state_dict(bad)
+    lacking = {k: v for k, v in changed.items() if k != "pos"} if rank == 1 else changed
+    with pytest.raises(ValueError, match="give all of them or none" if rank == 1 else "rank 1 failed"):
+        model.load_state_dict(lacking)
+    still = _gathered_on_every_rank(opt, world)
+    assert all(torch.equal(still[k], changed[k]) for k in changed), "a refused load changed a shard"
+    model.load_state_dict({k: v.double() for k, v in changed.items()})  # converted, as torch's load copies
+    for k, a in _gathered_on_every_rank(opt, world).items():
+        assert torch.equal(a, changed[k]), (k, a.dtype, changed[k].dtype, (a - changed[k]).abs().max())
     # A torch scheduler drives the group's lr, which reaches the C++ optimizer at the step.
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     _sharded_steps(model, opt, None, rank, range(10, 12), micro=1)
@@ -484,15 +578,18 @@ def _accumulate(rank, world, comm, dist):
               f"bytes at most {most} (parameters {sum(opt.flat_numels()) * 4} B padded)", flush=True)
     # Traffic of one step of one micro-batch: every unit gathered for its forward and again for its backward,
     # its gradient reduce-scattered once: 1.5 all-reduces of the parameters. reshard_after_forward=False keeps
-    # the units from forward to backward: one gather.
-    for reshard in (True, False):
+    # the units from forward to backward: one gather. Each gather is preceded by the unit-order check: two
+    # int64 per rank (check_unit_order=False: none).
+    for reshard, check in ((True, True), (False, True), (True, False)):
         model = _model()
-        opt = _stage3(model, comm, reshard_after_forward=reshard)
+        opt = _stage3(model, comm, reshard_after_forward=reshard, check_unit_order=check)
         padded = sum(opt.flat_numels()) * 4
         comm.reset_traffic()
         _sharded_steps(model, opt, None, rank, range(1), micro=1)
         t = comm.traffic()
-        assert t["all_gather"]["payload_bytes"] == (2 if reshard else 1) * padded, (t, padded)
+        gathers = (2 if reshard else 1) * opt._impl.unit_count()
+        checks = gathers * 16 * world if check else 0
+        assert t["all_gather"]["payload_bytes"] == (2 if reshard else 1) * padded + checks, (t, padded)
         assert t["reduce_scatter"]["payload_bytes"] == padded, (t, padded)
         print(f"rank {rank}: reshard_after_forward={reshard}: all-gathers {t['all_gather']['payload_bytes']} B, "
               f"reduce-scatters {t['reduce_scatter']['payload_bytes']} B, parameters {padded} B padded", flush=True)

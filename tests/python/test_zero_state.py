@@ -54,11 +54,14 @@ def _concatenated(step, world):
     return torch.cat(xs), torch.cat(ys)
 
 
-def _train(model, opt, batches, steps, scheduler=None):
+def _train(model, opt, batches, steps, scheduler=None, chunks=1):
+    """`chunks` > 1: the loss is the mean of each rank's (each through its own matmuls), another equally valid
+    order of the float32 sums than the concatenated batch's."""
     for step in steps:
         opt.zero_grad()
         x, y = batches(step)
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        sum(torch.nn.functional.mse_loss(model(a), b) for a, b in zip(x.chunk(chunks), y.chunk(chunks))).div(
+            chunks).backward()
         opt.step()
         if scheduler is not None:
             scheduler.step()
@@ -66,6 +69,15 @@ def _train(model, opt, batches, steps, scheduler=None):
 
 def _rel_err(a, b):
     return max(((x.double() - y.double()).abs().max() / y.double().abs().max()).item() for x, y in zip(a, b))
+
+
+def _within_noise(ours, ref, other, what):
+    """ours within 10 x the distance between two equally valid float32 references (floor: two float32 ulps): the
+    distances come from the order of float32 sums, which depends on the CPU's matmul blocking; a fixed bound
+    tuned on one CPU fails on another (issue 31)."""
+    err, noise = _rel_err(ours, ref), _rel_err(other, ref)
+    assert err <= 10 * max(noise, 2.4e-7), f"{what}: max relative error {err} > 10 x the references' {noise}"
+    return err
 
 
 def _params(model):
@@ -93,44 +105,47 @@ def _run(scenario, dist):
     if scenario == "kinds":
         for cls, ours, options in ((torch.optim.Adam, gpuops.optim.Adam, dict(lr=2e-2, weight_decay=0.1, amsgrad=True)),
                                    ("sgd", gpuops.optim.SGD, dict(lr=5e-2, momentum=0.9, nesterov=True))):
-            a, b = _model(), _model()
+            a, b, c = _model(), _model(), _model()
             zero = gpuops.ZeroOptimizer(a.parameters(), cls, communicator=comm, stage=2, **options)
             _train(a, zero, mine, range(15))
             _train(b, ours(b.parameters(), **options), everyone, range(15))
-            err = _rel_err(_params(a), _params(b))
-            assert err <= 1e-6, f"{zero.kind}: max relative error {err} against single-process"
+            _train(c, ours(c.parameters(), **options), everyone, range(15), chunks=world)
+            err = _within_noise(_params(a), _params(b), _params(c), zero.kind)
             print(f"rank {rank}: {zero.kind} stage 2 max_rel_err={err:.3g}", flush=True)
         # OneCycleLR cycles lr and momentum through the group: both reach the C++ optimizer at every step.
-        a, b = _model(), _model()
+        a, b, c = _model(), _model(), _model()
         zero = gpuops.ZeroOptimizer(a.parameters(), "sgd", communicator=comm, lr=0.05, momentum=0.9)
         ref = gpuops.optim.SGD(b.parameters(), lr=0.05, momentum=0.9)
+        other = gpuops.optim.SGD(c.parameters(), lr=0.05, momentum=0.9)
         _train(a, zero, mine, range(15), torch.optim.lr_scheduler.OneCycleLR(zero, max_lr=0.1, total_steps=15))
         _train(b, ref, everyone, range(15), torch.optim.lr_scheduler.OneCycleLR(ref, max_lr=0.1, total_steps=15))
-        err = _rel_err(_params(a), _params(b))
-        assert err <= 1e-6, f"SGD under OneCycleLR: max relative error {err}"
+        _train(c, other, everyone, range(15), torch.optim.lr_scheduler.OneCycleLR(other, max_lr=0.1, total_steps=15),
+               chunks=world)
+        err = _within_noise(_params(a), _params(b), _params(c), "SGD under OneCycleLR")
         assert zero.param_groups[0]["momentum"] == ref.param_groups[0]["momentum"] != 0.9
         assert zero._impl.options["momentum"] != 0.9  # synced to the C++ optimizer at the steps
         print(f"rank {rank}: SGD under OneCycleLR (lr and momentum cycled): max_rel_err={err:.3g}", flush=True)
         # Reduced from autograd hooks during backward (buckets of 256 bytes: three), stage 2, with a
         # scaler and accumulation over 2 micro-batches: no full gradient survives a backward.
-        a, b = _model(), _model()
+        a, b, c = _model(), _model(), _model()
         zero = gpuops.ZeroOptimizer(a.parameters(), "adamw", communicator=comm, stage=2, reduce_in_backward=True,
                                     bucket_bytes=256, lr=2e-2)
-        ref = gpuops.optim.AdamW(b.parameters(), lr=2e-2)
-        scalers = [gpuops.GradScaler("cpu", init_scale=512.0), gpuops.GradScaler("cpu", init_scale=512.0)]
+        ref, other = gpuops.optim.AdamW(b.parameters(), lr=2e-2), gpuops.optim.AdamW(c.parameters(), lr=2e-2)
+        scalers = [gpuops.GradScaler("cpu", init_scale=512.0) for _ in range(3)]
         for step in range(12):
-            for opt, net, batches, scaler in ((zero, a, mine, scalers[0]), (ref, b, everyone, scalers[1])):
+            for opt, net, batches, scaler, chunks in ((zero, a, mine, scalers[0], 1), (ref, b, everyone, scalers[1], 1),
+                                                      (other, c, everyone, scalers[2], world)):
                 opt.zero_grad()
                 for m in range(2):
                     x, y = batches(2 * step + m)
-                    scaler.scale(torch.nn.functional.mse_loss(net(x), y) / 2).backward()
+                    loss = sum(torch.nn.functional.mse_loss(net(u), v) for u, v in zip(x.chunk(chunks), y.chunk(chunks)))
+                    scaler.scale(loss / chunks / 2).backward()
                     if opt is zero:
                         assert all(p.grad is None for p in a.parameters())
                 scaler.step(opt)
                 scaler.update()
         assert len(zero.flat_numels()) > 2
-        err = _rel_err(_params(a), _params(b))
-        assert err <= 1e-6, f"reduced in backward: max relative error {err} against single-process"
+        err = _within_noise(_params(a), _params(b), _params(c), "reduced in backward")
         print(f"rank {rank}: stage 2 reduced in backward, {len(zero.flat_numels())} buckets, accumulation 2: "
               f"max_rel_err={err:.3g}", flush=True)
         with pytest.raises(TypeError, match="unexpected option 'betas' for SGD"):
@@ -152,7 +167,8 @@ def _run(scenario, dist):
             torch.save(sd, path)
             # torch's AdamW loads it into a copy of the model and continues as the sharded run does.
             ref = _model()
-            ref.load_state_dict(model.state_dict())
+            copy_of_model = {k: v.clone() for k, v in model.state_dict().items()}
+            ref.load_state_dict(copy_of_model)
             torch_opt = torch.optim.AdamW(ref.parameters(), lr=3e-2, weight_decay=0.05)
             torch_opt.load_state_dict(sd)
             assert torch_opt.state_dict()["param_groups"][0]["weight_decay"] == 0.05
@@ -175,8 +191,14 @@ def _run(scenario, dist):
         if rank == 0:
             torch_sched = torch.optim.lr_scheduler.StepLR(torch_opt, step_size=3, gamma=0.5)
             _train(ref, torch_opt, everyone, range(10, 20), torch_sched)
-            err = _rel_err(_params(model), _params(ref))
-            assert err <= 1e-6, f"torch AdamW from the consolidated state: max relative error {err}"
+            # The other valid reference: torch's AdamW again, each rank's loss through its own matmuls.
+            other = _model()
+            other.load_state_dict(copy_of_model)
+            other_opt = torch.optim.AdamW(other.parameters(), lr=3e-2, weight_decay=0.05)
+            other_opt.load_state_dict(sd)
+            _train(other, other_opt, everyone, range(10, 20), torch.optim.lr_scheduler.StepLR(other_opt, 3, 0.5),
+                   chunks=world)
+            err = _within_noise(_params(model), _params(ref), _params(other), "torch AdamW from the consolidated state")
             assert zero.param_groups[0]["lr"] == torch_opt.param_groups[0]["lr"] < 3e-2
             print(f"rank 0: torch.optim.AdamW continued from the consolidated state, 10 steps with StepLR: "
                   f"max_rel_err={err:.3g} against the sharded run", flush=True)
