@@ -106,8 +106,9 @@ struct ZeroOptions {
   /// communicator's control device, read on the host. Ranks that run their units in different orders
   /// (LayerDrop with a seed per rank, a layer skipped or an extra forward on one rank) then raise on every
   /// rank naming each rank's unit, before the mismatched gather that Gloo answers by aborting the process
-  /// (NCCL: a hang until the timeout). false skips the check: one host synchronisation fewer per unit gather
-  /// (a CUDA group waits there for the gathers queued before it).
+  /// (NCCL: a hang until the timeout). false skips the check: one small collective's latency and one host
+  /// synchronisation fewer per unit gather (0.9 ms each over Gloo on a 2-vCPU machine: docs/benchmarks.md; a
+  /// CUDA group also waits there for the gathers queued before it).
   bool check_unit_order = true;
 };
 

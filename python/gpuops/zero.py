@@ -124,6 +124,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
     gathered units on that device when the model was built elsewhere (on the CPU: it is flattened there one unit
     at a time; move its buffers with ``model.to(device)`` afterwards). ``reduce_in_backward`` defaults to True
     at stage 3 (each unit reduced as its backward ends; False accumulates a unit's full gradients over the window).
+    ``check_unit_order``: before each unit's gather the ranks compare which unit they gather and what for, so that
+    ranks running different units (LayerDrop with a seed per rank, an extra forward on one rank) raise together
+    naming them instead of Gloo aborting the process; False saves one small host-read collective per unit gather
+    (its latency: 0.9 ms over Gloo on a 2-vCPU machine, docs/benchmarks.md). Every rank calls
+    ``model.load_state_dict`` alike (agreed), and the model stays as it was built (a replaced unit is refused).
     Between steps the parameters are empty placeholders: ``full_state_dict(to)`` gathers the model."""
 
     _step_supports_amp_scaling = True  # GradScaler hands over grad_scale and found_inf, no host sync

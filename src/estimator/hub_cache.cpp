@@ -3,7 +3,6 @@
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -13,6 +12,7 @@
 #include "gpuops/estimator/hf_config.h"
 #include "gpuops/estimator/presets.h"
 #include "gpuops/estimator/printable.h"
+#include "text_file.h"
 
 namespace gpuops::estimator {
 namespace {
@@ -38,11 +38,15 @@ bool is_repo_id(std::string_view id) {
   return part_ok(id.substr(0, slash)) && part_ok(id.substr(slash + 1));
 }
 
+// The first line of a small regular file; "" for anything else: a FIFO (it hung the CLI), a link to a device
+// (/dev/zero was read for 4.2 GB), a missing or oversized file. A ref holds a 40-character commit hash.
 std::string first_line(const fs::path& file) {
-  std::ifstream in(file);
-  std::string line;
-  std::getline(in, line);
-  return line;
+  try {
+    const std::string text = read_text_file(file.string(), {"refs/main", "Hub cache ref", "", 4096});
+    return text.substr(0, text.find('\n'));
+  } catch (const ArgumentError&) {
+    return "";
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -251,6 +252,27 @@ def test_a_hub_id_is_read_from_the_local_hugging_face_cache_by_python_and_the_co
             gpuops.estimate(missing)
         result = run("estimate", "--model", missing)
         assert result.returncode == 2 and str(tmp_path) in result.stderr
+
+
+@pytest.mark.parametrize("ref", ["fifo", "device"])
+def test_a_hub_cache_ref_that_is_no_file_is_not_read(tmp_path, monkeypatch, ref):
+    """refs/main as a FIFO (the CLI hung) or a link to /dev/zero (4.2 GB read): not read, the newest snapshot is
+    taken, at once. Through the command line, whose timeout would catch a hang."""
+    config = transformers.LlamaConfig(vocab_size=3000, hidden_size=192, intermediate_size=512, num_hidden_layers=3,
+                                      num_attention_heads=6, num_key_value_heads=2).to_dict()
+    fake_hub_cache(tmp_path, "some-org/tiny-llama", config)
+    main = tmp_path / "models--some-org--tiny-llama" / "refs" / "main"
+    main.unlink()
+    if ref == "fifo":
+        os.mkfifo(main)
+    else:
+        main.symlink_to("/dev/zero")
+    newest = {**config, "num_hidden_layers": 1}  # the other snapshot, newer on disk
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    began = time.monotonic()
+    got = cli_total("--model", "some-org/tiny-llama", "--seq", "128")
+    assert time.monotonic() - began < 60
+    assert got["breakdown"]["total"] == gpuops.estimate(config=newest, seq_len=128).total_bytes
 
 
 def test_a_name_with_control_characters_is_echoed_escaped():
