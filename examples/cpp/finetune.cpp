@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   gpuops::TrainingState state(state_dir, keep_two);
   const gpuops::TrainingObjects objects{model.get(), &optimizer, &scaler};
   const auto resumed = state.load(objects);
-  const int64_t first_step = resumed ? resumed->step + 1 : 0;
+  const int64_t first_step = resumed ? resumed->step : 0;  // a state's step: the optimizer steps done
   std::printf("checkpointed blocks: %zu of %lld; %s\n", checkpointed.size(), static_cast<long long>(kLayers),
               resumed ? ("resumed from " + resumed->path).c_str() : "fresh start");
 
@@ -156,13 +156,13 @@ int main(int argc, char** argv) {
     const bool stop = state.should_stop();
     if (stop || (step + 1) % 10 == 0 || step == steps - 1) {
       gpuops::TrainingProgress progress;
-      progress.step = step;
+      progress.step = step + 1;
       progress.data_position = (step + 1) * kWindow;
       const auto path = state.save(progress, objects);
       if (stop) {
         recorder.close();
-        std::printf("stop requested: saved %s at step %lld; run again to resume\n", path.c_str(),
-                    static_cast<long long>(step));
+        std::printf("stop requested: saved %s after %lld steps; run again to resume\n", path.c_str(),
+                    static_cast<long long>(step + 1));
         return 0;
       }
     }

@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   gpuops::TrainingState state(argc > 1 ? argv[1] : "run-cpp/");
   const gpuops::TrainingObjects objects{model.ptr().get(), &optimizer, nullptr};
   const auto resumed = state.load(objects);  // empty on the first run
-  int64_t step = resumed ? resumed->step + 1 : 0;
+  int64_t step = resumed ? resumed->step : 0;  // steps done
   for (; step < 50 && !state.should_stop(); ++step) {  // SIGTERM or SIGUSR1: save and stop
     const auto x = torch::randn({32, 8});
     const auto loss = (model->forward(x) - x.sum(1, /*keepdim=*/true)).square().mean();
@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
     optimizer.step();
     if ((step + 1) % 10 == 0 || state.should_stop()) {
       gpuops::TrainingProgress progress;
-      progress.step = step;
+      progress.step = step + 1;  // steps done
       state.save(progress, objects);
       std::printf("step %lld loss %.6f saved\n", static_cast<long long>(step), loss.item<double>());
     }

@@ -74,9 +74,9 @@ def main() -> None:
 
     with gpuops.TrainingState(args.state_dir, keep=2) as state:
         resumed = state.load(model=model, optimizer=optimizer, scaler=scaler, map_location=device)
-        first_step = resumed["step"] + 1 if resumed else 0
+        first_step = resumed["step"] if resumed else 0  # a state's step: the optimizer steps done
         print(f"checkpointed layers {checkpointed}; " +
-              (f"resumed from {resumed['path']} at step {resumed['step']}" if resumed else "fresh start"))
+              (f"resumed from {resumed['path']} after {resumed['step']} steps" if resumed else "fresh start"))
         metrics = args.metrics or args.state_dir.rstrip("/") + ".metrics.jsonl"
         tensorboard = args.state_dir.rstrip("/") + ".tb" if gpuops.metrics.tensorboard_available() else None
         recorder = gpuops.metrics.Recorder(log_every=10, jsonl=metrics, tensorboard=tensorboard,
@@ -100,11 +100,11 @@ def main() -> None:
             if args.signal_self_at == step:
                 os.kill(os.getpid(), signal.SIGUSR1)
             if state.should_stop() or (step + 1) % args.save_every == 0 or step == args.steps - 1:
-                path = state.save(step=step, model=model, optimizer=optimizer, scaler=scaler,
+                path = state.save(step=step + 1, model=model, optimizer=optimizer, scaler=scaler,
                                   data_position=(step + 1) * args.window)
                 if state.should_stop():
                     recorder.close()
-                    print(f"stop requested: saved {path} at step {step}; run again to resume")
+                    print(f"stop requested: saved {path} after {step + 1} steps; run again to resume")
                     return
         recorder.close()
     print("done")

@@ -39,7 +39,7 @@ struct TrainingObjects {
 
 /// Where training stands, saved next to the objects.
 struct TrainingProgress {
-  int64_t step = 0;
+  int64_t step = 0;  ///< optimizer steps done (the next step's index), as every example and the docs use it
   int64_t epoch = 0;
   int64_t data_position = 0;  ///< e.g. the next batch index of the epoch
   std::map<std::string, c10::IValue> extras;  ///< anything else (tensors, numbers, strings)

@@ -3,10 +3,10 @@ signals schedulers send before killing a job.
 
     state = gpuops.TrainingState("ckpt", keep=3)
     resumed = state.load(model=model, optimizer=opt, scaler=scaler)      # None on a fresh start
-    for step in range(resumed["step"] + 1 if resumed else 0, steps):
+    for step in range(resumed["step"] if resumed else 0, steps):   # a state's step: the steps done
         ...
-        if step % 100 == 0 or state.should_stop():
-            state.save(step=step, model=model, optimizer=opt, scaler=scaler, data_position=loader_pos)
+        if (step + 1) % 100 == 0 or state.should_stop():
+            state.save(step=step + 1, model=model, optimizer=opt, scaler=scaler, data_position=loader_pos)
         if state.should_stop():
             break
 
@@ -218,6 +218,8 @@ class TrainingState:
     def save(self, *, step: int, model: Optional[torch.nn.Module] = None, optimizer=None, scaler=None,
              epoch: int = 0, data_position: Any = None, extras: Optional[dict] = None, scheduler=None) -> Path:
         """Writes a complete state atomically; returns its folder. A failed save leaves nothing behind.
+        ``step``: the optimizer steps done (the next step's index; the examples and docs use this meaning), which
+        ``load`` returns and the telemetry's ``start_step`` takes.
         ``scheduler``: an LR scheduler (torch's, or anything with state_dict/load_state_dict), saved beside
         the optimizer as Lightning's and DeepSpeed's checkpoints hold it.
         With a process group only rank 0 writes; with a gpuops.ZeroOptimizer every rank writes its shard into the

@@ -156,7 +156,8 @@ void ZeroShards::wait_unit(size_t u, GatherFor why) {
       TORCH_CHECK_VALUE(p.numel() == 0 && p.scalar_type() == b.dtype && p.device() == b.device, "ZeroOptimizer: ",
                         describe(k, i), " was replaced while sharded (now ", p.scalar_type(), " on ", p.device(),
                         " of shape ", p.sizes(), "): stage 3 holds the parameters; load values with "
-                        "model.load_state_dict (every rank), and change dtype or device before building the optimizer");
+                        "model.load_state_dict in Python or shards().load_full_parameters in C++ (every rank), and "
+                        "change dtype or device before building the optimizer");
     }
   }
   for (size_t k : unit_buckets_[u]) {
