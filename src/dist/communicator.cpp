@@ -19,6 +19,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "../memory/memory_scope.h"
 #include "gloo_factory.h"
 
 namespace gpuops::dist {
@@ -259,6 +260,7 @@ void Communicator::agree_on_call(const char* op, const at::Tensor& t, ReduceOp r
     if (refused) std::rethrow_exception(refused);
     return;
   }
+  memory::UnbudgetedEverywhere unbudgeted;  // the check's few bytes: a rank at its budget's limit takes part
   // Every rank's call (which collective, elements, dtype, reduce op) and whether its arguments were refused, in
   // one small all-gather: a rank whose arguments are refused raises with the others, not alone.
   static constexpr const char* kCollectives[] = {"reduce_scatter", "all_gather", "all_reduce"};

@@ -8,6 +8,7 @@
 // Data pointers stay "simple" (context == data, as c10's default CPU allocator makes them) so that
 // copy-on-write clones and raw_allocate keep working; the bookkeeping lives in a side table.
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,7 @@ struct ScopeCounters {
 constexpr size_t kMaxTraceEvents = size_t{1} << 24;  // 128 MiB of trace at most; past it the trace is dropped
 
 thread_local int unbudgeted_depth = 0;  // UnbudgetedScope nesting of this thread
+std::atomic<int> unbudgeted_everywhere{0};  // UnbudgetedEverywhere nesting, every thread
 using ScopeList = std::vector<std::shared_ptr<ScopeCounters>>;
 
 // One live allocation made while scopes were active: the real allocation and the scopes it counts in.
@@ -53,7 +55,7 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     std::unique_lock<std::mutex> lock(mutex_);
     c10::Allocator* underlying = underlying_;
-    if (!scopes_ || n == 0 || unbudgeted_depth > 0) {
+    if (!scopes_ || n == 0 || unbudgeted_depth > 0 || unbudgeted_everywhere.load() > 0) {
       lock.unlock();
       return underlying->allocate(n);
     }
@@ -221,6 +223,10 @@ class CpuScope final : public MemoryBudget::Scope {
 }  // namespace
 
 void enter_unbudgeted() { ++unbudgeted_depth; }
+
+UnbudgetedEverywhere::UnbudgetedEverywhere() { ++unbudgeted_everywhere; }
+
+UnbudgetedEverywhere::~UnbudgetedEverywhere() { --unbudgeted_everywhere; }
 
 void leave_unbudgeted() { --unbudgeted_depth; }
 

@@ -27,6 +27,19 @@ std::unique_ptr<MemoryBudget::Scope> make_cuda_scope(int64_t limit_bytes, c10::D
 void enter_unbudgeted();
 void leave_unbudgeted();
 
+/// RAII: while one lives, the CPU allocations of every thread bypass the budgets (nests). For the ranks'
+/// agreements: their few bytes must never be refused on one rank (it would raise out of memory alone while
+/// the others wait for the timeout), and the communication library allocates its temporaries on its own
+/// threads, which a thread-local scope does not reach. Another thread's allocation made meanwhile is neither
+/// counted nor refused either: agreements are short and run between the training's steps.
+class UnbudgetedEverywhere {
+ public:
+  UnbudgetedEverywhere();
+  ~UnbudgetedEverywhere();
+  UnbudgetedEverywhere(const UnbudgetedEverywhere&) = delete;
+  UnbudgetedEverywhere& operator=(const UnbudgetedEverywhere&) = delete;
+};
+
 /// memory_headroom_bytes for each device kind.
 int64_t cpu_headroom_bytes();
 int64_t cuda_headroom_bytes(c10::Device device);

@@ -15,6 +15,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <fmt/format.h>
 
+#include "../memory/memory_scope.h"
 #include "gpuops/agreement.h"
 #include "gpuops/zero_optimizer.h"
 
@@ -115,6 +116,7 @@ const char* reason(int64_t why) {
 
 void ZeroShards::agree_on_unit(size_t u, GatherFor why) {
   if (!options_.check_unit_order || comm_.size() == 1) return;
+  memory::UnbudgetedEverywhere unbudgeted;  // its few bytes: a rank at its budget's limit still takes part
   const int n = comm_.size();
   const at::Tensor mine = at::tensor({static_cast<int64_t>(u), static_cast<int64_t>(why)}, at::kLong);
   at::Tensor all = at::empty({2 * n}, mine.options().device(comm_.control_device()));

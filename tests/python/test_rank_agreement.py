@@ -76,6 +76,12 @@ def _agreement(comm, rank):
     else:
         _raises("fail_together", rank, ["rank 1 failed: TypeError: bad argument"], lambda: comm.agree("probe"))
     assert comm.agree("probe", fields=[("still", "usable")]) == []  # the group went on
+    # A rank at its memory budget's limit still takes part: the agreement's bytes, and Gloo's temporaries for
+    # them on its own threads, are never refused (rank 1 raised out of memory alone; rank 0 waited).
+    with gpuops.memory_budget(1 if rank == 1 else None):
+        assert comm.agree("probe", fields=[("under a budget", "of 1 byte on rank 1")]) == []
+        _raises("a field differs under a budget", rank, ["probe: the ranks disagree on shape"],
+                lambda: comm.agree("probe", fields=[("shape", "4x4" if rank == 0 else "4x5")]))
     # Collectives that differ across ranks raise on every rank (Gloo aborted the process on a size mismatch).
     _raises("sizes differ", rank, ["all_reduce: the ranks call different collectives", "rank 0 calls all_reduce of 4 "
                                    "elements of Float (sum), rank 1 calls all_reduce of 5 elements"],
