@@ -34,8 +34,8 @@ class StateSnapshot:
     host memory and copied back into the very tensors that held them (the state_dicts reference them), so no
     allocation moves, and state created in between (optimizer moments) is dropped. An object with
     ``_local_snapshot()`` / ``_local_restore(saved)`` (gpuops.ZeroOptimizer: each rank's shard) saves and puts
-    back itself, after the others. A module's parameters'
-    gradients are put back too (None stays None: a trial's gradients do not outlive it).
+    back itself, after the others. A module's parameters' gradients are put back too (None stays None: a
+    trial's gradients do not outlive it).
 
     ``restore`` allocates nothing under a memory_budget (it runs in ``_C.unbudgeted()`` and loads to the
     host), so undoing a search cannot fail for the memory the search measured; it puts back every object it
