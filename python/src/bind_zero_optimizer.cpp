@@ -380,10 +380,11 @@ void bind_zero_optimizer(py::module_& m) {
                 const py::bytes& own) {
         const RankPart part{fields, std::string(own)};
         py::gil_scoped_release release;  // write_main takes the GIL back to run
-        return save_sharded_state(&store, step, writer, optimizer, [&](const std::string& path, const RankParts& parts) {
+        const auto write = [&](const std::string& path, const RankParts& parts) {
           py::gil_scoped_acquire gil;
           write_main(path, as_list(parts));
-        }, local_error, part);
+        };
+        return save_sharded_state(&store, step, writer, optimizer, write, local_error, part);
       },
       py::arg("store"), py::arg("step"), py::arg("writer"), py::arg("optimizer"), py::arg("write_main"),
       py::arg("local_error") = "", py::arg("fields") = Fields{}, py::arg("own") = py::bytes());

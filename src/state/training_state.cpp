@@ -308,8 +308,11 @@ std::vector<std::pair<std::string, std::string>> shared_fields(const std::string
   std::string layout = "none";
   if (model) {
     std::string described;
-    for (const auto& p : model->named_parameters()) described += p.key() + c10::str(p.value().sizes(), p.value().scalar_type()) + ";";
-    for (const auto& b : model->named_buffers()) described += b.key() + c10::str(b.value().sizes(), b.value().scalar_type()) + ";";
+    const auto describe = [&](const auto& items) {
+      for (const auto& t : items) described += t.key() + c10::str(t.value().sizes(), t.value().scalar_type()) + ";";
+    };
+    describe(model->named_parameters());
+    describe(model->named_buffers());
     layout = dist::fingerprint(described);
   }
   // As given, made absolute (not resolved: node-local copies under one path may be links to other disks).

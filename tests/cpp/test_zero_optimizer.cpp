@@ -287,8 +287,8 @@ void scenario_train(Communicator& comm) {
              fmt::format("max_rel_err={:.3g} (the two references: {:.3g}); state bytes per rank {} (moments {} x {} "
                          "ranks = {} = 8 x {} padded elements) against {} unsharded ({} elements); MemoryBudget: the "
                          "first step kept {} bytes against {} unsharded; {}",
-                         worst, noise, zero_state, moments, n, moments * n, total, ref_state, numel, retained, ref_retained,
-                         notes));
+                         worst, noise, zero_state, moments, n, moments * n, total, ref_state, numel, retained,
+                         ref_retained, notes));
 }
 
 void scenario_bad_input(Communicator& comm) {

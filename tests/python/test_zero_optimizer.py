@@ -2,8 +2,9 @@
 one per rank; multiprocess_launch.py). Each rank trains a small MLP for 50 steps on fresh random data of its
 own with our GradScaler, clipping and accumulation (by hand, and through GradAccumulator), and compares with
 single-process training (our AdamW on the concatenated batch, which it regenerates): within 10 times the
-distance between that reference and an equally valid one (each rank's loss through its own matmuls). Two runs give the same bits; the
-optimizer state per rank is 1/2 of the unsharded plus padding; bad input raises naming the argument."""
+distance between that reference and an equally valid one (each rank's loss through its own matmuls). Two
+runs give the same bits; the optimizer state per rank is 1/2 of the unsharded plus padding; bad input raises
+naming the argument."""
 
 import sys
 

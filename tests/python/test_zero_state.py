@@ -138,7 +138,8 @@ def _run(scenario, dist):
                 opt.zero_grad()
                 for m in range(2):
                     x, y = batches(2 * step + m)
-                    loss = sum(torch.nn.functional.mse_loss(net(u), v) for u, v in zip(x.chunk(chunks), y.chunk(chunks)))
+                    loss = sum(torch.nn.functional.mse_loss(net(u), v)
+                               for u, v in zip(x.chunk(chunks), y.chunk(chunks)))
                     scaler.scale(loss / chunks / 2).backward()
                     if opt is zero:
                         assert all(p.grad is None for p in a.parameters())
