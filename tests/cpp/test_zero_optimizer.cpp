@@ -27,6 +27,7 @@
 #include "gpuops/optimizers.h"
 #include "gpuops/zero_optimizer.h"
 #include "multiprocess.h"
+#include "parity_bound.h"
 
 namespace {
 
@@ -240,28 +241,19 @@ void scenario_train(Communicator& comm) {
   comm.all_reduce(hi, gpuops::dist::ReduceOp::Max).wait();
   comm.all_reduce(lo, gpuops::dist::ReduceOp::Min).wait();
   WORKER_CHECK(at::equal(hi, flat) && at::equal(lo, flat), "the ranks hold different parameters");
-  // Single-process training on the concatenated batch, within kNoiseFactor times the distance between two
-  // equally valid float32 references: that one and one summing each rank's loss through its own matmuls (the
-  // ranks' shapes). Both distances come from the order of float32 sums, amplified over 50 clipped steps; that
-  // order depends on the CPU's matmul blocking, so a fixed bound tuned on one CPU fails on another (issue 31:
-  // 2.45e-6 against 1e-6 on an AMD EPYC). A wrong step (a missing reduction, a wrong scale or clip) is >= 1e-3.
+  // Single-process training on the concatenated batch, within the distance between it and another equally
+  // valid float32 reference, one summing each rank's loss through its own matmuls (parity_bound.h).
   Setup chunked = s;
   chunked.chunks = n;
   int64_t unused_state = 0, unused_retained = 0;
   const auto other = train_reference(n, chunked, &unused_state, &unused_retained);
-  const auto rel = [](const at::Tensor& a, const at::Tensor& b) {
-    return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / b.abs().max().item<double>();
-  };
-  double worst = 0.0, moved = 0.0, noise = 0.0;
+  const Parity p = parity(a, ref, other);
+  const double worst = p.worst, noise = p.noise;
+  WORKER_CHECK(p.holds(), "max relative error {} against single-process > {} (the two references: {})", worst,
+               p.bound(), noise);
+  double moved = 0.0;
   const auto init = make_params();
-  for (size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, rel(a[i], ref[i]));
-    noise = std::max(noise, rel(other[i], ref[i]));
-    moved = std::max(moved, rel(ref[i], init[i].detach()));
-  }
-  constexpr double kNoiseFactor = 10, kUlps = 2.4e-7;  // (a floor of two float32 ulps, should the two agree)
-  WORKER_CHECK(worst <= kNoiseFactor * std::max(noise, kUlps), "max relative error {} against single-process > {} x "
-               "the two references' distance {}", worst, kNoiseFactor, noise);
+  for (size_t i = 0; i < a.size(); ++i) moved = std::max(moved, max_rel_error(ref[i], init[i].detach()));
   WORKER_CHECK(moved > 0.1, "training barely moved the parameters ({}): the comparison would prove little", moved);
   // Optimizer state, measured from the state tensors: 1/N of the unsharded moments plus the padding (FlatParams'
   // alignment of each parameter and of the total to N x 16 bytes), plus one float32 step counter per parameter.

@@ -13,6 +13,7 @@ import torch
 
 import gpuops
 from multiprocess_launch import launch
+from parity import within_noise
 
 WORLD = 2
 DEADLINE_S = 60
@@ -62,17 +63,6 @@ def _mse(model, x, y, chunks=1):
     """The batch's mean squared error; with chunks > 1 the mean of each rank's (each through its own matmuls:
     another equally valid order of the float32 sums)."""
     return sum(torch.nn.functional.mse_loss(model(a), b) for a, b in zip(x.chunk(chunks), y.chunk(chunks))) / chunks
-
-
-def _within_noise(ours, ref, other, what):
-    """ours within 10 x the distance between two equally valid float32 references (floor: two float32 ulps). The
-    distances come from the order of float32 sums, amplified over the steps; that order depends on the CPU's
-    matmul blocking, so a fixed bound tuned on one CPU fails on another (issue 31: 2.45e-6 against 1e-6)."""
-    rel = lambda a, b: ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()  # noqa: E731
-    worst = max(rel(a, b) for a, b in zip(ours, ref))
-    noise = max(rel(a, b) for a, b in zip(other, ref))
-    assert worst <= 10 * max(noise, 2.4e-7), f"{what}: max relative error {worst} > 10 x the references' {noise}"
-    return worst, noise
 
 
 def _train(make_opt, batch_of, accumulation=2, chunks=1):
@@ -126,7 +116,7 @@ def _run(scenario, dist):
 
         ref, ref_opt = _train(lambda params: gpuops.optim.AdamW(params, **options), concatenated)
         other, _ = _train(lambda params: gpuops.optim.AdamW(params, **options), concatenated, chunks=world)
-        worst, noise = _within_noise(a, ref, other, f"stage {stage}")
+        worst, noise = within_noise(a, ref, other, f"stage {stage}")
         init = [p.detach() for p in _model().parameters()]
         assert max(((r - i).abs().max() / r.abs().max()).item() for r, i in zip(ref, init)) > 0.1
         flat = torch.cat([x.flatten() for x in a])
@@ -173,7 +163,7 @@ def _run(scenario, dist):
                   lambda s, m: uneven(s, m, rank))
         ref = train(lambda params: gpuops.optim.AdamW(params, **options), concatenated)
         other = train(lambda params: gpuops.optim.AdamW(params, **options), concatenated, per_rank=True)
-        worst, noise = _within_noise(a, ref, other, "GradAccumulator")
+        worst, noise = within_noise(a, ref, other, "GradAccumulator")
         print(f"rank {rank}: GradAccumulator, stage 2, counts 12 and 9: max_rel_err={worst:.3g} (references "
               f"{noise:.3g})", flush=True)
         print("accumulator ok", flush=True)

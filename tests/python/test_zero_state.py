@@ -13,6 +13,7 @@ import torch
 
 import gpuops
 from multiprocess_launch import launch
+from parity import within_noise
 
 DEADLINE_S = 90
 
@@ -67,19 +68,6 @@ def _train(model, opt, batches, steps, scheduler=None, chunks=1):
             scheduler.step()
 
 
-def _rel_err(a, b):
-    return max(((x.double() - y.double()).abs().max() / y.double().abs().max()).item() for x, y in zip(a, b))
-
-
-def _within_noise(ours, ref, other, what):
-    """ours within 10 x the distance between two equally valid float32 references (floor: two float32 ulps): the
-    distances come from the order of float32 sums, which depends on the CPU's matmul blocking; a fixed bound
-    tuned on one CPU fails on another (issue 31)."""
-    err, noise = _rel_err(ours, ref), _rel_err(other, ref)
-    assert err <= 10 * max(noise, 2.4e-7), f"{what}: max relative error {err} > 10 x the references' {noise}"
-    return err
-
-
 def _params(model):
     return [p.detach().clone() for p in model.parameters()]
 
@@ -110,7 +98,7 @@ def _run(scenario, dist):
             _train(a, zero, mine, range(15))
             _train(b, ours(b.parameters(), **options), everyone, range(15))
             _train(c, ours(c.parameters(), **options), everyone, range(15), chunks=world)
-            err = _within_noise(_params(a), _params(b), _params(c), zero.kind)
+            err, _ = within_noise(_params(a), _params(b), _params(c), zero.kind)
             print(f"rank {rank}: {zero.kind} stage 2 max_rel_err={err:.3g}", flush=True)
         # OneCycleLR cycles lr and momentum through the group: both reach the C++ optimizer at every step.
         a, b, c = _model(), _model(), _model()
@@ -121,7 +109,7 @@ def _run(scenario, dist):
         _train(b, ref, everyone, range(15), torch.optim.lr_scheduler.OneCycleLR(ref, max_lr=0.1, total_steps=15))
         _train(c, other, everyone, range(15), torch.optim.lr_scheduler.OneCycleLR(other, max_lr=0.1, total_steps=15),
                chunks=world)
-        err = _within_noise(_params(a), _params(b), _params(c), "SGD under OneCycleLR")
+        err, _ = within_noise(_params(a), _params(b), _params(c), "SGD under OneCycleLR")
         assert zero.param_groups[0]["momentum"] == ref.param_groups[0]["momentum"] != 0.9
         assert zero._impl.options["momentum"] != 0.9  # synced to the C++ optimizer at the steps
         print(f"rank {rank}: SGD under OneCycleLR (lr and momentum cycled): max_rel_err={err:.3g}", flush=True)
@@ -146,7 +134,7 @@ def _run(scenario, dist):
                 scaler.step(opt)
                 scaler.update()
         assert len(zero.flat_numels()) > 2
-        err = _within_noise(_params(a), _params(b), _params(c), "reduced in backward")
+        err, _ = within_noise(_params(a), _params(b), _params(c), "reduced in backward")
         print(f"rank {rank}: stage 2 reduced in backward, {len(zero.flat_numels())} buckets, accumulation 2: "
               f"max_rel_err={err:.3g}", flush=True)
         with pytest.raises(TypeError, match="unexpected option 'betas' for SGD"):
@@ -199,7 +187,8 @@ def _run(scenario, dist):
             other_opt.load_state_dict(sd)
             _train(other, other_opt, everyone, range(10, 20), torch.optim.lr_scheduler.StepLR(other_opt, 3, 0.5),
                    chunks=world)
-            err = _within_noise(_params(model), _params(ref), _params(other), "torch AdamW from the consolidated state")
+            err, _ = within_noise(_params(model), _params(ref), _params(other),
+                                  "torch AdamW from the consolidated state")
             assert zero.param_groups[0]["lr"] == torch_opt.param_groups[0]["lr"] < 3e-2
             print(f"rank 0: torch.optim.AdamW continued from the consolidated state, 10 steps with StepLR: "
                   f"max_rel_err={err:.3g} against the sharded run", flush=True)
