@@ -185,11 +185,18 @@ class ZeroShards {
   void advance_counters(size_t k, const at::Tensor& counters, const std::optional<at::Tensor>& found_inf);
   /// After a load: which of buffer k's counters are equal, from their values (one host read).
   void group_counters(size_t k, const at::Tensor& counters);
+  /// The overflow flag, max over ranks. Like the two below, one small all-gather whose entries also say what
+  /// each rank combines (host-read), so ranks combining different things (one clips while another's scaler
+  /// checks for overflow, or one refused the step) raise together naming both instead of mixing the values.
   at::Tensor global_found_inf(const at::Tensor& found_inf);
   at::Tensor global_grad_norm(const at::Tensor& norm);
-  /// The mean over ranks of a gradient divisor (an all-reduce): after the average over ranks, gradients summed
-  /// over each rank's samples divided by it are the mean over every rank's samples.
+  /// The mean over ranks of a gradient divisor: after the average over ranks, gradients summed over each
+  /// rank's samples divided by it are the mean over every rank's samples.
   at::Tensor global_divisor(const at::Tensor& divisor);
+  /// This rank will not step (Python: a GradScaler other than ours handed over its scale): it takes part in
+  /// what the others' step does first (the reduction, then the overflow flag's combine) so that they raise
+  /// naming the cause instead of waiting for the timeout. Returns; the caller raises its own error.
+  void refuse_step_with_foreign_scaler();
   /// Before the fused step: a 16-bit master follows its parameters where something else wrote them since the
   /// last step (a model load, an EMA swap) and the master no longer rounds to them. Warns (check_gradients).
   void before_step();
@@ -343,6 +350,10 @@ class ZeroShards {
   void release_units();         ///< every unit (stale after a step; the end of a backward)
   /// The parameters with a gradient on this rank (hook or a write by hand), then the maximum over ranks.
   void agree_with_grad();
+  enum class Combine : int64_t { FoundInf = 1, GradNorm, Divisor, ForeignScaler };
+  /// Every rank's `value` (a float64 tensor of `size()` entries, on value's device) after checking that every
+  /// rank combines the same `what`; raises on every rank naming each one's otherwise.
+  at::Tensor combine(Combine what, const at::Tensor& value);
   void begin_pass();            ///< the first hook of a backward pass: finish_pass queued at its end
   bool in_backward() const;
   /// The values handed to the all-gather: the fp32 shard parameter, or a 16-bit buffer's rounded shard.

@@ -219,11 +219,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if (grad_scale is not None or found_inf is not None) and not from_ours:
             self.__dict__.pop("grad_scale", None)  # torch's scaler removes them only after a step that returned
             self.__dict__.pop("found_inf", None)
+            try:  # the other ranks' step reduces, then combines its overflow flag: they raise naming this cause
+                self._impl.refuse_step_with_foreign_scaler()
+            except Exception as lost:  # (a peer already gone: the timeout's error, kept as the cause)
+                refused = lost
+            else:
+                refused = None
             raise TypeError("ZeroOptimizer.step: a GradScaler other than gpuops.GradScaler (torch.amp.GradScaler, or "
                             "one built on it) handed over its scale: it checked and unscaled this rank's shard of "
                             "the unreduced gradients only, so ranks would skip on different steps and unscale_() "
                             "would leave part of each gradient scaled. Use gpuops.GradScaler (the same API), which "
-                            "reduces the gradients first and agrees on one overflow flag; nothing was stepped")
+                            "reduces the gradients first and agrees on one overflow flag; nothing was stepped"
+                            ) from refused
         self._sync_options()
         self._impl.step(grad_scale, found_inf)
         return loss

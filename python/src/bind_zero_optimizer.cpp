@@ -275,6 +275,8 @@ void bind_zero_optimizer(py::module_& m) {
       .def("zero_grad", [](ShardedOptimizer& z, bool set_to_none) { z.zero_grad(set_to_none); },
            py::arg("set_to_none") = true)
       .def("prepare_gradients", [](ShardedOptimizer& z) { warning_call([&] { z.optimizer().prepare_gradients(); }); })
+      .def("refuse_step_with_foreign_scaler",
+           [](ShardedOptimizer& z) { warning_call([&] { z.shards().refuse_step_with_foreign_scaler(); }); })
       .def("global_found_inf", [](ShardedOptimizer& z, const at::Tensor& f) { return z.optimizer().global_found_inf(f); },
            py::call_guard<py::gil_scoped_release>())
       .def("global_grad_norm", [](ShardedOptimizer& z, const at::Tensor& n) { return z.optimizer().global_grad_norm(n); },

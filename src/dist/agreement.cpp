@@ -185,7 +185,16 @@ Agreement::Proposals Agreement::exchange(Communicator& checked) const {
     put(mine, f.value);
   }
   const int n = comm.size();
-  const std::vector<std::string> blobs = all_gather_bytes(comm, mine);
+  std::vector<std::string> blobs;
+  try {
+    blobs = all_gather_bytes(comm, mine);
+  } catch (const c10::DistBackendError& e) {  // named as the call the user made, with the usual causes
+    C10_THROW_ERROR(DistBackendError,
+                    fmt::format("{}: the ranks did not all take part (a rank stalled or died, raised before this "
+                                "call, or made it differently, e.g. TrainingState.save without the sharded "
+                                "optimizer and without process_group, which writes alone): {}",
+                                what_, e.what_without_backtrace()));
+  }
   std::vector<Decoded> ranks;
   for (const auto& blob : blobs) ranks.push_back(decode(blob.data(), blob.data() + blob.size()));
 

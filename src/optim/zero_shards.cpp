@@ -722,22 +722,59 @@ void ZeroShards::finish_pass() {
   pass_active_ = false;
 }
 
+namespace {
+const char* combining(int64_t what) {
+  switch (what) {
+    case 1: return "its overflow flag (gpuops.GradScaler's unscale_ or step)";
+    case 2: return "its gradient norm (clip_grad_norm_)";
+    case 3: return "its gradient divisor (GradScaler.set_grad_divisor)";
+    case 4: return "nothing: it refused to step with a GradScaler other than gpuops.GradScaler (torch.amp.GradScaler "
+                   "checks and unscales one rank's unreduced gradients only); its own error says more";
+    default: return "something unknown";
+  }
+}
+}  // namespace
+
+at::Tensor ZeroShards::combine(Combine what, const at::Tensor& value) {
+  const int n = comm_.size();
+  const at::Tensor mine = at::stack({value.detach().reshape({}).to(at::kDouble),
+                                     at::full({}, static_cast<double>(what), value.options().dtype(at::kDouble))});
+  if (n == 1) return mine.narrow(0, 0, 1);
+  at::Tensor all = at::empty({2 * n}, mine.options());
+  comm_.all_gather(mine, all).wait();
+  all = all.view({n, 2});
+  if (what == Combine::ForeignScaler) return all.select(1, 0);  // the caller raises its own error
+  const at::Tensor kinds = all.select(1, 1).to(at::kCPU).contiguous();  // host-read: raised on every rank
+  const double* k = kinds.data_ptr<double>();
+  for (int r = 0; r < n; ++r)
+    TORCH_CHECK_VALUE(static_cast<int64_t>(k[r]) == static_cast<int64_t>(what), "ZeroOptimizer: the ranks are at "
+                      "different points of the step: rank ", comm_.rank(), " combines ",
+                      combining(static_cast<int64_t>(what)), ", rank ", r, " ", combining(static_cast<int64_t>(k[r])),
+                      ". Every rank must run the same calls in the same order (the same GradScaler, clip_grad_norm_ "
+                      "on every rank or none); nothing was stepped");
+  return all.select(1, 0);
+}
+
 at::Tensor ZeroShards::global_found_inf(const at::Tensor& found_inf) {
-  at::Tensor flag = found_inf.detach().to(at::kFloat).contiguous().clone();
-  comm_.all_reduce(flag, dist::ReduceOp::Max).wait();
-  return flag.reshape(found_inf.sizes());
+  return combine(Combine::FoundInf, found_inf).max().to(at::kFloat).reshape(found_inf.sizes());
 }
 
 at::Tensor ZeroShards::global_grad_norm(const at::Tensor& norm) {
-  at::Tensor squares = norm.detach().to(at::kDouble).square().reshape({1}).contiguous();
-  comm_.all_reduce(squares, dist::ReduceOp::Sum).wait();
-  return squares.sqrt().to(norm.scalar_type()).reshape(norm.sizes());
+  // squares summed in float64, in rank order on every rank: the same bits everywhere
+  return combine(Combine::GradNorm, norm.detach().to(at::kDouble).square())
+      .sum()
+      .sqrt()
+      .to(norm.scalar_type())
+      .reshape(norm.sizes());
 }
 
 at::Tensor ZeroShards::global_divisor(const at::Tensor& divisor) {
-  at::Tensor mean = divisor.detach().to(at::kFloat).contiguous().clone();
-  comm_.all_reduce(mean, dist::ReduceOp::Average).wait();
-  return mean.reshape(divisor.sizes());
+  return combine(Combine::Divisor, divisor).mean().to(at::kFloat).reshape(divisor.sizes());
+}
+
+void ZeroShards::refuse_step_with_foreign_scaler() {
+  reduce_gradients();
+  combine(Combine::ForeignScaler, at::zeros({}, at::TensorOptions().device(shards_.front().device())));
 }
 
 void ZeroShards::before_step() {

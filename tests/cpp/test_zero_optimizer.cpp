@@ -146,16 +146,17 @@ std::vector<at::Tensor> train_zero(Communicator& comm, const Setup& s, int64_t* 
                  return batch_of(step, m, comm.rank());
                }) ? 1 : 0;
     // Traffic per step (ring algorithm): one reduce-scatter and one all-gather of the flat buffer, i.e. one
-    // all-reduce of the parameters, plus which parameters have a gradient (a byte each), the overflow flag (4
-    // bytes) and the squared norm (8 bytes). With hooks, one reduce-scatter and one agreement on the gradients
-    // per micro-batch.
+    // all-reduce of the parameters, plus which parameters have a gradient (an all-reduce of a byte each), and
+    // the overflow flag and the squared norm (each an all-gather of two float64 per rank: the value and what it
+    // is, ZeroShards::combine). With hooks, one reduce-scatter and one agreement on the gradients per
+    // micro-batch.
     const auto t = comm.traffic();
     const int64_t reductions = s.hooks ? s.accumulation : 1;
-    // The accumulation's divisor adds one 4-byte all-reduce (the mean of the ranks' divisors).
-    const int64_t divisor = s.accumulation > 1 ? 1 : 0;
+    // The accumulation's divisor adds a third combine (the mean of the ranks' divisors).
+    const int64_t combines = 2 + (s.accumulation > 1 ? 1 : 0);
     WORKER_CHECK(t.reduce_scatter.ring_sent_bytes == reductions * 4 * total * (n - 1) / n &&
-                     t.all_gather.ring_sent_bytes == 4 * total * (n - 1) / n && t.all_reduce.calls == reductions + 2 + divisor &&
-                     t.all_reduce.payload_bytes == reductions * 4 + 12 + 4 * divisor,
+                     t.all_gather.ring_sent_bytes == 4 * total * (n - 1) / n + combines * 16 * (n - 1) &&
+                     t.all_reduce.calls == reductions && t.all_reduce.payload_bytes == reductions * 4,
                  "step traffic: reduce-scatter {} B, all-gather {} B, {} all-reduces of {} B ({} elements)",
                  t.reduce_scatter.ring_sent_bytes, t.all_gather.ring_sent_bytes, t.all_reduce.calls,
                  t.all_reduce.payload_bytes, total);

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import gpuops
+from parity import NOISE_FACTOR, TWO_ULPS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,7 +77,7 @@ def test_python_zero_example_under_torchrun_resumes_at_another_world_size(tmp_pa
     """examples/python/train_zero.py under torchrun: 2 processes, preempted by a SIGTERM on rank 1 (every rank
     saves the same step and exits 0), resumed on 1 process (the optimizer state, and at stage 3 the sharded
     parameters, resharded on load): the resumed losses follow the uninterrupted 2-process run's (the reductions
-    differ in order: 1e-5)."""
+    differ in order: bounded by the 1-rank run's distance)."""
     def run(folder, nproc, *extra):
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
                    str(ROOT / "examples" / "python" / "train_zero.py"), "--steps", "16", "--state-dir",
@@ -102,8 +103,14 @@ def check_zero_resume_at_another_world_size(run, stop_at_6, folder_path):
     assert "resumed from" in resumed and "at step 7 on 1 rank(s)" in resumed
     got = step_losses(resumed)
     assert sorted(got) == list(range(7, 16))
+    # The bound, derived here: the uninterrupted run on 1 rank differs from the 2-rank one only by the order of
+    # its float32 sums (one batch, not two halves averaged), as the resumed run does for fewer steps; parity.py's
+    # factor on that distance, plus the printed losses' resolution (6 decimals).
+    alone = step_losses(run("whole-alone", 1))
+    noise = max(abs(float(alone[s]) - float(whole[s])) / float(whole[s]) for s in got)
     for s in got:
-        assert abs(float(got[s]) - float(whole[s])) <= 1e-5 * float(whole[s]) + 1e-6, (s, got[s], whole[s])
+        bound = NOISE_FACTOR * max(noise, TWO_ULPS) * float(whole[s]) + 1e-6
+        assert abs(float(got[s]) - float(whole[s])) <= bound, (s, got[s], whole[s], noise)
     # The training figures (rank 0's file): continued across the resume without a step twice; over both ranks
     # while there were two (the samples of both, the optimizer's collective traffic).
     with open(f"{folder_path('preempted')}.metrics.jsonl") as f:

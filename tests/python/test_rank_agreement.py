@@ -42,6 +42,10 @@ def test_training_state(tmp_path):
     _run_group("training_state", str(tmp_path))
 
 
+def test_a_rank_saving_alone_is_named_at_the_timeout(tmp_path):
+    _run_group("alone", str(tmp_path))
+
+
 # ----------------------------------------------------------------------------------------------------- ranks
 def _raises(what, rank, expected, fn, seconds=10.0):
     """fn() raises on this rank with every string of `expected` in its message, within `seconds`."""
@@ -356,6 +360,24 @@ def _own_parts(comm, rank, folder, model, opt, state, plain_model):
     assert [s.step for s in own._store.states()[0]] == [11], "a refused save left a state"
 
 
+def _alone(rank, folder):
+    """Rank 1 saves without the sharded optimizer and without a process group: it cannot know of the others and
+    writes alone (the torch idiom of saving on one rank only), so rank 0's agreement can only time out; its
+    error names the call and that cause (it named a bare all_gather). On a group of its own, 2 s timeout."""
+    import torch.distributed as dist
+
+    short = gpuops.dist.Communicator(dist.new_group(backend="gloo"), timeout=2)
+    model = _model()
+    opt = gpuops.ZeroOptimizer(model.parameters(), communicator=short, stage=2, lr=1e-2)
+    if rank == 0:
+        _raises("a rank saving alone", rank, ["TrainingState.save: the ranks did not all take part",
+                                              "without the sharded optimizer and without process_group"],
+                lambda: gpuops.TrainingState(folder / "zero").save(step=1, model=model, optimizer=opt))
+    else:
+        gpuops.TrainingState(folder / "alone").save(step=1, model=model)
+    dist.barrier()  # rank 1 stays until rank 0 timed out (on the default group, which stays usable)
+
+
 def _rank_main(group):
     import datetime
 
@@ -363,7 +385,11 @@ def _rank_main(group):
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     comm = gpuops.dist.Communicator(timeout=30)
-    if group in ("loads", "training_state"):
+    if group == "alone":
+        from pathlib import Path
+
+        _alone(dist.get_rank(), Path(sys.argv[2]))
+    elif group in ("loads", "training_state"):
         from pathlib import Path
 
         {"loads": _loads, "training_state": _training_state}[group](comm, dist.get_rank(), Path(sys.argv[2]))

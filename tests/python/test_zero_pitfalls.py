@@ -216,7 +216,44 @@ def _pitfalls():
         except TypeError as error:
             _expect("Use gpuops.GradScaler" in str(error), str(error))
         _expect(all(torch.equal(p, b) for p, b in zip(model.parameters(), before)), "a refused step moved weights")
+    _mixed_steps(rank)
     print(f"rank {rank}: pitfalls ok", flush=True)
+
+
+def _mixed_steps(rank):
+    """Ranks stepping differently raise together, naming the cause, long before the 60 s timeout (each waited
+    for it before): rank 0 with torch's GradScaler while rank 1 uses ours; then rank 0 clipping first while rank
+    1's scaler checks for overflow first."""
+    import time
+
+    def one(stage, scaler, between):
+        model = _model()
+        opt = gpuops.ZeroOptimizer(model.parameters(), stage=stage, lr=1e-2, **({"model": model} if stage == 3 else {}))
+        before = [p.detach().clone() for p in model.parameters()]  # (stage 3: placeholders, not compared)
+        x, y = _batch(7, rank)
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        started = time.monotonic()
+        try:
+            between(opt)
+            scaler.step(opt)
+            _expect(False, f"rank {rank}, stage {stage}: a mixed step was not refused")
+        except (TypeError, ValueError) as error:
+            waited = time.monotonic() - started
+            _expect(waited < 30, f"rank {rank}: raised only after {waited:.1f} s (the timeout's error?): {error}")
+            _expect(stage == 3 or all(torch.equal(p, b) for p, b in zip(model.parameters(), before)),
+                    "a refused step moved weights")
+            return str(error)
+
+    for stage in (1, 2, 3):
+        theirs = rank == 0
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8) if theirs else gpuops.GradScaler("cpu", 2.0**8)
+        said = one(stage, scaler, lambda opt: None)
+        want = "Use gpuops.GradScaler" if theirs else "rank 0 nothing: it refused to step with a GradScaler other"
+        _expect(want in said, f"rank {rank}, stage {stage}: {said}")
+    scaler = gpuops.GradScaler("cpu", init_scale=2.0**8)
+    said = one(2, scaler, (lambda opt: opt.clip_grad_norm_(1.0)) if rank == 0 else scaler.unscale_)
+    _expect("different points of the step" in said and "gradient norm (clip_grad_norm_)" in said
+            and "overflow flag" in said, f"rank {rank}: {said}")
 
 
 if __name__ == "__main__":

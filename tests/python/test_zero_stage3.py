@@ -579,7 +579,8 @@ def _accumulate(rank, world, comm, dist):
     # Traffic of one step of one micro-batch: every unit gathered for its forward and again for its backward,
     # its gradient reduce-scattered once: 1.5 all-reduces of the parameters. reshard_after_forward=False keeps
     # the units from forward to backward: one gather. Each gather is preceded by the unit-order check: two
-    # int64 per rank (check_unit_order=False: none).
+    # int64 per rank (check_unit_order=False: none). The clip's norm is combined by an all-gather of two float64
+    # per rank (the value and what it is: ZeroShards::combine).
     for reshard, check in ((True, True), (False, True), (True, False)):
         model = _model()
         opt = _stage3(model, comm, reshard_after_forward=reshard, check_unit_order=check)
@@ -589,7 +590,8 @@ def _accumulate(rank, world, comm, dist):
         t = comm.traffic()
         gathers = (2 if reshard else 1) * opt._impl.unit_count()
         checks = gathers * 16 * world if check else 0
-        assert t["all_gather"]["payload_bytes"] == (2 if reshard else 1) * padded + checks, (t, padded)
+        norm = 16 * world
+        assert t["all_gather"]["payload_bytes"] == (2 if reshard else 1) * padded + checks + norm, (t, padded)
         assert t["reduce_scatter"]["payload_bytes"] == padded, (t, padded)
         print(f"rank {rank}: reshard_after_forward={reshard}: all-gathers {t['all_gather']['payload_bytes']} B, "
               f"reduce-scatters {t['reduce_scatter']['payload_bytes']} B, parameters {padded} B padded", flush=True)
