@@ -5,6 +5,7 @@
     gpuops.GradScaler.clip_grad_norm_ + gpuops.optim.AdamW + update.
 
     .venv/bin/python bench/amp_step.py --device cpu --params 1e6 1e7 1e8
+    .venv/bin/python bench/amp_step.py --device cpu --params 1e6 1e7 --state-bits 8   # ours with 8-bit moments
 
 Prints, per size: median seconds, bytes moved per parameter (counted from the kernels), achieved GB/s
 and the ratio torch / ours. Gradients are restored before every repeat, outside the timing: from a saved
@@ -31,6 +32,8 @@ BYTES = {
     "torch_amp_step": 8 + 4 + 8 + 28,  # unscale r/w, norm read, clip r/w, fused AdamW
     "gpuops_amp_step": 4 + 28,  # pass 1 reads the grads; pass 2 is the fused AdamW
 }
+# With 8-bit moments: the grad read, param read+write, two codes read+written (scales: 1/64 byte, left out).
+BYTES_8BIT = {"gpuops_adamw": 4 + 8 + 2 * 2, "gpuops_amp_step": 4 + 4 + 8 + 2 * 2}
 
 
 def make_params(n: int, device: str, chunks: int = 8):
@@ -71,7 +74,8 @@ def timed(fn, restore, repeats: int, device: str) -> float:
     return statistics.median(samples)
 
 
-def bench_size(n: int, device: str, repeats: int, chunks: int, flat: bool, regenerate: bool) -> dict:
+def bench_size(n: int, device: str, repeats: int, chunks: int, flat: bool, regenerate: bool,
+               state_bits: int = 32) -> dict:
     results = {}
     for name in ("torch", "gpuops"):
         params = make_params(n, device, chunks)
@@ -93,7 +97,7 @@ def bench_size(n: int, device: str, repeats: int, chunks: int, flat: bool, regen
         else:
             # --flat: the parameters live in one buffer, and the optimizer steps that buffer (flat state too)
             stepped = flat_params.flat_parameters() if flat_params is not None else params
-            optimizer = gpuops.optim.AdamW(stepped, lr=1e-3)
+            optimizer = gpuops.optim.AdamW(stepped, lr=1e-3, state_bits=state_bits)
             scaler = gpuops.GradScaler(device, init_scale=1024.0, growth_interval=10**9)
 
             def adamw():
@@ -131,22 +135,25 @@ def main() -> None:
     parser.add_argument("--regenerate-grads", action="store_true",
                         help="draw the gradients again before each repeat instead of keeping a copy (4 bytes less "
                              "per parameter: 1e9 parameters fit in 17 GB)")
+    parser.add_argument("--state-bits", type=int, default=32, choices=(8, 32),
+                        help="gpuops: 8-bit moments (state_bits=8) against torch's float32 ones")
     parser.add_argument("--json", help="also write the rows and the headline figures here (scripts/gpu-run)")
     args = parser.parse_args()
     machine = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or platform.machine()}"
     print(f"# {datetime.date.today()}, {machine}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{args.chunks} tensors{', gpuops flat' if args.flat else ''}")
+          f"{args.chunks} tensors{', gpuops flat' if args.flat else ''}, gpuops state_bits={args.state_bits}")
     print("| params | step | torch ms | gpuops ms | torch GB/s | gpuops GB/s | bytes/param torch / ours | speed-up "
           "| gpuops / copy GB/s |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     rows, figures = [], {}
-    layout = f"{args.chunks} tensors{' flat' if args.flat else ''}"
+    layout = f"{args.chunks} tensors{' flat' if args.flat else ''}{' 8-bit' if args.state_bits == 8 else ''}"
+    ours_bytes = {**BYTES, **(BYTES_8BIT if args.state_bits == 8 else {})}
     for n in (int(p) for p in args.params):
-        r = bench_size(n, args.device, args.repeats, args.chunks, args.flat, args.regenerate_grads)
+        r = bench_size(n, args.device, args.repeats, args.chunks, args.flat, args.regenerate_grads, args.state_bits)
         copy = copy_bandwidth(n, args.device, args.repeats)
         for step in ("adamw", "amp_step"):
             t_torch, t_ours = r[f"torch_{step}"], r[f"gpuops_{step}"]
-            b_torch, b_ours = BYTES[f"torch_{step}"], BYTES[f"gpuops_{step}"]
+            b_torch, b_ours = BYTES[f"torch_{step}"], ours_bytes[f"gpuops_{step}"]
             of_copy = 100 * n * b_ours / t_ours / 1e9 / copy
             print(f"| {n:.0e} | {step} | {1e3 * t_torch:.2f} | {1e3 * t_ours:.2f} | {n * b_torch / t_torch / 1e9:.1f} | "
                   f"{n * b_ours / t_ours / 1e9:.1f} | {b_torch} / {b_ours} | {t_torch / t_ours:.2f}x | "

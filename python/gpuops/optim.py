@@ -11,7 +11,8 @@ float16/bfloat16 parameters on an fp32 master copy (state ``master_param``, with
 and round the result into the parameter. One fused launch per parameter group and device. They declare
 ``_step_supports_amp_scaling``: a GradScaler (torch's or ours) hands them its scale and overflow flag,
 and the step divides the gradients as it reads them and skips itself on overflow, on the device, with no
-host sync.
+host sync. ``Adam``/``AdamW(state_bits=8)`` keep the moments of parameters of 4096 elements or more in block-wise
+8-bit codes (``exp_avg_codes``, ``exp_avg_scales``, ...; ``dequantized_state_dict()`` gives torch's form).
 """
 
 from __future__ import annotations
@@ -112,6 +113,89 @@ def _lay_out_state_like(state: dict, param: torch.Tensor) -> None:
     for key, value in state.items():
         if isinstance(value, torch.Tensor) and value.shape == param.shape and value.stride() != like.stride():
             state[key] = torch.empty_like(param, dtype=value.dtype, device=value.device).copy_(value)
+
+
+# 8-bit moments (state_bits=8): per parameter, uint8 codes laid out as the parameter and one float32 scale per
+# block of STATE_BLOCK elements in memory order; "state_format" names the code books (gpuops/fused_adam8.h).
+MIN_8BIT_NUMEL = _C.MIN_8BIT_NUMEL  # smaller parameters keep float32 moments, as in bitsandbytes
+_CODE_KEYS = ("exp_avg_codes", "exp_avg_scales", "exp_avg_sq_codes", "exp_avg_sq_scales")
+_MOMENTS = (("exp_avg", True), ("exp_avg_sq", False))  # (name, signed code book)
+
+
+def _quantize_moments(state: dict, like: torch.Tensor) -> None:
+    """Gives the state 8-bit moments laid out as ``like``: encoded from its float32 ones when it has them (a
+    loaded torch AdamW state, or a group switched to state_bits=8), else zeros."""
+    if "exp_avg_codes" in state:
+        return
+    blocks = -(-like.numel() // _C.STATE_BLOCK)
+    for name, signed in _MOMENTS:
+        codes = torch.empty_like(like, dtype=torch.uint8, memory_format=torch.preserve_format)
+        scales = torch.empty(blocks, dtype=torch.float32, device=like.device)
+        values = state.get(name)
+        if values is None:
+            values = torch.zeros_like(like, memory_format=torch.preserve_format)
+        elif values.stride() != like.stride() or values.dtype != torch.float32:
+            values = torch.empty_like(like, memory_format=torch.preserve_format).copy_(values)
+        torch.ops.gpuops.quantize_state_(values, codes, scales, signed)
+        state[f"{name}_codes"], state[f"{name}_scales"] = codes, scales
+    for name, _ in _MOMENTS:
+        state.pop(name, None)
+    state["state_format"] = _C.STATE_FORMAT
+
+
+def _dequantize_moments(state: dict) -> None:
+    """Float32 moments again in place of 8-bit ones (state_bits=32 now, or the parameter no longer qualifies)."""
+    if "exp_avg_codes" not in state:
+        return
+    for name, signed in _MOMENTS:
+        state[name] = torch.ops.gpuops.dequantize_state(state.pop(f"{name}_codes"), state.pop(f"{name}_scales"),
+                                                        signed)
+    state.pop("state_format", None)
+
+
+def _decoded_entry(entry: dict) -> dict:
+    """A state_dict entry with float32 moments in place of 8-bit ones (a copy; the optimizer's own unchanged)."""
+    decoded = dict(entry)
+    _dequantize_moments(decoded)
+    return decoded
+
+
+def _check_8bit_entry(where: str, entry: dict, param: torch.Tensor) -> None:
+    """Raises ValueError naming what is wrong with an 8-bit state entry (before anything is loaded)."""
+    missing = [k for k in _CODE_KEYS if k not in entry]
+    if missing:
+        raise ValueError(f"{where}: an 8-bit state needs {', '.join(_CODE_KEYS)}; {', '.join(missing)} missing")
+    if entry.get("state_format") != _C.STATE_FORMAT:
+        raise ValueError(f"{where}: state_format is {entry.get('state_format')!r}; this version reads "
+                         f"{_C.STATE_FORMAT!r} (other code books would decode to wrong values)")
+    blocks = -(-param.numel() // _C.STATE_BLOCK)
+    for name, _ in _MOMENTS:
+        codes, scales = entry[f"{name}_codes"], entry[f"{name}_scales"]
+        if not isinstance(codes, torch.Tensor) or codes.shape != param.shape or codes.is_floating_point() or (
+                codes.dtype != torch.uint8):
+            raise ValueError(f"{where}[{name + '_codes'!r}] must be a uint8 tensor of the parameter's shape "
+                             f"{tuple(param.shape)}, got {_describe(codes)}")
+        if not isinstance(scales, torch.Tensor) or scales.dtype != torch.float32 or scales.shape != (blocks,):
+            raise ValueError(f"{where}[{name + '_scales'!r}] must be a float32 tensor of {blocks} elements (one per "
+                             f"{_C.STATE_BLOCK}), got {_describe(scales)}")
+        if name == "exp_avg_sq" and bool((scales < 0).any()):
+            raise ValueError(f"{where}['exp_avg_sq_scales'] has negative scales (a second moment is >= 0)")
+
+
+def _describe(value) -> str:
+    return f"{value.dtype} of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _load_moments(state: dict, saved: dict, param: torch.Tensor) -> None:
+    """The saved 8-bit moments on the parameter's device (torch's load cast them to its dtype: taken from the
+    saved entry again). Codes laid out otherwise than the state we make are decoded, to be encoded in our layout
+    at the next step: blocks run over memory order, so an element-wise copy would mix blocks."""
+    like = state.get("master_param", param)
+    moved = {key: saved[key].to(param.device, dtype=torch.uint8 if key.endswith("codes") else torch.float32,
+                                copy=True) for key in _CODE_KEYS}
+    state.update(moved)
+    if moved["exp_avg_codes"].stride() != torch.empty_like(like, device="meta").stride():
+        _dequantize_moments(state)
 
 
 def _lr_arguments(group: dict, device: torch.device) -> tuple:
@@ -263,8 +347,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
                              f"({sorted(str(d) for d in devices)}); give each device's parameters their own optimizer")
 
     def _lists_by_kind(self, group: dict, staged: list) -> dict:
-        """{(device, dtype): [params, grads, *state lists]} for the parameters of a group that have a dense
-        gradient; dtype is the real dtype (complex tensors are listed as their real views); float16/bfloat16
+        """{(device, dtype, state bits): [params, grads, *state lists]} for the parameters of a group that have a
+        dense gradient; dtype is the real dtype (complex tensors are listed as their real views); float16/bfloat16
         parameters step on an fp32 master copy. A parameter stepped as a dense copy is added to ``staged`` as
         (parameter, copy), to be written back."""
         lists: Dict[tuple, list] = {}
@@ -280,10 +364,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if param.is_complex():  # torch steps a complex parameter (and its state) as its real view
                 values = [torch.view_as_real(v) if isinstance(v, torch.Tensor) and v.is_complex() else v
                           for v in values]
-            entry = lists.setdefault((param.device, _real_dtype(param)), [[] for _ in values])
+            key = (param.device, _real_dtype(param), self._state_bits_for(param, group))
+            entry = lists.setdefault(key, [[] for _ in values])
             for target, value in zip(entry, values):
                 target.append(value)
         return lists
+
+    def _state_bits_for(self, param: torch.Tensor, group: dict) -> int:
+        """32: float32 states (Adam's 8-bit option overrides this)."""
+        return 32
 
     def _sync_master(self, param: torch.Tensor, state: dict) -> None:
         """Makes state["master_param"], the fp32 copy a 16-bit parameter steps on, and re-seeds it from the
@@ -333,9 +422,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             staged: list = []
             try:
-                for (device, dtype), lists in self._lists_by_kind(group, staged).items():
+                for (device, dtype, bits), lists in self._lists_by_kind(group, staged).items():
                     if dtype == torch.float64:
                         self._wide_step(group, lists, *self._amp_inputs(device))
+                    elif bits == 8:
+                        self._fused_step8(group, lists, dtype in _HALF_DTYPES, *self._amp_inputs(device))
                     else:
                         self._fused_step(group, lists, dtype in _HALF_DTYPES, *self._amp_inputs(device))
             finally:  # what was stepped reaches its parameter, whatever failed after it
@@ -355,17 +446,20 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
 
 class Adam(_FusedOptimizer):
-    """Adam with L2 weight decay (``weight_decay * param`` added to the gradient), fused."""
+    """Adam with L2 weight decay (``weight_decay * param`` added to the gradient), fused. ``state_bits``: 32
+    (float32 moments, torch's layout) or 8 (block-wise 8-bit moments for parameters of MIN_8BIT_NUMEL elements
+    or more; a group option)."""
 
     _decoupled = False  # AdamW: always; Adam: with decoupled_weight_decay=True, as torch's
 
     def __init__(self, params: Iterable, lr: _Lr = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *,
                  foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
-                 differentiable: bool = False, fused: Optional[bool] = None, decoupled_weight_decay: bool = False):
+                 differentiable: bool = False, fused: Optional[bool] = None, decoupled_weight_decay: bool = False,
+                 state_bits: int = 32):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                         foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused,
-                        decoupled_weight_decay=decoupled_weight_decay)
+                        decoupled_weight_decay=decoupled_weight_decay, state_bits=state_bits)
         self._check_options(type(self).__name__, defaults, read_tensor_lr=True)
         # torch keeps a tensor beta as a 0-dim tensor
         defaults["betas"] = tuple(b.reshape(()) if isinstance(b, torch.Tensor) else b for b in betas)
@@ -391,8 +485,20 @@ class Adam(_FusedOptimizer):
                     raise ValueError(f"{where}: Tensor betas[{index}] must be 1-element, got {beta.numel()} elements")
         _C.check_adam_options(where, _host_lr(where, options["lr"], read_tensor_lr), options["betas"],
                               options["eps"], options["weight_decay"])
+        bits = options.get("state_bits", 32)
+        if isinstance(bits, bool) or bits not in (8, 32):
+            raise ValueError(f"{where}: state_bits must be 32 (float32 moments) or 8 (block-wise 8-bit moments), "
+                             f"got {bits!r}")
+        if bits == 8 and options["amsgrad"]:
+            raise ValueError(f"{where}: amsgrad=True is not supported with state_bits=8 (its running maximum would "
+                             "be a third state); use state_bits=32 for amsgrad")
 
     _fp32_state_keys = ("master_param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+    def _state_bits_for(self, param: torch.Tensor, group: dict) -> int:
+        """8 for a float32/16-bit parameter of at least MIN_8BIT_NUMEL elements in a state_bits=8 group."""
+        eligible = param.dtype in (torch.float32, *_HALF_DTYPES) and param.numel() >= MIN_8BIT_NUMEL
+        return 8 if group.get("state_bits", 32) == 8 and eligible else 32
 
     def _state_tensors(self, param: torch.Tensor, group: dict) -> list:
         state = self._step_state(param)
@@ -400,6 +506,11 @@ class Adam(_FusedOptimizer):
         if master:
             self._sync_master(param, state)
         like = state["master_param"] if master else param
+        if self._state_bits_for(param, group) == 8:
+            _quantize_moments(state, like)
+            tensors = [state[k] for k in _CODE_KEYS] + [state["step"]]
+            return [state["master_param"], *tensors] if master else tensors
+        _dequantize_moments(state)  # (a state_bits=8 group set back to 32, or an 8-bit state loaded into one)
         for name in ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ()):
             if name not in state:
                 state[name] = torch.zeros_like(like, memory_format=torch.preserve_format)
@@ -408,6 +519,42 @@ class Adam(_FusedOptimizer):
         tensors = [state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq", state["exp_avg_sq"]),
                    state["step"]]
         return [state["master_param"], *tensors] if master else tensors
+
+    def _fused_step8(self, group, lists, master, grad_scale, found_inf):
+        """8-bit moments: one pass per 256-element block (decode, update, re-encode), gpuops/fused_adam8.h."""
+        beta1, beta2 = _host_betas(group)
+        lr, lr_tensor = _lr_arguments(group, lists[0][0].device)
+        if master:
+            params, grads, masters, *codes, steps = lists
+        else:
+            (params, grads, *codes, steps), masters = lists, []
+        torch.ops.gpuops.adam8_step_(params, grads, masters, *codes, steps, lr, beta1, beta2, group["eps"],
+                                     group["weight_decay"], self._decoupled_in(group), group["maximize"], grad_scale,
+                                     found_inf, lr_tensor)
+        if master:
+            self._note_own_writes(params)
+
+    def _checked_id_map(self, state_dict, where: Optional[str] = None) -> dict:
+        """The checks of every fused optimizer, and an 8-bit state's: all four tensors, uint8 codes of the
+        parameter's shape, float32 scales one per 256 elements, and a code book this version reads."""
+        id_map = super()._checked_id_map(state_dict, where)
+        where = where or f"{type(self).__name__}.load_state_dict"
+        for key, entry in state_dict["state"].items():
+            if any(k in entry for k in _CODE_KEYS):
+                _check_8bit_entry(f"{where}: state[{key!r}]", entry, id_map[key])
+        return id_map
+
+    def _adapt_loaded_state(self, param: torch.Tensor, saved: dict) -> None:
+        super()._adapt_loaded_state(param, saved)
+        if "exp_avg_codes" in saved:  # torch's load cast codes and scales to the parameter's dtype: taken again
+            _load_moments(self.state[param], saved, param)
+
+    def dequantized_state_dict(self) -> dict:
+        """state_dict() in torch's form: 8-bit moments decoded into float32 ``exp_avg`` / ``exp_avg_sq``, which
+        torch.optim.AdamW (and this class with state_bits=32) loads. The optimizer itself is unchanged."""
+        saved = self.state_dict()
+        saved["state"] = {key: _decoded_entry(entry) for key, entry in saved["state"].items()}
+        return saved
 
     def _decoupled_in(self, group: dict) -> bool:
         return self._decoupled or bool(group.get("decoupled_weight_decay", False))
@@ -450,10 +597,10 @@ class AdamW(Adam):
     def __init__(self, params: Iterable, lr: _Lr = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
                  foreach: Optional[bool] = None, capturable: bool = False, differentiable: bool = False,
-                 fused: Optional[bool] = None):
+                 fused: Optional[bool] = None, state_bits: int = 32):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
                          capturable=capturable, differentiable=differentiable, fused=fused,
-                         decoupled_weight_decay=True)
+                         decoupled_weight_decay=True, state_bits=state_bits)
 
 
 class SGD(_FusedOptimizer):

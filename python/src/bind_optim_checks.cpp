@@ -8,6 +8,7 @@
 #include "bindings.h"
 #include "py_args.h"
 #include "gpuops/fused_adam.h"
+#include "gpuops/fused_adam8.h"
 #include "gpuops/fused_sgd.h"
 #include "gpuops/grad_accumulator.h"
 #include "gpuops/grad_scaler.h"
@@ -50,6 +51,9 @@ py::dict scaler_dict(const amp::GradScalerOptions& o) {
 }  // namespace
 
 void bind_optim_checks(py::module_& m) {
+  m.attr("STATE_BLOCK") = optim::kStateBlock;  // 8-bit optimizer states (gpuops/fused_adam8.h)
+  m.attr("MIN_8BIT_NUMEL") = optim::kMin8BitNumel;
+  m.attr("STATE_FORMAT") = optim::kStateFormat;
   m.def(
       "check_adam_options",
       [](const std::string& where, const py::object& lr, const py::object& betas, const py::object& eps,

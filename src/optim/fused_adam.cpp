@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include "../common/cpu_parallel.h"
+#include "adam_hyper.h"
 #include "gpuops/fused_adam.h"
 #include "math/adam_math.h"
 #include "optim_checks.h"
@@ -77,16 +78,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void adam_amsgrad_r
   for (int64_t i = 0; i < n; ++i) math::adam_update_amsgrad(param[i], grad[i], m[i], v[i], vmax[i], s);
 }
 
-math::AdamHyper to_hyper(const AdamStepOptions& o) {
-  return {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.decoupled, o.amsgrad, o.maximize};
-}
-
-// The CPU steps' hyper-parameters: a CPU lr tensor is read here (a plain load).
-math::AdamHyper to_cpu_hyper(const AdamStepOptions& o) {
-  math::AdamHyper hyper = to_hyper(o);
-  if (o.lr_tensor) hyper.lr = *o.lr_tensor->data_ptr<float>();
-  return hyper;
-}
+using detail::to_cpu_hyper, detail::to_hyper;
 
 // The CPU step over every tensor's pieces (common/cpu_parallel.h), with this optimizer's per-step constants.
 template <typename Body>
