@@ -15,7 +15,6 @@ namespace gpuops::kernels {
 namespace {
 
 enum : int { kParam, kGrad, kMaster, kMCodes, kMScales, kVCodes, kVScales, kStep };
-constexpr int kBookFloats = 2 * math::kCodes;  // one CodeBook
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return half_to_float(v); }
@@ -34,16 +33,15 @@ __device__ __forceinline__ float block_max(float mine, float* scratch) {
 
 template <typename T>
 __global__ void __launch_bounds__(math::kQuantBlock) adam8_kernel(TensorTable<8> table, math::AdamHyper hyper,
-                                                                   StepScalars in, const float* books) {
+                                                                   StepScalars in, const math::CodeBook* books) {
   if (step_skipped(in)) return;
-  __shared__ float book[2 * kBookFloats];
+  __shared__ math::CodeBook book[2];  // signed (first moments), unsigned (second)
+  static_assert(sizeof(book) % sizeof(uint32_t) == 0, "copied in words");
+  const auto* from = reinterpret_cast<const uint32_t*>(books);
+  auto* to = reinterpret_cast<uint32_t*>(book);
+  for (int i = threadIdx.x; i < static_cast<int>(sizeof(book) / sizeof(uint32_t)); i += blockDim.x) to[i] = from[i];
   __shared__ float scratch[math::kQuantBlock / 32];
-  for (int i = threadIdx.x; i < 2 * kBookFloats; i += blockDim.x) book[i] = books[i];
   __syncthreads();
-  const float* m_values = book;
-  const float* m_thresholds = book + math::kCodes;
-  const float* v_values = book + kBookFloats;
-  const float* v_thresholds = book + kBookFloats + math::kCodes;
   int64_t begin = 0, end = 0;
   const int tensor = chunk_range(table, begin, end);
   const float step = *static_cast<const float*>(table.data[kStep][tensor]) + 1.0f;
@@ -60,8 +58,8 @@ __global__ void __launch_bounds__(math::kQuantBlock) adam8_kernel(TensorTable<8>
     const bool mine = i < end;
     float m = 0.0f, v = 0.0f;
     if (mine) {
-      m = math::decode(m_values, m_codes[i], m_scales[b]);
-      v = math::decode(v_values, v_codes[i], v_scales[b]);
+      m = math::decode(book[0].value, m_codes[i], m_scales[b]);
+      v = math::decode(book[1].value, v_codes[i], v_scales[b]);
       float p = master[i];
       math::adam_update(p, to_float(grad[i]), m, v, s);
       master[i] = p;
@@ -69,8 +67,8 @@ __global__ void __launch_bounds__(math::kQuantBlock) adam8_kernel(TensorTable<8>
     }
     const float m_max = block_max(fabsf(m), scratch), v_max = block_max(fabsf(v), scratch);
     if (mine) {
-      m_codes[i] = math::encode(m_thresholds, m, m_max);
-      v_codes[i] = math::encode(v_thresholds, v, v_max);
+      m_codes[i] = math::encode(book[0], m, m_max);
+      v_codes[i] = math::encode(book[1], v, v_max);
     }
     if (threadIdx.x == 0) {
       m_scales[b] = m_max;
@@ -82,7 +80,7 @@ __global__ void __launch_bounds__(math::kQuantBlock) adam8_kernel(TensorTable<8>
 }  // namespace
 
 void launch_adam8_step(const std::vector<void*> (&lists)[8], const std::vector<int64_t>& numel, GradDtype dtype,
-                       const math::AdamHyper& hyper, const StepScalars& scalars, const float* books,
+                       const math::AdamHyper& hyper, const StepScalars& scalars, const math::CodeBook* books,
                        cudaStream_t stream) {
   for_each_table<8>(lists, numel, [&](const TensorTable<8>& table, int blocks) {
     if (dtype == GradDtype::BFloat16) {

@@ -145,6 +145,9 @@ struct AdamWOptions : public torch::optim::OptimizerCloneableOptions<AdamWOption
   /// Read lr on the device (DeviceLr) so that a step captured in a CUDA graph follows an LR scheduler.
   /// Change lr through set_lr then, as the schedulers do: lr(x) alone does not reach a captured graph.
   TORCH_ARG(bool, capturable) = false;
+  /// 32: float32 moments; 8: block-wise 8-bit moments for float32/16-bit parameters of kMin8BitNumel elements
+  /// or more (gpuops/fused_adam8.h; not with amsgrad, and not yet with ZeroOptimizer).
+  TORCH_ARG(int64_t, state_bits) = 32;
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -170,6 +173,9 @@ struct AdamOptions : public torch::optim::OptimizerCloneableOptions<AdamOptions>
   TORCH_ARG(bool, maximize) = false;
   /// As AdamWOptions::capturable.
   TORCH_ARG(bool, capturable) = false;
+  /// 32: float32 moments; 8: block-wise 8-bit moments for float32/16-bit parameters of kMin8BitNumel elements
+  /// or more (gpuops/fused_adam8.h; not with amsgrad, and not yet with ZeroOptimizer).
+  TORCH_ARG(int64_t, state_bits) = 32;
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -191,6 +197,12 @@ struct AdamWParamState : public torch::optim::OptimizerCloneableParamState<AdamW
   TORCH_ARG(at::Tensor, exp_avg);
   TORCH_ARG(at::Tensor, exp_avg_sq);
   TORCH_ARG(at::Tensor, max_exp_avg_sq);
+  /// With state_bits 8, in place of exp_avg and exp_avg_sq: uint8 codes laid out as the parameter (or its
+  /// master) and float32 scales, one per kStateBlock elements (gpuops/fused_adam8.h).
+  TORCH_ARG(at::Tensor, exp_avg_codes);
+  TORCH_ARG(at::Tensor, exp_avg_scales);
+  TORCH_ARG(at::Tensor, exp_avg_sq_codes);
+  TORCH_ARG(at::Tensor, exp_avg_sq_scales);
 
  public:
   void serialize(torch::serialize::InputArchive& archive) override;
@@ -208,6 +220,8 @@ class AdamBase : public FusedOptimizer {
   /// The fused step's options for param_groups()[index] (decoupled or L2 weight decay; a capturable group's
   /// learning rate on `device`).
   virtual AdamStepOptions step_options(size_t index, c10::Device device) const = 0;
+  /// The group's state_bits (32 or 8).
+  virtual int64_t state_bits(size_t index) const = 0;
   void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                   const std::optional<at::Tensor>& found_inf) override;
 };
@@ -231,6 +245,7 @@ class AdamW : public AdamBase {
   const char* name() const override;
   void check_options(size_t index) const override;
   AdamStepOptions step_options(size_t index, c10::Device device) const override;
+  int64_t state_bits(size_t index) const override;
 };
 
 /// Adam (L2 weight decay added to the gradient, optional amsgrad), fused: torch::optim::Adam's update.
@@ -250,6 +265,7 @@ class Adam : public AdamBase {
   const char* name() const override;
   void check_options(size_t index) const override;
   AdamStepOptions step_options(size_t index, c10::Device device) const override;
+  int64_t state_bits(size_t index) const override;
 };
 
 /// Options of gpuops::optim::SGD, named and defaulted as torch::optim::SGDOptions (+ maximize).

@@ -100,6 +100,11 @@ struct Keywords {
     flag("amsgrad", [&](bool v) { o.amsgrad(v); });
     flag("maximize", [&](bool v) { o.maximize(v); });
     flag("capturable", [&](bool v) { o.capturable(v); });
+    if (auto bits = get("state_bits")) {  // (the optimizer's checks name the values it accepts)
+      if (!py::isinstance<py::int_>(bits) || PyBool_Check(bits.ptr()))
+        throw py::type_error(where + ": state_bits must be an int, got " + text_of(bits));
+      o.state_bits(bits.cast<int64_t>());
+    }
   }
   // SGD's options but capturable (read at construction only).
   void sgd(optim::SGDOptions& o) {

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include "../common/cpu_parallel.h"
+#include "adam_cpu.h"
 #include "adam_hyper.h"
 #include "gpuops/fused_adam.h"
 #include "math/adam_math.h"
@@ -21,6 +22,28 @@
 #endif
 
 namespace gpuops::optim {
+
+namespace detail {
+
+// The CPU element loops, compiled for AVX-512, AVX2 and the baseline; the loader picks one at startup.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void adam_range(
+    float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v, int64_t n,
+    const math::AdamStep& step) {
+  using math::Float8, math::load8, math::store8;
+  const math::AdamStep s = step;  // a local copy: stores to the arrays cannot change it
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    Float8 exp_avg = load8(m + i), exp_avg_sq = load8(v + i);
+    const Float8 decayed = math::adam_moments(load8(param + i), load8(grad + i), exp_avg, exp_avg_sq, s);
+    store8(param + i, math::adam_apply(decayed, exp_avg, exp_avg_sq, s));
+    store8(m + i, exp_avg);
+    store8(v + i, exp_avg_sq);
+  }
+  for (; i < n; ++i) math::adam_update(param[i], grad[i], m[i], v[i], s);
+}
+
+}  // namespace detail
+
 
 void check_adam_options(const AdamStepOptions& o, const std::string& where) {
   using gpuops::detail::check_option;
@@ -54,23 +77,6 @@ void check_all(at::TensorList params, at::TensorList grads, at::TensorList exp_a
   }
 }
 
-// The CPU element loops, compiled for AVX-512, AVX2 and the baseline; the loader picks one at startup.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void adam_range(
-    float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v, int64_t n,
-    const math::AdamStep& step) {
-  using math::Float8, math::load8, math::store8;
-  const math::AdamStep s = step;  // a local copy: stores to the arrays cannot change it
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    Float8 exp_avg = load8(m + i), exp_avg_sq = load8(v + i);
-    const Float8 decayed = math::adam_moments(load8(param + i), load8(grad + i), exp_avg, exp_avg_sq, s);
-    store8(param + i, math::adam_apply(decayed, exp_avg, exp_avg_sq, s));
-    store8(m + i, exp_avg);
-    store8(v + i, exp_avg_sq);
-  }
-  for (; i < n; ++i) math::adam_update(param[i], grad[i], m[i], v[i], s);
-}
-
 __attribute__((target_clones("avx512f", "avx2", "default"))) void adam_amsgrad_range(
     float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v,
     float* __restrict vmax, int64_t n, const math::AdamStep& step) {
@@ -78,7 +84,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void adam_amsgrad_r
   for (int64_t i = 0; i < n; ++i) math::adam_update_amsgrad(param[i], grad[i], m[i], v[i], vmax[i], s);
 }
 
-using detail::to_cpu_hyper, detail::to_hyper;
+using detail::adam_range, detail::to_cpu_hyper, detail::to_hyper;
 
 // The CPU step over every tensor's pieces (common/cpu_parallel.h), with this optimizer's per-step constants.
 template <typename Body>

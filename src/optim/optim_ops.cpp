@@ -1,5 +1,6 @@
 // The fused optimizer steps as torch operators (torch.ops.gpuops.*), for the Python optimizers; registered for
 // autograd, fake tensors and torch.compile by common/op_registration.h.
+#include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include "../common/op_registration.h"
@@ -90,7 +91,14 @@ TORCH_LIBRARY_FRAGMENT(gpuops, m) {
   m.def("quantize_state_(Tensor values, Tensor(a!) codes, Tensor(b!) scales, bool is_signed) -> ()");
   impl_mutating_op(m, "quantize_state_", TORCH_FN(quantize_state_op), no_outputs_meta_kernel());
   m.def("dequantize_state(Tensor codes, Tensor scales, bool is_signed) -> Tensor");
-  m.impl("dequantize_state", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gpuops::optim::dequantize_state));
+  // A functional op with the same kernels: its checks read sizes, which fake tensors with symbolic shapes lack.
+  m.impl("dequantize_state", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(gpuops::optim::dequantize_state)));
+  m.impl("dequantize_state", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(gpuops::optim::dequantize_state)));
+  m.impl("dequantize_state", torch::dispatch(c10::DispatchKey::Meta, [](const at::Tensor& codes, const at::Tensor&,
+                                                                        bool) {
+           return at::empty_like(codes, codes.options().dtype(at::kFloat));
+         }));
+  m.impl("dequantize_state", torch::dispatch(c10::DispatchKey::Autograd, gpuops::ops::non_differentiable_kernel()));
   m.def(
       "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, float lr, "
       "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, Tensor? grad_scale, "

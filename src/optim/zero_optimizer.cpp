@@ -1,6 +1,7 @@
 // gpuops::optim::ZeroOptimizer<Base> (zero_optimizer.h): Base (AdamW, Adam or SGD) stepping the shard
 // parameters of a ZeroShards, and the translation between Base's per-parameter state objects and named
 // tensors (what the checkpoint side of ZeroShards reads and writes). No element math here.
+#include <type_traits>
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -22,6 +23,9 @@ template <class Base>
 void check_options(const typename Base::Options& options) {
   TORCH_CHECK_VALUE(!options.capturable(), "ZeroOptimizer: capturable=true is not supported (the step "
                     "communicates); leave it false");
+  if constexpr (!std::is_same_v<typename Base::Options, SGDOptions>)
+    TORCH_CHECK_VALUE(options.state_bits() == 32, "ZeroOptimizer: state_bits=", options.state_bits(), " is not "
+                      "supported yet (a rank's shard would have to hold whole 256-element blocks); use 32");
   Base probe({at::zeros({1}).requires_grad_(true)}, options);  // c10::ValueError naming the option
 }
 

@@ -1,11 +1,16 @@
 // The 8-bit Adam engine from C++ (gpuops/fused_adam8.h): the quantisation against float64, one step against
-// Adam's arithmetic in float64 from the same decoded moments, a skipped step. tests/python/test_adam8.py holds
-// the rest (the optimizer classes, state_dict, adversarial blocks).
+// Adam's arithmetic in float64 from the same decoded moments, a skipped step; and AdamW(state_bits 8): its
+// steps are the engine's, its archive round-trips, a 32-bit archive loads into it. tests/python/test_adam8.py
+// holds the rest (the Python classes, state_dict, adversarial blocks).
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include <ATen/ATen.h>
+#include <torch/serialize.h>
 
 #include "gpuops/fused_adam8.h"
+#include "gpuops/optimizers.h"
 #include "parity_bound.h"
 
 namespace {
@@ -93,6 +98,83 @@ TEST(Adam8, ASkippedStepChangesNothingAndBadListsAreNamed) {
     ADD_FAILURE() << "amsgrad was accepted";
   } catch (const c10::ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("amsgrad is not supported with 8-bit states"), std::string::npos);
+  }
+}
+
+TEST(Adam8, AdamWWithStateBits8StepsAsTheEngineAndItsArchiveRoundTrips) {
+  // A 64x128 weight (8-bit moments) and a 128-element bias (float32 ones, under kMin8BitNumel).
+  const auto make = [] {
+    return std::vector<at::Tensor>{at::randn({128, 64}).requires_grad_(true), at::randn({128}).requires_grad_(true)};
+  };
+  auto params = make();
+  std::vector<at::Tensor> engine{params[0].detach().clone()};
+  const State m0 = quantized(at::zeros({128, 64}), true), v0 = quantized(at::zeros({128, 64}), false);
+  State m{m0.codes.clone(), m0.scales.clone()}, v{v0.codes.clone(), v0.scales.clone()};
+  at::Tensor engine_step = at::zeros({});
+  gpuops::optim::AdamW opt(params, gpuops::optim::AdamWOptions(1e-2).state_bits(8));
+  gpuops::optim::AdamStepOptions options;
+  options.lr = 1e-2;
+  options.weight_decay = 1e-2;
+  for (int step = 0; step < 3; ++step) {
+    for (auto& p : params) p.mutable_grad() = at::randn(p.sizes());
+    opt.step();
+    gpuops::optim::adam8_step_(engine, {params[0].grad()}, {}, {m.codes}, {m.scales}, {v.codes}, {v.scales},
+                               {engine_step}, options, std::nullopt, std::nullopt);
+  }
+  EXPECT_TRUE(at::equal(params[0], engine[0]));
+  const auto& weight = static_cast<const gpuops::optim::AdamWParamState&>(*opt.state().at(params[0].unsafeGetTensorImpl()));
+  const auto& bias = static_cast<const gpuops::optim::AdamWParamState&>(*opt.state().at(params[1].unsafeGetTensorImpl()));
+  EXPECT_TRUE(at::equal(weight.exp_avg_codes(), m.codes) && at::equal(weight.exp_avg_sq_scales(), v.scales));
+  EXPECT_FALSE(weight.exp_avg().defined());
+  EXPECT_TRUE(bias.exp_avg().defined() && !bias.exp_avg_codes().defined());
+  // The archive: another optimizer over copies loads it, and the next step gives the same bits.
+  std::stringstream archive;
+  torch::save(opt, archive);
+  std::vector<at::Tensor> copies{params[0].detach().clone().requires_grad_(true),
+                                 params[1].detach().clone().requires_grad_(true)};
+  gpuops::optim::AdamW again(copies, gpuops::optim::AdamWOptions(1e-2).state_bits(8));
+  torch::load(again, archive);
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].mutable_grad() = at::randn(params[i].sizes());
+    copies[i].mutable_grad() = params[i].grad().clone();
+  }
+  opt.step();
+  again.step();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(at::equal(params[i], copies[i])) << i;
+}
+
+TEST(Adam8, AFloat32ArchiveLoadsIntoStateBits8EncodedAndBadOptionsAreNamed) {
+  std::vector<at::Tensor> params{at::randn({4096}).requires_grad_(true)};
+  gpuops::optim::AdamW plain(params, gpuops::optim::AdamWOptions(1e-2));
+  params[0].mutable_grad() = at::randn({4096});
+  plain.step();
+  std::stringstream archive;
+  torch::save(plain, archive);
+  gpuops::optim::AdamW eight(params, gpuops::optim::AdamWOptions(1e-2).state_bits(8));
+  torch::load(eight, archive);  // the archive's options hold state_bits 32: set 8 again, as a user would
+  static_cast<gpuops::optim::AdamWOptions&>(eight.param_groups()[0].options()).state_bits(8);
+  const auto& loaded = static_cast<const gpuops::optim::AdamWParamState&>(*eight.state().at(params[0].unsafeGetTensorImpl()));
+  params[0].mutable_grad() = at::zeros({4096});
+  const at::Tensor exp_avg = loaded.exp_avg().clone();
+  eight.step();
+  const auto& after = static_cast<const gpuops::optim::AdamWParamState&>(*eight.state().at(params[0].unsafeGetTensorImpl()));
+  // encoded from the loaded float32 moment, then one step with a zero gradient: m = 0.9 m
+  EXPECT_TRUE(after.exp_avg_codes().defined() && !after.exp_avg().defined());
+  const at::Tensor decoded = gpuops::optim::dequantize_state(after.exp_avg_codes(), after.exp_avg_scales(), true);
+  EXPECT_LE((decoded - 0.9 * exp_avg).abs().max().item<float>(), 0.9 / 128 * exp_avg.abs().max().item<float>() * 2.01);
+  for (int64_t bits : {7, 16, 0}) {
+    try {
+      gpuops::optim::AdamW bad(params, gpuops::optim::AdamWOptions().state_bits(bits));
+      ADD_FAILURE() << "state_bits " << bits << " was accepted";
+    } catch (const c10::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("state_bits must be 32 (float32 moments) or 8"), std::string::npos);
+    }
+  }
+  try {
+    gpuops::optim::Adam bad(params, gpuops::optim::AdamOptions().amsgrad(true).state_bits(8));
+    ADD_FAILURE() << "amsgrad with 8 bits was accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("amsgrad=true is not supported with state_bits=8"), std::string::npos);
   }
 }
 

@@ -60,6 +60,29 @@ def _sgd_cases(device, g):
     return cases
 
 
+def _adam8_cases(device, g):
+    """The 8-bit step (float32 and 16-bit parameters) and its quantisation ops: sizes across a block boundary."""
+    cases, shapes = [], [(300,), (4, 65)]
+    blocks = [-(-torch.Size(s).numel() // 256) for s in shapes]
+    for dtype in (torch.float32, torch.bfloat16):
+        params = [torch.randn(s, generator=g).to(device, dtype) for s in shapes]
+        grads = [torch.randn(s, generator=g).to(device, dtype) for s in shapes]
+        codes = [[torch.randint(0, 256, s, generator=g, dtype=torch.uint8).to(device) for s in shapes]
+                 for _ in range(2)]
+        scales = [[torch.rand(b, generator=g).to(device) for b in blocks] for _ in range(2)]
+        steps = [torch.tensor(float(random.randint(0, 5)), device=device) for _ in shapes]
+        masters = [p.float() for p in params] if dtype != torch.float32 else []
+        cases.append((torch.ops.gpuops.adam8_step_,
+                      (params, grads, masters, codes[0], scales[0], codes[1], scales[1], steps, 1e-2, 0.9, 0.999,
+                       1e-8, 1e-2, True, random.random() < 0.5, torch.tensor([4.0], device=device),
+                       torch.zeros(1, device=device), None)))
+    values = torch.randn(300, generator=g).to(device)
+    cases.append((torch.ops.gpuops.quantize_state_, (values, torch.empty(300, dtype=torch.uint8, device=device),
+                                                     torch.empty(2, device=device), True)))
+    cases.append((torch.ops.gpuops.dequantize_state, (codes[0][0], scales[0][0], False)))
+    return cases
+
+
 def _amp_cases(device, g):
     cases = []
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -78,7 +101,7 @@ def _amp_cases(device, g):
 
 def _cases(device):
     g = _generator()
-    return _adam_cases(device, g) + _sgd_cases(device, g) + _amp_cases(device, g)
+    return _adam_cases(device, g) + _adam8_cases(device, g) + _sgd_cases(device, g) + _amp_cases(device, g)
 
 
 def _registered_ops():
