@@ -3,7 +3,9 @@
 // units of a stage-3 ZeroOptimizer. LibTorch modules have no forward hooks, so this module runs the layers
 // itself: before a layer its unit is gathered (and the next `prefetch` launched), after it the unit is freed
 // (reshard_after_forward), and the layer's output passes through an autograd node that gathers the unit again
-// when the backward reaches it. The layers' own code is not changed.
+// when the backward reaches it. The layers' own code is not changed. A layer called directly, not through this
+// module, runs on its empty placeholders: torch's op raises its own size error (LibTorch has no hook to name
+// the cause; docs/architecture.md, "Reads outside a forward").
 //
 //   auto net = torch::nn::Sequential(embedding, block1, block2, head);
 //   auto units = gpuops::optim::sequential_units(net);           // one unit per layer with parameters

@@ -201,7 +201,9 @@ def estimate(
 
     Optimizers, offload and sharding (docs/estimator.md): ``optimizer`` also takes ``"adafactor"``
     (transformers' Adafactor defaults: factored fp32 second moment), ``"paged-adamw-8bit"`` and
-    ``"paged-adamw-32bit"`` (bitsandbytes; states of tensors of >= 100,000 values in host memory).
+    ``"paged-adamw-32bit"`` (bitsandbytes; states of tensors of >= 100,000 values in host memory), and
+    ``"gpuops-adamw-8bit"`` (gpuops.optim.AdamW(state_bits=8): 8-bit moments per 256 values for tensors of
+    >= 4096 values).
     ``offload_optimizer=True`` is ZeRO-Offload (states, fp32 master and the step on the host).
     ``sharding="fsdp1"`` is torch's ``FullyShardedDataParallel`` with ``FULL_SHARD`` (the flat partitions, no
     DeepSpeed bucket, the root unit gathered from its forward to the end of the backward; ``zero_stage`` 0 means 3).

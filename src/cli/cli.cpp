@@ -290,7 +290,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       estimate->add_option("--amp", o.amp, "Mixed-precision layout: autocast (fp32 weights) or master-copy "
                            "(16-bit weights + fp32 master)")->capture_default_str(),
       estimate->add_option("--optimizer", o.optimizer, "adamw, adam, sgd, sgd-momentum, adamw-8bit, adafactor, "
-                           "paged-adamw-8bit or paged-adamw-32bit")
+                           "paged-adamw-8bit, paged-adamw-32bit or gpuops-adamw-8bit")
           ->capture_default_str(),
       estimate->add_option("--optimizer-impl", o.optimizer_impl, "default (torch's for the device), for-loop, "
                            "foreach or fused")->capture_default_str(),

@@ -113,6 +113,14 @@ std::vector<Variant> eight_bit_optimizer(const ModelSpec&, const TrainingSetup& 
   return {{"8-bit AdamW (bitsandbytes)", "--optimizer adamw-8bit", t}};
 }
 
+std::vector<Variant> gpuops_eight_bit_optimizer(const ModelSpec& m, const TrainingSetup& s) {
+  if (!is_adam(s) || s.zero_stage > 0 || s.offload_optimizer || m.family == ModelFamily::ParamsOnly) return {};
+  TrainingSetup t = s;
+  t.optimizer = OptimizerKind::GpuopsAdamW8bit;
+  return {{"8-bit AdamW states (gpuops: optim.AdamW(state_bits=8); one fused pass, its CPU step slower)",
+           "--optimizer gpuops-adamw-8bit", t}};
+}
+
 std::vector<Variant> offload_optimizer(const ModelSpec&, const TrainingSetup& s) {
   if (!is_adam(s) || s.offload_optimizer) return {};
   TrainingSetup t = s;
@@ -245,6 +253,7 @@ constexpr Lever kLevers[] = {
     {AdviceCost::Slower, 0, offload_optimizer},
     {AdviceCost::Communication, 0, zero_stage},
     {AdviceCost::Numerics, kOptimizerGroup, eight_bit_optimizer},
+    {AdviceCost::Numerics, kOptimizerGroup, gpuops_eight_bit_optimizer},
     {AdviceCost::Numerics, kOptimizerGroup, paged_eight_bit_optimizer},
     {AdviceCost::Numerics, kOptimizerGroup, adafactor},
     {AdviceCost::Numerics, 0, master_copy},

@@ -35,6 +35,7 @@ int64_t optimizer_bytes(int64_t n, int64_t tensors, const TrainingSetup& s, cons
       // bitsandbytes block-wise 8-bit: two 1-byte states plus one fp32 absmax per 2048-value block each.
       return eight_bit_adam_state_bytes(n);
     case OptimizerKind::PagedAdamW32bit: return (8 * C(n)).get();  // two fp32 states whatever the params' dtype
+    case OptimizerKind::GpuopsAdamW8bit: return 0;  // per tensor shape: features/gpuops_adam8.cpp
     case OptimizerKind::Adafactor: return 0;  // per tensor shape: features/adafactor.cpp
   }
   return 0;

@@ -32,14 +32,15 @@ constexpr Names<OptimizerImpl, 4> kOptimizerImpls{{{OptimizerImpl::Default, "def
                                                    {OptimizerImpl::ForLoop, "for-loop"},
                                                    {OptimizerImpl::Foreach, "foreach"},
                                                    {OptimizerImpl::Fused, "fused"}}};
-constexpr Names<OptimizerKind, 8> kOptimizers{{{OptimizerKind::AdamW, "adamw"},
+constexpr Names<OptimizerKind, 9> kOptimizers{{{OptimizerKind::AdamW, "adamw"},
                                                {OptimizerKind::Adam, "adam"},
                                                {OptimizerKind::Sgd, "sgd"},
                                                {OptimizerKind::SgdMomentum, "sgd-momentum"},
                                                {OptimizerKind::AdamW8bit, "adamw-8bit"},
                                                {OptimizerKind::Adafactor, "adafactor"},
                                                {OptimizerKind::PagedAdamW8bit, "paged-adamw-8bit"},
-                                               {OptimizerKind::PagedAdamW32bit, "paged-adamw-32bit"}}};
+                                               {OptimizerKind::PagedAdamW32bit, "paged-adamw-32bit"},
+                                               {OptimizerKind::GpuopsAdamW8bit, "gpuops-adamw-8bit"}}};
 constexpr Names<AttentionKind, 3> kAttention{
     {{AttentionKind::Eager, "eager"}, {AttentionKind::Sdpa, "sdpa"}, {AttentionKind::Flash, "flash"}}};
 constexpr Names<BaseWeightDtype, 6> kBaseDtypes{{{BaseWeightDtype::Fp16, "fp16"},

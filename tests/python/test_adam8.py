@@ -356,3 +356,23 @@ def test_zero_optimizer_refuses_8bit_states_for_now(world1):
         gpuops.ZeroOptimizer(mlp(0).parameters(), stage=1, state_bits=8)
     with pytest.raises(TypeError, match="state_bits must be an int"):
         gpuops.ZeroOptimizer(mlp(0).parameters(), stage=1, state_bits="8")
+
+
+def test_training_state_resumes_an_8bit_run_bit_for_bit(tmp_path):
+    """gpuops.TrainingState saves the codes and scales as they are; a resumed run's next steps are the
+    uninterrupted run's, bit for bit."""
+    seed = random.randint(0, 2**31)
+    model = mlp(seed)
+    opt = gpuops.optim.AdamW(model.parameters(), lr=1e-2, state_bits=8)
+    train(model, opt, 3, seed)
+    with gpuops.TrainingState(tmp_path / "state") as state:
+        state.save(step=3, model=model, optimizer=opt)
+    resumed_model = mlp(seed + 1)  # other weights: the load must replace them
+    resumed = gpuops.optim.AdamW(resumed_model.parameters(), lr=1e-2, state_bits=8)
+    with gpuops.TrainingState(tmp_path / "state") as state:
+        assert state.load(model=resumed_model, optimizer=resumed)["step"] == 3
+    train(model, opt, 2, seed + 7)
+    train(resumed_model, resumed, 2, seed + 7)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), resumed_model.parameters()))
+    assert torch.equal(opt.state[model[0].weight]["exp_avg_codes"],
+                       resumed.state[resumed_model[0].weight]["exp_avg_codes"])

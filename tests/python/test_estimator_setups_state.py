@@ -80,3 +80,33 @@ def test_new_keywords_are_type_checked_and_named():
     keep = gpuops.estimate("llama-2-7b", sharding="fsdp2", num_gpus=8, reshard_after_forward=False)
     reshard = gpuops.estimate("llama-2-7b", sharding="fsdp2", num_gpus=8)
     assert keep.total_bytes > reshard.total_bytes  # every block stays unsharded from forward to backward
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_gpuops_8bit_adamw_states_to_the_byte(model, precision):
+    """gpuops.optim.AdamW(state_bits=8)'s own state tensors after a step (codes, scales, fp32 moments of the
+    tensors under 4096 values, step counters) against the estimate's optimizer_states, byte for byte."""
+    kind, cfg = MODELS[model]
+    module = model_factory_for(kind, cfg, "sdpa")()
+    opt = gpuops.optim.AdamW(module.parameters(), lr=1e-3, state_bits=8)
+    for p in module.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    measured = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                   if torch.is_tensor(v))
+    assert any("exp_avg_codes" in st for st in opt.state.values()) and any("exp_avg" in st for st in opt.state.values())
+    config = make_config(kind, cfg, "sdpa").to_dict()
+    est = gpuops.estimate(config=config, precision=precision, optimizer="gpuops-adamw-8bit", attention="sdpa",
+                          micro_batch=BATCH, seq_len=SEQ, device="cpu")
+    assert est.optimizer_states == measured
+    adamw = gpuops.estimate(config=config, precision=precision, optimizer="adamw", attention="sdpa",
+                            micro_batch=BATCH, seq_len=SEQ, device="cpu")
+    assert est.optimizer_states * 3 < adamw.optimizer_states  # about a quarter
+
+
+def test_gpuops_8bit_adamw_is_refused_where_it_is_not_modelled():
+    with pytest.raises(ValueError, match="gpuops-adamw-8bit needs an architecture"):
+        gpuops.estimate(params="7b", optimizer="gpuops-adamw-8bit")
+    with pytest.raises(ValueError, match="does not shard 8-bit states yet"):
+        gpuops.estimate("llama-2-7b", optimizer="gpuops-adamw-8bit", zero_stage=2, num_gpus=4)

@@ -19,7 +19,10 @@ enum class Precision { Fp32, Fp16Mixed, Bf16Mixed, Bf16Pure };
 enum class AmpLayout { Autocast, MasterCopy };
 /// Adafactor: transformers.optimization.Adafactor's defaults (factored fp32 second moment, no first moment).
 /// PagedAdamW8bit / PagedAdamW32bit: bitsandbytes' paged optimizers (states in CUDA unified memory).
-enum class OptimizerKind { AdamW, Adam, Sgd, SgdMomentum, AdamW8bit, Adafactor, PagedAdamW8bit, PagedAdamW32bit };
+/// GpuopsAdamW8bit: gpuops.optim.AdamW(state_bits=8), block-wise 8-bit moments (features/gpuops_adam8.cpp).
+enum class OptimizerKind {
+  AdamW, Adam, Sgd, SgdMomentum, AdamW8bit, Adafactor, PagedAdamW8bit, PagedAdamW32bit, GpuopsAdamW8bit
+};
 /// How the optimizer step is computed. Default: torch's default for the device (for-loop on the CPU,
 /// foreach on CUDA). ForLoop: one parameter at a time. Foreach: whole-list temporaries. Fused: none.
 enum class OptimizerImpl { Default, ForLoop, Foreach, Fused };

@@ -132,6 +132,7 @@ const SetupFeature& fsdp2_feature();
 const SetupFeature& gpuops_stage3_feature();
 const SetupFeature& offload_feature();
 const SetupFeature& paged_optimizer_feature();
+const SetupFeature& gpuops_adam8_feature();
 const SetupFeature& held_logits_feature();
 const SetupFeature& checkpointing_feature();
 const SetupFeature& compile_feature();
