@@ -178,8 +178,9 @@ def _check_8bit_entry(where: str, entry: dict, param: torch.Tensor) -> None:
         if not isinstance(scales, torch.Tensor) or scales.dtype != torch.float32 or scales.shape != (blocks,):
             raise ValueError(f"{where}[{name + '_scales'!r}] must be a float32 tensor of {blocks} elements (one per "
                              f"{_C.STATE_BLOCK}), got {_describe(scales)}")
-        if name == "exp_avg_sq" and bool((scales < 0).any()):
-            raise ValueError(f"{where}['exp_avg_sq_scales'] has negative scales (a second moment is >= 0)")
+        if bool((scales < 0).any()):
+            raise ValueError(f"{where}[{name + '_scales'!r}] has negative scales (a scale is its block's largest "
+                             "magnitude, >= 0): not a state this optimizer wrote")
 
 
 def _describe(value) -> str:

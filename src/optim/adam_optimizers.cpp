@@ -81,8 +81,8 @@ void read_8bit_moments(detail::Entry& e, AdamWParamState& s, const at::Tensor& p
                           scales.numel() == state_blocks(param.numel()),
                       e.where, ": '", name, "_scales' must be float32 with ", state_blocks(param.numel()),
                       " elements (one per ", kStateBlock, "), got ", scales.toString(), " ", scales.sizes());
-    TORCH_CHECK_VALUE(is_signed || !(scales < 0).any().item<bool>(), e.where, ": '", name, "_scales' has negative "
-                      "scales (a second moment is >= 0)");
+    TORCH_CHECK_VALUE(!(scales < 0).any().item<bool>(), e.where, ": '", name, "_scales' has negative scales (a "
+                      "scale is its block's largest magnitude, >= 0): not a state this optimizer wrote");
     if (codes.strides() == param.strides()) {
       const at::Tensor c = codes.to(param.device(), /*non_blocking=*/false, /*copy=*/true);
       const at::Tensor k = scales.to(param.device(), at::kFloat, false, true).contiguous();

@@ -141,6 +141,20 @@ TEST(Adam8, AdamWWithStateBits8StepsAsTheEngineAndItsArchiveRoundTrips) {
   opt.step();
   again.step();
   for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(at::equal(params[i], copies[i])) << i;
+  // A corrupt archive (negative scales) is refused naming the tensor, and the optimizer keeps its state.
+  weight.exp_avg_scales().neg_().sub_(1);
+  std::stringstream corrupt;
+  torch::save(opt, corrupt);
+  const auto& kept = static_cast<const gpuops::optim::AdamWParamState&>(*again.state().at(copies[0].unsafeGetTensorImpl()));
+  const at::Tensor before = kept.exp_avg_scales().clone();
+  try {
+    torch::load(again, corrupt);
+    ADD_FAILURE() << "negative scales were loaded";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("'exp_avg_scales' has negative scales"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(at::equal(static_cast<const gpuops::optim::AdamWParamState&>(
+                            *again.state().at(copies[0].unsafeGetTensorImpl())).exp_avg_scales(), before));
 }
 
 TEST(Adam8, AFloat32ArchiveLoadsIntoStateBits8EncodedAndBadOptionsAreNamed) {

@@ -294,7 +294,8 @@ def test_bad_input_is_refused_naming_it():
             (lambda e: e.pop("exp_avg_sq_scales"), "exp_avg_sq_scales missing"),
             (lambda e: e.update(exp_avg_codes=e["exp_avg_codes"].float()), "must be a uint8 tensor"),
             (lambda e: e.update(exp_avg_scales=e["exp_avg_scales"][:3]), "must be a float32 tensor of 32"),
-            (lambda e: e.update(exp_avg_sq_scales=-e["exp_avg_sq_scales"] - 1), "negative scales")):
+            (lambda e: e.update(exp_avg_sq_scales=-e["exp_avg_sq_scales"] - 1), "negative scales"),
+            (lambda e: e.update(exp_avg_scales=-e["exp_avg_scales"] - 1), "exp_avg_scales'\\] has negative")):
         saved = opt.state_dict()
         saved["state"] = {k: dict(v) for k, v in saved["state"].items()}
         edit(saved["state"][0])
