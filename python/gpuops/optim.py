@@ -171,8 +171,7 @@ def _check_8bit_entry(where: str, entry: dict, param: torch.Tensor) -> None:
     blocks = -(-param.numel() // _C.STATE_BLOCK)
     for name, _ in _MOMENTS:
         codes, scales = entry[f"{name}_codes"], entry[f"{name}_scales"]
-        if not isinstance(codes, torch.Tensor) or codes.shape != param.shape or codes.is_floating_point() or (
-                codes.dtype != torch.uint8):
+        if not isinstance(codes, torch.Tensor) or codes.shape != param.shape or codes.dtype != torch.uint8:
             raise ValueError(f"{where}[{name + '_codes'!r}] must be a uint8 tensor of the parameter's shape "
                              f"{tuple(param.shape)}, got {_describe(codes)}")
         if not isinstance(scales, torch.Tensor) or scales.dtype != torch.float32 or scales.shape != (blocks,):
@@ -195,7 +194,8 @@ def _load_moments(state: dict, saved: dict, param: torch.Tensor) -> None:
     moved = {key: saved[key].to(param.device, dtype=torch.uint8 if key.endswith("codes") else torch.float32,
                                 copy=True) for key in _CODE_KEYS}
     state.update(moved)
-    if moved["exp_avg_codes"].stride() != torch.empty_like(like, device="meta").stride():
+    ours = torch.empty_like(like, device="meta").stride()
+    if moved["exp_avg_codes"].stride() != ours or moved["exp_avg_sq_codes"].stride() != ours:
         _dequantize_moments(state)
 
 

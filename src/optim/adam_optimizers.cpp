@@ -65,34 +65,41 @@ void read_8bit_moments(detail::Entry& e, AdamWParamState& s, const at::Tensor& p
   TORCH_CHECK_VALUE(format && format->isString() && format->toStringRef() == kStateFormat, e.where,
                     ": 'state_format' must be '", kStateFormat, "' (other code books would decode to wrong values), "
                     "got ", format ? (format->isString() ? format->toStringRef() : format->tagKind()) : "none");
-  for (const bool is_signed : {true, false}) {
-    const std::string name = is_signed ? "exp_avg" : "exp_avg_sq";
+  at::Tensor codes[2], scales[2];  // exp_avg's, then exp_avg_sq's
+  for (const int k : {0, 1}) {
+    const std::string name = k == 0 ? "exp_avg" : "exp_avg_sq";
     const auto tensor = [&](const std::string& key) {
       auto v = e.get(key.c_str());
       TORCH_CHECK_VALUE(v && v->isTensor(), e.where, ": an 8-bit state needs '", key, "'");
       return v->toTensor();
     };
-    const at::Tensor codes = tensor(name + "_codes"), scales = tensor(name + "_scales");
-    TORCH_CHECK_VALUE(codes.scalar_type() == at::kByte && codes.sizes() == param.sizes() &&
-                          codes.is_non_overlapping_and_dense(),
+    codes[k] = tensor(name + "_codes");
+    scales[k] = tensor(name + "_scales");
+    TORCH_CHECK_VALUE(codes[k].scalar_type() == at::kByte && codes[k].sizes() == param.sizes() &&
+                          codes[k].is_non_overlapping_and_dense(),
                       e.where, ": '", name, "_codes' must be dense uint8 of the parameter's shape ", param.sizes(),
-                      ", got ", codes.toString(), " ", codes.sizes());
-    TORCH_CHECK_VALUE(scales.scalar_type() == at::kFloat && scales.dim() == 1 &&
-                          scales.numel() == state_blocks(param.numel()),
+                      ", got ", codes[k].toString(), " ", codes[k].sizes());
+    TORCH_CHECK_VALUE(scales[k].scalar_type() == at::kFloat && scales[k].dim() == 1 &&
+                          scales[k].numel() == state_blocks(param.numel()),
                       e.where, ": '", name, "_scales' must be float32 with ", state_blocks(param.numel()),
-                      " elements (one per ", kStateBlock, "), got ", scales.toString(), " ", scales.sizes());
-    TORCH_CHECK_VALUE(!(scales < 0).any().item<bool>(), e.where, ": '", name, "_scales' has negative scales (a "
+                      " elements (one per ", kStateBlock, "), got ", scales[k].toString(), " ", scales[k].sizes());
+    TORCH_CHECK_VALUE(!(scales[k] < 0).any().item<bool>(), e.where, ": '", name, "_scales' has negative scales (a "
                       "scale is its block's largest magnitude, >= 0): not a state this optimizer wrote");
-    if (codes.strides() == param.strides()) {
-      const at::Tensor c = codes.to(param.device(), /*non_blocking=*/false, /*copy=*/true);
-      const at::Tensor k = scales.to(param.device(), at::kFloat, false, true).contiguous();
-      is_signed ? (s.exp_avg_codes(c), s.exp_avg_scales(k)) : (s.exp_avg_sq_codes(c), s.exp_avg_sq_scales(k));
-    } else {
-      const at::Tensor decoded = at::empty_like(param, param.options().dtype(at::kFloat))
-                                     .copy_(dequantize_state(codes, scales.contiguous(), is_signed));
-      is_signed ? s.exp_avg(decoded) : s.exp_avg_sq(decoded);
-    }
   }
+  const auto moved = [&](const at::Tensor& t) { return t.to(param.device(), /*non_blocking=*/false, /*copy=*/true); };
+  if (codes[0].strides() == param.strides() && codes[1].strides() == param.strides()) {
+    s.exp_avg_codes(moved(codes[0]));
+    s.exp_avg_scales(moved(scales[0]).contiguous());
+    s.exp_avg_sq_codes(moved(codes[1]));
+    s.exp_avg_sq_scales(moved(scales[1]).contiguous());
+    return;
+  }
+  const auto decoded = [&](int k) {
+    return at::empty_like(param, param.options().dtype(at::kFloat))
+        .copy_(dequantize_state(codes[k], scales[k].contiguous(), k == 0));
+  };
+  s.exp_avg(decoded(0));
+  s.exp_avg_sq(decoded(1));
 }
 
 // A parameter's state from our archive or torch::optim's (an int64 step, no master copy).
@@ -237,11 +244,21 @@ void to_8bit(AdamWParamState& s, const at::Tensor& like) {
   for (const bool is_signed : {true, false}) {
     at::Tensor values = is_signed ? s.exp_avg() : s.exp_avg_sq();
     const at::Tensor laid_out = at::empty_like(like, like.options().dtype(at::kFloat), at::MemoryFormat::Preserve);
-    values = !values.defined() ? laid_out.zero_() : values.strides() == like.strides() ? values : laid_out.copy_(values);
+    if (!values.defined()) {
+      values = laid_out.zero_();
+    } else if (values.strides() != like.strides()) {
+      values = laid_out.copy_(values);
+    }
     at::Tensor codes = at::empty_like(like, like.options().dtype(at::kByte), at::MemoryFormat::Preserve);
     at::Tensor scales = at::empty({state_blocks(like.numel())}, like.options().dtype(at::kFloat));
     quantize_state_(values, codes, scales, is_signed);
-    is_signed ? (s.exp_avg_codes(codes), s.exp_avg_scales(scales)) : (s.exp_avg_sq_codes(codes), s.exp_avg_sq_scales(scales));
+    if (is_signed) {
+      s.exp_avg_codes(codes);
+      s.exp_avg_scales(scales);
+    } else {
+      s.exp_avg_sq_codes(codes);
+      s.exp_avg_sq_scales(scales);
+    }
   }
   s.exp_avg(at::Tensor());
   s.exp_avg_sq(at::Tensor());
@@ -267,7 +284,8 @@ void AdamBase::step_group(size_t index, std::vector<at::Tensor>& params, const s
   // One fused call per parameter dtype and state width: float32 directly, float16/bfloat16 on their fp32 master
   // copies; 8-bit moments for parameters of kMin8BitNumel elements or more in a state_bits 8 group.
   std::map<std::pair<at::ScalarType, bool>, std::vector<at::Tensor>> by_kind;
-  for (const at::Tensor& p : params) by_kind[{p.scalar_type(), eight_bit_group && p.numel() >= kMin8BitNumel}].push_back(p);
+  for (const at::Tensor& p : params)
+    by_kind[{p.scalar_type(), eight_bit_group && p.numel() >= kMin8BitNumel}].push_back(p);
   for (auto& [kind, group] : by_kind) {
     const auto [dtype, eight] = kind;
     const bool master = dtype != at::kFloat;
@@ -287,9 +305,11 @@ void AdamBase::step_group(size_t index, std::vector<at::Tensor>& params, const s
         to_8bit(s, like);
       } else {
         to_32bit(s);
-        if (!s.exp_avg().defined()) s.exp_avg(at::zeros_like(like, like.options().dtype(at::kFloat), at::MemoryFormat::Preserve));
-        if (!s.exp_avg_sq().defined())
-          s.exp_avg_sq(at::zeros_like(like, like.options().dtype(at::kFloat), at::MemoryFormat::Preserve));
+        const auto zeros = [&] {
+          return at::zeros_like(like, like.options().dtype(at::kFloat), at::MemoryFormat::Preserve);
+        };
+        if (!s.exp_avg().defined()) s.exp_avg(zeros());
+        if (!s.exp_avg_sq().defined()) s.exp_avg_sq(zeros());
       }
       if (step_options.amsgrad && !s.max_exp_avg_sq().defined())
         s.max_exp_avg_sq(at::zeros_like(like, at::MemoryFormat::Preserve));

@@ -266,7 +266,8 @@ void quantize_state_(const at::Tensor& values, const at::Tensor& codes, const at
   // amax ignores NaN on some paths: a block with a NaN gets NaN as its scale, as the step's maximum gives
   const at::Tensor block_max = padded.abs().amax(1);
   const at::Tensor scale = at::where(padded.isnan().any(1), at::full({}, NAN, padded.options()), block_max);
-  const at::Tensor x = at::where(scale.eq(0).unsqueeze(1), at::zeros({}, padded.options()), padded / scale.unsqueeze(1));
+  const at::Tensor x =
+      at::where(scale.eq(0).unsqueeze(1), at::zeros({}, padded.options()), padded / scale.unsqueeze(1));
   const math::CodeBook& book = code_book(is_signed);
   const at::Tensor thresholds = at::tensor(at::ArrayRef<float>(book.threshold, math::kCodes - 1), at::kFloat)
                                     .to(values.device());

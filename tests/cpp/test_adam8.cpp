@@ -32,6 +32,10 @@ at::Tensor decoded(const State& s, bool is_signed) {
   return gpuops::optim::dequantize_state(s.codes, s.scales, is_signed).to(at::kDouble);
 }
 
+const gpuops::optim::AdamWParamState& state_of(const gpuops::optim::AdamW& opt, const at::Tensor& param) {
+  return static_cast<const gpuops::optim::AdamWParamState&>(*opt.state().at(param.unsafeGetTensorImpl()));
+}
+
 /// Each block's scale, per element (float64).
 at::Tensor block_scales(const at::Tensor& values) {
   const int64_t n = values.numel(), blocks = gpuops::optim::state_blocks(n);
@@ -122,8 +126,8 @@ TEST(Adam8, AdamWWithStateBits8StepsAsTheEngineAndItsArchiveRoundTrips) {
                                {engine_step}, options, std::nullopt, std::nullopt);
   }
   EXPECT_TRUE(at::equal(params[0], engine[0]));
-  const auto& weight = static_cast<const gpuops::optim::AdamWParamState&>(*opt.state().at(params[0].unsafeGetTensorImpl()));
-  const auto& bias = static_cast<const gpuops::optim::AdamWParamState&>(*opt.state().at(params[1].unsafeGetTensorImpl()));
+  const auto& weight = state_of(opt, params[0]);
+  const auto& bias = state_of(opt, params[1]);
   EXPECT_TRUE(at::equal(weight.exp_avg_codes(), m.codes) && at::equal(weight.exp_avg_sq_scales(), v.scales));
   EXPECT_FALSE(weight.exp_avg().defined());
   EXPECT_TRUE(bias.exp_avg().defined() && !bias.exp_avg_codes().defined());
@@ -145,16 +149,14 @@ TEST(Adam8, AdamWWithStateBits8StepsAsTheEngineAndItsArchiveRoundTrips) {
   weight.exp_avg_scales().neg_().sub_(1);
   std::stringstream corrupt;
   torch::save(opt, corrupt);
-  const auto& kept = static_cast<const gpuops::optim::AdamWParamState&>(*again.state().at(copies[0].unsafeGetTensorImpl()));
-  const at::Tensor before = kept.exp_avg_scales().clone();
+  const at::Tensor before = state_of(again, copies[0]).exp_avg_scales().clone();
   try {
     torch::load(again, corrupt);
     ADD_FAILURE() << "negative scales were loaded";
   } catch (const c10::ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("'exp_avg_scales' has negative scales"), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(at::equal(static_cast<const gpuops::optim::AdamWParamState&>(
-                            *again.state().at(copies[0].unsafeGetTensorImpl())).exp_avg_scales(), before));
+  EXPECT_TRUE(at::equal(state_of(again, copies[0]).exp_avg_scales(), before));
 }
 
 TEST(Adam8, AFloat32ArchiveLoadsIntoStateBits8EncodedAndBadOptionsAreNamed) {
@@ -167,11 +169,11 @@ TEST(Adam8, AFloat32ArchiveLoadsIntoStateBits8EncodedAndBadOptionsAreNamed) {
   gpuops::optim::AdamW eight(params, gpuops::optim::AdamWOptions(1e-2).state_bits(8));
   torch::load(eight, archive);  // the archive's options hold state_bits 32: set 8 again, as a user would
   static_cast<gpuops::optim::AdamWOptions&>(eight.param_groups()[0].options()).state_bits(8);
-  const auto& loaded = static_cast<const gpuops::optim::AdamWParamState&>(*eight.state().at(params[0].unsafeGetTensorImpl()));
+  const auto& loaded = state_of(eight, params[0]);
   params[0].mutable_grad() = at::zeros({4096});
   const at::Tensor exp_avg = loaded.exp_avg().clone();
   eight.step();
-  const auto& after = static_cast<const gpuops::optim::AdamWParamState&>(*eight.state().at(params[0].unsafeGetTensorImpl()));
+  const auto& after = state_of(eight, params[0]);
   // encoded from the loaded float32 moment, then one step with a zero gradient: m = 0.9 m
   EXPECT_TRUE(after.exp_avg_codes().defined() && !after.exp_avg().defined());
   const at::Tensor decoded = gpuops::optim::dequantize_state(after.exp_avg_codes(), after.exp_avg_scales(), true);

@@ -377,3 +377,24 @@ def test_training_state_resumes_an_8bit_run_bit_for_bit(tmp_path):
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), resumed_model.parameters()))
     assert torch.equal(opt.state[model[0].weight]["exp_avg_codes"],
                        resumed.state[resumed_model[0].weight]["exp_avg_codes"])
+
+
+def test_a_state_saved_in_another_memory_layout_loads_by_value():
+    """Blocks run over memory order: a channels_last weight's codes loaded for a contiguous one are decoded
+    (each moment equal to its saved value at its logical position), then encoded in the new layout at the next
+    step; an element-wise copy of the codes would have mixed blocks."""
+    torch.manual_seed(random.randint(0, 2**31))
+    weight = torch.nn.Parameter(torch.randn(8, 16, 8, 8).contiguous(memory_format=torch.channels_last))
+    opt = gpuops.optim.AdamW([weight], lr=1e-2, state_bits=8)
+    weight.grad = torch.randn_like(weight)
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    plain = torch.nn.Parameter(weight.detach().contiguous())
+    again = gpuops.optim.AdamW([plain], lr=1e-2, state_bits=8)
+    again.load_state_dict(saved)
+    decoded = opt.dequantized_state_dict()["state"][0]
+    for name in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(again.state[plain][name], decoded[name])
+    plain.grad = weight.grad.contiguous()
+    again.step()
+    assert again.state[plain]["exp_avg_codes"].is_contiguous() and "exp_avg" not in again.state[plain]
