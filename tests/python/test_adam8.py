@@ -398,3 +398,32 @@ def test_a_state_saved_in_another_memory_layout_loads_by_value():
     plain.grad = weight.grad.contiguous()
     again.step()
     assert again.state[plain]["exp_avg_codes"].is_contiguous() and "exp_avg" not in again.state[plain]
+
+
+def test_torchs_edge_semantics_hold_with_8bit_states():
+    """As torch's AdamW: a parameter whose .grad is None is not stepped and gets no state; one frozen after a
+    step keeps its value and its codes; a strided (non-dense) parameter steps as its dense copy does, bit for
+    bit."""
+    generator = torch.Generator().manual_seed(random.randint(0, 2**31))
+    used, unused = (torch.nn.Parameter(torch.randn(64, 128, generator=generator)) for _ in range(2))
+    base = torch.randn(64, 256, generator=generator)
+    strided = torch.nn.Parameter(base[:, ::2])  # gaps between its elements: stepped as a dense copy
+    dense = torch.nn.Parameter(strided.detach().clone())
+    opt = gpuops.optim.AdamW([used, unused, strided], lr=1e-2, state_bits=8)
+    reference = gpuops.optim.AdamW([dense], lr=1e-2, state_bits=8)
+    before_unused = unused.detach().clone()
+    for _ in range(2):
+        used.grad = torch.randn(used.shape, generator=generator)
+        strided.grad = torch.randn(strided.shape, generator=generator)
+        dense.grad = strided.grad.clone()
+        opt.step()
+        reference.step()
+    assert torch.equal(unused, before_unused) and not opt.state.get(unused)
+    assert torch.equal(strided, dense) and torch.equal(opt.state[strided]["exp_avg_codes"],
+                                                       reference.state[dense]["exp_avg_codes"])
+    used.requires_grad_(False)
+    used.grad = None
+    frozen, codes = used.detach().clone(), opt.state[used]["exp_avg_codes"].clone()
+    strided.grad = torch.randn(strided.shape, generator=generator)
+    opt.step()
+    assert torch.equal(used, frozen) and torch.equal(opt.state[used]["exp_avg_codes"], codes)
