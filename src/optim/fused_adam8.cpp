@@ -130,24 +130,11 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) float magnitude_max
   return any_nan ? NAN : result;
 }
 
-// math::encode over the block, the same count of thresholds below each normalised value: the divisions 8 at
-// a time, then per element the bucket's count plus one 4-wide comparison with the next thresholds (GCC does
-// not vectorise math::encode's table lookups; this is 3x faster than its scalar loop).
+// math::encode over the block: the shared element math the CUDA kernel runs too. (A 4-wide comparison written
+// here instead, and an AVX2 version with gathers, measured no better on this workplace's CPU: docs/benchmarks.md.)
 __attribute__((target_clones("avx512f", "avx2", "default"))) void encode_block(
     const math::CodeBook& book, const float* __restrict x, float scale, uint8_t* __restrict codes, int64_t n) {
-  using Float4 = float __attribute__((vector_size(16)));
-  using Int4 = int __attribute__((vector_size(16)));
-  static_assert(math::kBucketSpan == 4, "one 4-wide comparison per element");
-  float normalised[math::kQuantBlock];
-  for (int64_t i = 0; i < n; ++i) normalised[i] = scale == 0.0f ? 0.0f : x[i] / scale;
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = normalised[i];
-    const int first = book.below_bucket[math::bucket_of(v)];
-    Float4 next;
-    std::memcpy(&next, book.threshold + first, sizeof next);
-    const Int4 below = next < v;  // -1 where a threshold is below v
-    codes[i] = static_cast<uint8_t>(first - (below[0] + below[1] + below[2] + below[3]));
-  }
+  for (int64_t i = 0; i < n; ++i) codes[i] = math::encode(book, x[i], scale);
 }
 
 /// One block of up to kQuantBlock elements: decode both moments, update the parameter in float32 (rounded into
