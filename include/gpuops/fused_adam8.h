@@ -2,6 +2,7 @@
 // Adam/AdamW with block-wise 8-bit states (issue 32): the fused step over lists of tensors
 // (torch.ops.gpuops.adam8_step_), and the quantisation it stores its states with.
 #include <optional>
+#include <string_view>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
@@ -22,6 +23,13 @@ inline constexpr const char* kStateFormat = "dynamic8-block256-v1";
 
 /// The number of scales of an 8-bit state of `numel` elements: one per block of kStateBlock.
 inline int64_t state_blocks(int64_t numel) { return (numel + kStateBlock - 1) / kStateBlock; }
+
+/// The names of an 8-bit state's tensors: "<moment>_codes" (uint8, one per element) and "<moment>_scales"
+/// (float32, one per block), as state_dicts and shard files hold them.
+inline bool is_state_codes(std::string_view name) { return name.size() > 6 && name.substr(name.size() - 6) == "_codes"; }
+inline bool is_state_scales(std::string_view name) {
+  return name.size() > 7 && name.substr(name.size() - 7) == "_scales";
+}
 
 /// `values` (float32, dense, any layout: blocks run over its memory order) quantised into `codes` (uint8,
 /// laid out as values) and `scales` (float32, state_blocks(numel) elements), with the signed code book (first

@@ -103,6 +103,9 @@ class FusedOptimizer : public torch::optim::Optimizer {
   virtual std::vector<StepPart> step_parts(const at::Tensor& param, const at::Tensor& step) const {
     return {{0, param.numel(), step}};
   }
+  /// Whether `param` of a state_bits=8 group keeps 8-bit moments: here when it has kMin8BitNumel elements or
+  /// more. ZeroOptimizer: when its flat buffer is one laid out in whole blocks (ZeroShards::blocked).
+  virtual bool takes_8bit_states(const at::Tensor& param) const;
   /// A new state's step counter for `param`: a 0-dim float32 zero on its device. ZeroOptimizer: one per parameter
   /// of the flat buffer.
   virtual at::Tensor fresh_step(const at::Tensor& param) const;

@@ -112,6 +112,18 @@ struct ZeroOptions {
   bool check_unit_order = true;
 };
 
+/// How a ZeroOptimizer lays out buffers whose optimizer state is quantised per block (8-bit moments,
+/// fused_adam8.h): parameters of `min_numel` elements or more go into buffers of their own (reduced before
+/// the others' buffers, which then hold the small parameters of every layer; stage 3: a second buffer per
+/// unit and dtype), each parameter starting at a multiple of `block`
+/// elements and every shard a whole number of blocks. A parameter's blocks are then its own, as in the
+/// unsharded optimizer (the step gives its bits; the consolidated state is cut out, not re-quantised), and
+/// resharding copies whole blocks. block 0: no such buffers.
+struct StateBlocks {
+  int64_t block = 0;
+  int64_t min_numel = 0;
+};
+
 /// An optimizer's state tensors by name ("step", "exp_avg", "momentum_buffer", "master_param", ...), the names
 /// torch's state_dict uses.
 using NamedTensors = std::map<std::string, at::Tensor>;
@@ -131,7 +143,7 @@ class ZeroShards {
   /// the options. With reduce_in_backward, a hook on every parameter's gradient accumulator (removed by the
   /// destructor): the object must not move, hence no copy or move.
   ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, ZeroOptions options,
-             dist::Agreement agreement = dist::Agreement("ZeroOptimizer"));
+             dist::Agreement agreement = dist::Agreement("ZeroOptimizer"), StateBlocks blocks = {});
   ~ZeroShards();
   ZeroShards(const ZeroShards&) = delete;
   ZeroShards& operator=(const ZeroShards&) = delete;
@@ -146,6 +158,9 @@ class ZeroShards {
   /// The object with that key, or nullptr once it is destroyed.
   static ZeroShards* find_live(int64_t key);
   const ZeroOptions& options() const { return options_; }
+  const StateBlocks& blocks() const { return blocks_; }
+  /// Buffer k is laid out in whole state blocks (StateBlocks).
+  bool blocked(size_t k) const { return blocked_[k]; }
   const dist::Communicator& communicator() const { return comm_; }
   dist::Communicator& communicator() { return comm_; }
   /// The flat buffers ("buckets"), in the order they are reduced.
@@ -157,6 +172,8 @@ class ZeroShards {
   at::IntArrayRef param_sizes(size_t k, size_t slot) const;
   /// Number of parameters given (the consolidated state's length).
   size_t param_count() const { return slot_of_param_.size(); }
+  /// The buffer holding params[i].
+  size_t bucket_of_param(size_t i) const { return slot_of_param_.at(i).first; }
 
   /// set_to_none: the parameters count as without a gradient until a backward reaches them (torch's
   /// zero_grad(set_to_none=True)); false: those that had one keep it (zeros), and are stepped.
@@ -364,6 +381,8 @@ class ZeroShards {
 
   dist::Communicator comm_;
   ZeroOptions options_;
+  StateBlocks blocks_;
+  std::vector<bool> blocked_;  ///< per bucket: laid out in whole state blocks
   std::string id_;
   int64_t live_key_ = 0;
   int64_t steps_ = 0;
@@ -513,6 +532,7 @@ class ZeroOptimizer : private detail::ZeroShardsHolder, public Base, public Shar
  protected:
   const char* name() const override { return Base::name(); }
   at::Tensor fresh_step(const at::Tensor& shard) const override;
+  bool takes_8bit_states(const at::Tensor& shard) const override;
   std::vector<typename Base::StepPart> step_parts(const at::Tensor& shard, const at::Tensor& step) const override;
   void step_group(size_t index, std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
                   const std::optional<at::Tensor>& found_inf) override;

@@ -194,6 +194,7 @@ def _load_moments(state: dict, saved: dict, param: torch.Tensor) -> None:
     moved = {key: saved[key].to(param.device, dtype=torch.uint8 if key.endswith("codes") else torch.float32,
                                 copy=True) for key in _CODE_KEYS}
     state.update(moved)
+    state["state_format"] = saved["state_format"]  # (torch's load turned the string into a generator's repr)
     ours = torch.empty_like(like, device="meta").stride()
     if moved["exp_avg_codes"].stride() != ours or moved["exp_avg_sq_codes"].stride() != ours:
         _dequantize_moments(state)

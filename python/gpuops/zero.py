@@ -347,8 +347,21 @@ class ZeroOptimizer(torch.optim.Optimizer):
         group["params"] = list(range(self._impl.param_count))
         if self.param_names:
             group["param_names"] = list(self.param_names)  # torch's state_dict of named parameters
-        state = {i: s for i, s in enumerate(self._consolidated) if s}
+        state = {i: dict(s) for i, s in enumerate(self._consolidated) if s}
+        for entry in state.values():
+            if "exp_avg_codes" in entry:  # 8-bit moments: the code books they were written with
+                entry["state_format"] = _C.STATE_FORMAT
         return {"state": state, "param_groups": [group]}
+
+    def dequantized_state_dict(self) -> dict:
+        """state_dict() in torch's form: 8-bit moments (state_bits=8) decoded into float32 ``exp_avg`` and
+        ``exp_avg_sq``, which torch.optim's optimizer of this kind loads. After consolidate_state_dict, on its rank
+        ``to``."""
+        from .optim import _decoded_entry
+
+        saved = self.state_dict()
+        saved["state"] = {key: _decoded_entry(entry) for key, entry in saved["state"].items()}
+        return saved
 
     def load_state_dict(self, state_dict: dict) -> None:
         """A full state dict (state_dict()'s, or torch's optimizer of the same kind over the same parameters in

@@ -2,6 +2,7 @@
 // through their common interface, ShardedOptimizer; gpuops.ZeroOptimizer (python/gpuops/zero.py) only adds
 // torch.optim's attributes around it. Also the sharded training-state protocol (sharded_state.h) for
 // gpuops.TrainingState. Collective calls release the GIL.
+#include <type_traits>
 #include <functional>
 #include <map>
 #include <optional>
@@ -157,6 +158,7 @@ py::dict options_of(const torch::optim::OptimizerOptions& options) {
     d["weight_decay"] = o.weight_decay();
     d["amsgrad"] = o.amsgrad();
     d["maximize"] = o.maximize();
+    d["state_bits"] = o.state_bits();
   };
   if (const auto* o = dynamic_cast<const optim::AdamWOptions*>(&options)) adam(*o);
   if (const auto* o = dynamic_cast<const optim::AdamOptions*>(&options)) adam(*o);
@@ -179,6 +181,10 @@ void replace_options(ShardedOptimizer& z, Keywords& k, const std::function<void(
   parse(o);
   k.finish(z.kind());
   Base probe({at::zeros({1}).requires_grad_(true)}, o);  // c10::ValueError naming the option
+  if constexpr (!std::is_same_v<Options, optim::SGDOptions>)  // (8 -> 32 decodes the moments at the next step)
+    TORCH_CHECK_VALUE(o.state_bits() != 8 || z.shards().blocks().block > 0, k.where, ": state_bits=8 needs the "
+                      "buffers laid out in whole blocks at construction: construct the ZeroOptimizer with "
+                      "state_bits=8 (a state moves over through consolidate_state_dict and load_state_dict)");
   z.optimizer().param_groups()[0].set_options(std::make_unique<Options>(o));
 }
 

@@ -285,7 +285,7 @@ void AdamBase::step_group(size_t index, std::vector<at::Tensor>& params, const s
   // copies; 8-bit moments for parameters of kMin8BitNumel elements or more in a state_bits 8 group.
   std::map<std::pair<at::ScalarType, bool>, std::vector<at::Tensor>> by_kind;
   for (const at::Tensor& p : params)
-    by_kind[{p.scalar_type(), eight_bit_group && p.numel() >= kMin8BitNumel}].push_back(p);
+    by_kind[{p.scalar_type(), eight_bit_group && takes_8bit_states(p)}].push_back(p);
   for (auto& [kind, group] : by_kind) {
     const auto [dtype, eight] = kind;
     const bool master = dtype != at::kFloat;
@@ -314,16 +314,20 @@ void AdamBase::step_group(size_t index, std::vector<at::Tensor>& params, const s
       if (step_options.amsgrad && !s.max_exp_avg_sq().defined())
         s.max_exp_avg_sq(at::zeros_like(like, at::MemoryFormat::Preserve));
       for (const StepPart& part : step_parts(p, s.step())) {
-        TORCH_CHECK(!eight || (part.offset == 0 && part.numel == p.numel()), name(), ": 8-bit moments step whole "
-                    "parameters only (ZeroOptimizer refuses state_bits 8)");
+        // A part's blocks are the state's own: it starts on a block (ZeroShards lays its buffers out so).
+        TORCH_CHECK(!eight || part.offset % kStateBlock == 0, name(), ": an 8-bit part starts at element ",
+                    part.offset, ", inside a block of ", kStateBlock);
         ps.push_back(part_of(p, part));
         grads.push_back(part_of(p.grad(), part));
         if (master) masters.push_back(part_of(s.master_param(), part));
         exp_avgs.push_back(part_of(eight ? s.exp_avg_codes() : s.exp_avg(), part));
         exp_avg_sqs.push_back(part_of(eight ? s.exp_avg_sq_codes() : s.exp_avg_sq(), part));
         if (eight) {
-          m_scales.push_back(s.exp_avg_scales());
-          v_scales.push_back(s.exp_avg_sq_scales());
+          const auto blocks_of = [&](const at::Tensor& scales) {
+            return scales.narrow(0, part.offset / kStateBlock, state_blocks(part.numel));
+          };
+          m_scales.push_back(blocks_of(s.exp_avg_scales()));
+          v_scales.push_back(blocks_of(s.exp_avg_sq_scales()));
         }
         if (step_options.amsgrad) max_exp_avg_sqs.push_back(part_of(s.max_exp_avg_sq(), part));
         steps.push_back(part.step);

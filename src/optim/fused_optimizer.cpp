@@ -9,6 +9,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include "gpuops/fused_adam8.h"
 #include "gpuops/optimizers.h"
 
 namespace gpuops::optim {
@@ -40,6 +41,8 @@ at::Tensor FusedOptimizer::synced_master(const at::Tensor& param, const at::Tens
   master_versions_[key] = param._version();
   return result;
 }
+
+bool FusedOptimizer::takes_8bit_states(const at::Tensor& param) const { return param.numel() >= kMin8BitNumel; }
 
 at::Tensor FusedOptimizer::fresh_step(const at::Tensor& param) const {
   return at::zeros({}, param.options().dtype(at::kFloat));

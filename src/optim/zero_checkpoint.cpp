@@ -2,8 +2,10 @@
 // online resharding from the files of a job of any world size, the consolidated per-parameter state.
 //
 // Every state tensor of a shard parameter is either element-wise (one value per element of the shard: its
-// numel is the shard's) or the step counters, one per parameter of the buffer (the same on every rank; files
-// written before per-parameter counters hold one for the whole buffer). The layout of a flat
+// numel is the shard's), per block (an 8-bit state's scales: one per kStateBlock elements, in a buffer laid out
+// in whole blocks, every parameter and shard starting on one) or the step counters, one per parameter of the
+// buffer (the same on every rank; files written before per-parameter counters hold one for the whole buffer).
+// The layout of a flat
 // buffer (each parameter's offset and size) does not depend on the world size, only the padding at its end
 // does, so the element at offset i of a buffer is the same element in every job: resharding is copying
 // ranges.
@@ -27,6 +29,7 @@
 #include "../state/archive_file.h"
 #include "../state/posix_files.h"
 #include "gpuops/agreement.h"
+#include "gpuops/fused_adam8.h"
 #include "gpuops/zero_optimizer.h"
 
 namespace gpuops::optim {
@@ -69,6 +72,14 @@ std::vector<std::vector<int64_t>> decode_shapes(const at::Tensor& t) {
     i += dims;
   }
   return shapes;
+}
+
+// Elements per entry of a state tensor named `name`: kStateBlock for an 8-bit state's scales, else 1.
+int64_t per_entry(const std::string& name) { return is_state_scales(name) ? kStateBlock : 1; }
+
+// A state tensor with one entry per `per_entry` elements of a shard of `s` elements (else: the same on every rank).
+bool sharded_field(const std::string& name, const at::Tensor& t, int64_t s) {
+  return name != kStep && t.dim() == 1 && s % per_entry(name) == 0 && t.numel() == s / per_entry(name);
 }
 
 std::string join(const NamedTensors& state) {
@@ -303,20 +314,26 @@ ZeroShards::ReadShards ZeroShards::read_from(int64_t n_old, const ShardLoader& l
     NamedTensors state;
     for (const std::string& name : reference.fields[k]) {
       const at::Tensor first = read_value(reference.buckets[k], name, name_of(ref)).toTensor();
-      if (name == kStep || first.dim() != 1 || first.numel() != old_s) {  // the same in every file
+      if (!sharded_field(name, first, old_s)) {  // the same in every file
         state[name] = first.to(shards_[k].device());
         continue;
       }
-      at::Tensor out = at::zeros({s}, first.options().device(shards_[k].device()));  // padding stays zero
+      // Copied in entries (an 8-bit state's scales: whole blocks, the shards of both jobs starting on one).
+      const int64_t per = per_entry(name);
+      TORCH_CHECK_VALUE(s % per == 0, where, ": '", name, "' of flat buffer ", k, " has one entry per ", per,
+                        " elements, but this job's shards are not laid out in whole blocks of ", per,
+                        " (construct the optimizer with the state_bits the state was saved with)");
+      at::Tensor out = at::zeros({s / per}, first.options().device(shards_[k].device()));  // padding stays zero
       for (int64_t q = std::max<int64_t>(0, lo / old_s); q < n_old && q * old_s < hi; ++q) {
         const int64_t from = std::max(lo, q * old_s), to = std::min(hi, (q + 1) * old_s);
         if (from >= to) continue;
         SavedShard& saved = open(q);
         c10::IValue v;
-        TORCH_CHECK_VALUE(saved.buckets[k].try_read(name, v) && v.isTensor() && v.toTensor().numel() == old_s,
+        TORCH_CHECK_VALUE(saved.buckets[k].try_read(name, v) && v.isTensor() && v.toTensor().numel() == old_s / per,
                           where, ": ", name_of(q), " lacks '", name, "' of flat buffer ", k, " that ", name_of(ref),
                           " has");
-        out.narrow(0, from - lo, to - from).copy_(v.toTensor().narrow(0, from - q * old_s, to - from));
+        out.narrow(0, (from - lo) / per, (to - from) / per)
+            .copy_(v.toTensor().narrow(0, (from - q * old_s) / per, (to - from) / per));
       }
       state[name] = out;
     }
@@ -427,13 +444,13 @@ std::vector<NamedTensors> ZeroShards::consolidate(const std::vector<NamedTensors
   // at a time through the device (every rank takes part; the map's order is the same on every rank).
   std::vector<std::map<std::string, at::Tensor>> whole(shards_.size());
   for (size_t k = 0; k < shards_.size(); ++k) {
-    const int64_t s = shards_[k].numel();
     for (const auto& [name, t] : states[k]) {
       if (!t.defined()) continue;
-      if (name == kStep || t.dim() != 1 || t.numel() != s) {
+      if (!sharded_field(name, t, shards_[k].numel())) {
         if (mine) whole[k][name] = t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
         continue;
       }
+      const int64_t s = t.numel();  // entries (an 8-bit state's scales: blocks)
       at::Tensor host = mine ? at::empty({n, s}, t.options().device(at::kCPU)) : at::Tensor();
       for (int64_t begin = 0; begin < s; begin += kReduceChunk) {
         const int64_t len = std::min(kReduceChunk, s - begin);
@@ -449,14 +466,16 @@ std::vector<NamedTensors> ZeroShards::consolidate(const std::vector<NamedTensors
   if (!mine) return per_param;
   for (const auto& [k, slot_index] : slot_of_param_) {
     const auto& slot = bucket(k).slots[slot_index];
-    const int64_t s = shards_[k].numel();
     NamedTensors state;
     for (const auto& [name, t] : whole[k]) {
       if (name == kStep) {
         state[name] = t.dim() == 1 ? t.select(0, static_cast<int64_t>(slot_index)).clone() : t.clone();
+      } else if (t.dim() != 1) {
+        state[name] = t.clone();
+      } else if (per_entry(name) > 1) {  // the parameter's own blocks: it starts on one
+        state[name] = t.narrow(0, slot.offset / per_entry(name), state_blocks(slot.numel)).clone();
       } else {
-        state[name] = t.dim() == 1 ? t.narrow(0, slot.offset, slot.numel).view(param_sizes(k, slot_index)).clone()
-                                   : t.clone();
+        state[name] = t.narrow(0, slot.offset, slot.numel).view(param_sizes(k, slot_index)).clone();
       }
     }
     // A parameter never stepped has no state, as in torch's optimizers (whose state_dict omits it).
@@ -490,8 +509,24 @@ std::vector<NamedTensors> ZeroShards::shard_states_of(const std::vector<NamedTen
                       where, ": state[", i, "] has the fields {", join(given), "} but state[", first_of[k], "] has {",
                       join(ref), "}; the parameters of one flat buffer (same device and dtype) step together");
     for (const auto& [name, t] : given) {
-      TORCH_CHECK_VALUE(t.defined() && t.is_floating_point(), where, ": state[", i, "]['", name,
-                        "'] must be a floating tensor");
+      const bool codes = is_state_codes(name);
+      TORCH_CHECK_VALUE(t.defined() && (codes ? t.scalar_type() == at::kByte : t.is_floating_point()), where,
+                        ": state[", i, "]['", name, "'] must be a ", codes ? "uint8" : "floating", " tensor");
+      if (per_entry(name) > 1) {  // an 8-bit state's scales: the parameter's blocks (it starts on one)
+        const int64_t per = per_entry(name);
+        TORCH_CHECK_VALUE(t.dim() == 1 && t.numel() == state_blocks(slot.numel), where, ": state[", i, "]['", name,
+                          "'] must hold ", state_blocks(slot.numel), " scales (one per ", per, " elements), got shape ",
+                          t.sizes());
+        TORCH_CHECK_VALUE(blocked(k), where, ": state[", i, "]['", name, "'] is an 8-bit state, but ",
+                          describe(k, slot_index), " is not in a buffer laid out in whole blocks (state_bits=8 "
+                          "parameters of ", kMin8BitNumel, " elements or more are)");
+        at::Tensor& out = states[k][name];
+        if (!out.defined()) out = at::zeros({s / per}, shards_[k].options().requires_grad(false));
+        const int64_t from = std::max(lo, slot.offset) / per;
+        const int64_t to = std::min(lo + s, slot.offset + state_blocks(slot.numel) * per) / per;
+        if (from < to) out.narrow(0, from - lo / per, to - from).copy_(t.detach().narrow(0, from - slot.offset / per, to - from));
+        continue;
+      }
       if (name == kStep || t.numel() != slot.numel) {
         TORCH_CHECK_VALUE(name == kStep, where, ": state[", i, "]['", name, "'] has shape ", t.sizes(),
                           " but its parameter has shape ", param_sizes(k, slot_index));
@@ -506,7 +541,7 @@ std::vector<NamedTensors> ZeroShards::shard_states_of(const std::vector<NamedTen
                         "'] has shape ", t.sizes(), " but its parameter has shape ", param_sizes(k, slot_index),
                         "; the state belongs to another model");
       at::Tensor& out = states[k][name];
-      if (!out.defined()) out = at::zeros({s}, shards_[k].options().requires_grad(false));
+      if (!out.defined()) out = at::zeros({s}, shards_[k].options().dtype(codes ? at::kByte : at::kFloat).requires_grad(false));
       const int64_t from = std::max(lo, slot.offset), to = std::min(lo + s, slot.offset + slot.numel);
       if (from < to) out.narrow(0, from - lo, to - from).copy_(t.detach().reshape({-1}).narrow(0, from - slot.offset, to - from));
     }
@@ -516,8 +551,12 @@ std::vector<NamedTensors> ZeroShards::shard_states_of(const std::vector<NamedTen
     if (first_of[k] < 0) continue;
     for (const auto& [name, t] : per_param[first_of[k]]) {
       at::Tensor& out = states[k][name];
-      if (!out.defined()) out = name == kStep ? at::zeros({static_cast<int64_t>(bucket(k).slots.size())}, shards_[k].options().requires_grad(false))
-                                              : at::zeros({shards_[k].numel()}, shards_[k].options().requires_grad(false));
+      const auto zeros = [&](int64_t n, at::ScalarType dtype) {
+        return at::zeros({n}, shards_[k].options().dtype(dtype).requires_grad(false));
+      };
+      if (!out.defined())
+        out = name == kStep ? zeros(static_cast<int64_t>(bucket(k).slots.size()), at::kFloat)
+                            : zeros(shards_[k].numel() / per_entry(name), is_state_codes(name) ? at::kByte : at::kFloat);
     }
   }
   return states;

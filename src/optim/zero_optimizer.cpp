@@ -13,6 +13,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
+#include "gpuops/fused_adam8.h"
 #include "gpuops/zero_optimizer.h"
 
 namespace gpuops::optim {
@@ -23,10 +24,17 @@ template <class Base>
 void check_options(const typename Base::Options& options) {
   TORCH_CHECK_VALUE(!options.capturable(), "ZeroOptimizer: capturable=true is not supported (the step "
                     "communicates); leave it false");
-  if constexpr (!std::is_same_v<typename Base::Options, SGDOptions>)
-    TORCH_CHECK_VALUE(options.state_bits() == 32, "ZeroOptimizer: state_bits=", options.state_bits(), " is not "
-                      "supported yet (a rank's shard would have to hold whole 256-element blocks); use 32");
   Base probe({at::zeros({1}).requires_grad_(true)}, options);  // c10::ValueError naming the option
+}
+
+// 8-bit moments: the buffers of the parameters that keep them are laid out in whole blocks.
+template <class Base>
+StateBlocks state_blocks_of(const typename Base::Options& options) {
+  if constexpr (std::is_same_v<typename Base::Options, SGDOptions>) {
+    return {};
+  } else {
+    return options.state_bits() == 8 ? StateBlocks{kStateBlock, kMin8BitNumel} : StateBlocks{};
+  }
 }
 
 // The options as every rank must pass them (shortest round-trip decimals: equal text, equal values).
@@ -62,6 +70,10 @@ NamedTensors named_of(const AdamWParamState& s) {
   add(n, "exp_avg", s.exp_avg());
   add(n, "exp_avg_sq", s.exp_avg_sq());
   add(n, "max_exp_avg_sq", s.max_exp_avg_sq());
+  add(n, "exp_avg_codes", s.exp_avg_codes());
+  add(n, "exp_avg_scales", s.exp_avg_scales());
+  add(n, "exp_avg_sq_codes", s.exp_avg_sq_codes());
+  add(n, "exp_avg_sq_scales", s.exp_avg_sq_scales());
   return n;
 }
 
@@ -72,23 +84,26 @@ NamedTensors named_of(const SGDParamState& s) {
   return n;
 }
 
-// A state tensor checked against its shard parameter: element-wise (the shard's length), or the step counters
-// (one per parameter of the buffer, `counters`; a single one, as files before per-parameter counters hold, is
-// every parameter's). Counters are finite whole numbers >= 0: a crafted -3 or inf would poison the bias
-// corrections.
-at::Tensor take(const NamedTensors& named, const char* name, const at::Tensor& shard, bool required, size_t k,
+// A state tensor checked against its shard parameter: element-wise (the shard's length; 8-bit codes: uint8),
+// one per block of an 8-bit state (its scales), or the step counters (one per parameter of the buffer,
+// `counters`; a single one, as files before per-parameter counters hold, is every parameter's). Counters are
+// finite whole numbers >= 0: a crafted -3 or inf would poison the bias corrections.
+at::Tensor take(const NamedTensors& named, const std::string& name, const at::Tensor& shard, bool required, size_t k,
                 int64_t counters) {
   const auto found = named.find(name);
   TORCH_CHECK_VALUE(found != named.end() || !required, "ZeroOptimizer: the state of flat buffer ", k,
                     " has no '", name, "'");
   if (found == named.end()) return at::Tensor();
   const at::Tensor& t = found->second;
-  const bool step = std::string(name) == "step";
-  const bool sized = t.defined() && (step ? t.numel() == counters || t.numel() == 1 : t.numel() == shard.numel());
-  TORCH_CHECK_VALUE(sized && t.is_floating_point(), "ZeroOptimizer: '", name, "' of flat buffer ", k,
-                    " must be a floating tensor of ", step ? counters : shard.numel(), " elements",
-                    step ? " (or one)" : "", ", got ", t.defined() ? t.toString() : "none", " of shape ",
-                    t.defined() ? c10::str(t.sizes()) : "[]");
+  const bool step = name == "step", codes = is_state_codes(name), scales = is_state_scales(name);
+  const int64_t numel = step ? counters : scales ? shard.numel() / kStateBlock : shard.numel();
+  const bool sized = t.defined() && (t.numel() == numel || (step && t.numel() == 1));
+  const bool typed = t.defined() && (codes ? t.scalar_type() == at::kByte : t.is_floating_point());
+  TORCH_CHECK_VALUE(sized && typed, "ZeroOptimizer: '", name, "' of flat buffer ", k, " must be a ",
+                    codes ? "uint8" : "floating", " tensor of ", numel, " elements", step ? " (or one)" : "",
+                    ", got ", t.defined() ? t.toString() : "none", " of shape ", t.defined() ? c10::str(t.sizes()) : "[]");
+  TORCH_CHECK_VALUE(!scales || !(t < 0).any().item<bool>(), "ZeroOptimizer: '", name, "' of flat buffer ", k,
+                    " has negative scales (a scale is its block's largest magnitude, >= 0)");
   c10::NoGradGuard no_grad;
   if (step) {
     const at::Tensor values = t.detach().to(at::kCPU, at::kDouble).reshape({-1});
@@ -98,7 +113,7 @@ at::Tensor take(const NamedTensors& named, const char* name, const at::Tensor& s
                       values.min().item<double>(), " .. ", values.max().item<double>());
     return t.detach().to(shard.options().requires_grad(false)).reshape({-1}).expand({counters}).contiguous();
   }
-  at::Tensor out = at::empty(shard.sizes(), shard.options().requires_grad(false));
+  at::Tensor out = at::empty({numel}, shard.options().dtype(codes ? at::kByte : at::kFloat).requires_grad(false));
   return out.copy_(t.reshape(out.sizes()));
 }
 
@@ -106,9 +121,19 @@ std::unique_ptr<AdamWParamState> state_from(const NamedTensors& named, const at:
                                             int64_t counters, const AdamWParamState*) {
   auto s = std::make_unique<AdamWParamState>();
   s->step(take(named, "step", shard, true, k, counters));
-  s->exp_avg(take(named, "exp_avg", shard, true, k, counters));
-  s->exp_avg_sq(take(named, "exp_avg_sq", shard, true, k, counters));
   s->max_exp_avg_sq(take(named, "max_exp_avg_sq", shard, false, k, counters));
+  if (named.count("exp_avg_codes") == 0) {
+    s->exp_avg(take(named, "exp_avg", shard, true, k, counters));
+    s->exp_avg_sq(take(named, "exp_avg_sq", shard, true, k, counters));
+    return s;
+  }
+  // 8-bit moments: a shard of a buffer laid out in whole blocks (ZeroShards::shard_states_of decodes the others).
+  TORCH_CHECK_VALUE(shard.numel() % kStateBlock == 0, "ZeroOptimizer: flat buffer ", k, " holds 8-bit moments but "
+                    "its shard is not a whole number of ", kStateBlock, "-element blocks (a damaged or crafted file)");
+  s->exp_avg_codes(take(named, "exp_avg_codes", shard, true, k, counters));
+  s->exp_avg_scales(take(named, "exp_avg_scales", shard, true, k, counters));
+  s->exp_avg_sq_codes(take(named, "exp_avg_sq_codes", shard, true, k, counters));
+  s->exp_avg_sq_scales(take(named, "exp_avg_sq_scales", shard, true, k, counters));
   return s;
 }
 
@@ -121,6 +146,30 @@ std::unique_ptr<SGDParamState> state_from(const NamedTensors& named, const at::T
   s->step(step.defined() ? step : at::full({counters}, s->momentum_buffer().defined() ? 1.0 : 0.0,
                                            shard.options().requires_grad(false)));
   return s;
+}
+
+// A full state's 8-bit moments kept where they land in a buffer laid out in blocks whose every parameter with a
+// state has them; decoded into float32 elsewhere (a state of state_bits 8 loaded at 32, or mixed with a torch
+// state): the step encodes those again in the buffer's own blocks.
+std::vector<NamedTensors> with_8bit_where_laid_out(std::vector<NamedTensors> per_param, const ZeroShards& z) {
+  std::vector<char> keep(z.bucket_count(), 1);
+  for (size_t i = 0; i < per_param.size() && i < z.param_count(); ++i) {
+    const size_t k = z.bucket_of_param(i);
+    if (!per_param[i].empty() && (!z.blocked(k) || per_param[i].count("exp_avg_codes") == 0)) keep[k] = 0;
+  }
+  for (size_t i = 0; i < per_param.size() && i < z.param_count(); ++i) {
+    NamedTensors& state = per_param[i];
+    if (keep[z.bucket_of_param(i)] || state.count("exp_avg_codes") == 0) continue;
+    for (const std::string moment : {"exp_avg", "exp_avg_sq"}) {
+      const auto codes = state.find(moment + "_codes"), scales = state.find(moment + "_scales");
+      TORCH_CHECK_VALUE(codes != state.end() && scales != state.end(), "ZeroOptimizer.load_state_dict: state[", i,
+                        "] has 8-bit moments without '", moment, "_codes' and '", moment, "_scales'");
+      state[moment] = dequantize_state(codes->second, scales->second.contiguous(), moment == "exp_avg");
+      state.erase(moment + "_codes");
+      state.erase(moment + "_scales");
+    }
+  }
+  return per_param;
 }
 
 }  // namespace
@@ -136,7 +185,8 @@ ZeroOptions stage_only(int stage) {
 template <class Base>
 ZeroOptimizer<Base>::ZeroOptimizer(std::vector<at::Tensor> params, dist::Communicator communicator, ZeroOptions zero,
                                    Options options)
-    : detail::ZeroShardsHolder{ZeroShards(params, std::move(communicator), zero, construction_agreement<Base>(options))},
+    : detail::ZeroShardsHolder{ZeroShards(params, std::move(communicator), zero, construction_agreement<Base>(options),
+                                          state_blocks_of<Base>(options))},
       Base(zero_shards.shard_params(), options) {}
 
 template <class Base>
@@ -159,6 +209,15 @@ template <class Base>
 at::Tensor ZeroOptimizer<Base>::fresh_step(const at::Tensor& shard) const {
   const auto counters = static_cast<int64_t>(zero_shards.bucket(zero_shards.shard_index(shard)).slots.size());
   return at::zeros({counters}, shard.options().dtype(at::kFloat).requires_grad(false));
+}
+
+template <class Base>
+bool ZeroOptimizer<Base>::takes_8bit_states(const at::Tensor& shard) const {
+  // The layout is made at construction: a group switched to state_bits 8 later has no blocked buffers.
+  TORCH_CHECK_VALUE(zero_shards.blocks().block > 0, "ZeroOptimizer: state_bits=8 was set after construction; "
+                    "its buffers are not laid out in whole 256-element blocks: construct the ZeroOptimizer with "
+                    "state_bits=8 (a state can move over through consolidate_state_dict and load_state_dict)");
+  return zero_shards.blocked(zero_shards.shard_index(shard));
 }
 
 template <class Base>
@@ -323,7 +382,8 @@ void ZeroOptimizer<Base>::load_full_state(const std::vector<NamedTensors>& per_p
     for (const auto& state : per_param)
       for (const auto& [name, t] : state) values.push_back(t);
     agreement.field("state", fmt::format("{} parameters, fingerprint {}", per_param.size(), dist::fingerprint(values)));
-    return prepare(zero_shards.shard_states_of(per_param), nullptr, zero_shards.steps());
+    return prepare(zero_shards.shard_states_of(with_8bit_where_laid_out(per_param, zero_shards)), nullptr,
+                   zero_shards.steps());
   });
 }
 

@@ -131,10 +131,22 @@ FlatParamsOptions padded_to(int world_size) {
   return o;
 }
 
-// Stage 3: one bucket per unit, dtype and device, the last unit's first (backward's order); within a bucket the
-// parameters keep their order.
+// A parameter that goes into a buffer laid out in whole state blocks.
+bool takes_blocks(const at::Tensor& p, const StateBlocks& blocks) {
+  return blocks.block > 0 && p.numel() >= blocks.min_numel;
+}
+
+// Such a buffer's layout: every parameter on a block, every shard whole blocks.
+FlatParamsOptions blocked_layout(int world_size, const StateBlocks& blocks, at::ScalarType dtype) {
+  FlatParamsOptions o = padded_to(world_size);
+  o.alignment_bytes = blocks.block * static_cast<int64_t>(c10::elementSize(dtype));
+  return o;
+}
+
+// Stage 3: one bucket per unit, dtype, device and state layout (blocked or not), the last unit's first
+// (backward's order); within a bucket the parameters keep their order.
 std::vector<std::vector<at::Tensor>> unit_buckets_of(const std::vector<at::Tensor>& params,
-                                                     const std::vector<int64_t>& units) {
+                                                     const std::vector<int64_t>& units, const StateBlocks& blocks) {
   std::vector<std::vector<at::Tensor>> buckets;
   const int64_t count = units.empty() ? 1 : *std::max_element(units.begin(), units.end()) + 1;
   for (int64_t u = count; u-- > 0;) {
@@ -142,7 +154,8 @@ std::vector<std::vector<at::Tensor>> unit_buckets_of(const std::vector<at::Tenso
     for (size_t i = 0; i < params.size(); ++i) {
       if (!units.empty() && units[i] != u) continue;
       auto same = std::find_if(buckets.begin() + static_cast<std::ptrdiff_t>(first), buckets.end(), [&](const auto& b) {
-        return b.front().scalar_type() == params[i].scalar_type() && b.front().device() == params[i].device();
+        return b.front().scalar_type() == params[i].scalar_type() && b.front().device() == params[i].device() &&
+               takes_blocks(b.front(), blocks) == takes_blocks(params[i], blocks);
       });
       if (same == buckets.end()) {
         buckets.emplace_back();
@@ -155,15 +168,22 @@ std::vector<std::vector<at::Tensor>> unit_buckets_of(const std::vector<at::Tenso
 }
 
 // The parameters cut into buckets, in reverse order (backward's), each of one dtype and device and at most
-// `cap` bytes unless one parameter is larger; within a bucket the parameters keep their order.
-std::vector<std::vector<at::Tensor>> buckets_of(const std::vector<at::Tensor>& params, int64_t cap) {
+// `cap` bytes unless one parameter is larger; within a bucket the parameters keep their order. Those laid out
+// in state blocks first (most of the bytes: their reductions overlap the backward), then the others.
+std::vector<std::vector<at::Tensor>> buckets_of(const std::vector<at::Tensor>& params, int64_t cap,
+                                                const StateBlocks& blocks) {
+  std::vector<const at::Tensor*> order;
+  for (const bool blocked : {true, false})
+    for (auto it = params.rbegin(); it != params.rend(); ++it)
+      if (takes_blocks(*it, blocks) == blocked) order.push_back(&*it);
   std::vector<std::vector<at::Tensor>> buckets;
   int64_t bytes = 0;
-  for (auto it = params.rbegin(); it != params.rend(); ++it) {
-    const at::Tensor& p = *it;
+  for (const at::Tensor* next : order) {
+    const at::Tensor& p = *next;
     const int64_t n = static_cast<int64_t>(p.numel()) * static_cast<int64_t>(p.element_size());
     const bool fresh = buckets.empty() || buckets.back().front().scalar_type() != p.scalar_type() ||
-                       buckets.back().front().device() != p.device() || bytes + n > cap;
+                       buckets.back().front().device() != p.device() ||
+                       takes_blocks(buckets.back().front(), blocks) != takes_blocks(p, blocks) || bytes + n > cap;
     if (fresh) {
       buckets.emplace_back();
       bytes = 0;
@@ -197,8 +217,9 @@ void forget_live(int64_t key) {
 }  // namespace
 
 ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, ZeroOptions options,
-                       dist::Agreement agreement)
-    : comm_(communicator.unchecked()), options_(options) {  // the layout is agreed below: no per-call checks
+                       dist::Agreement agreement, StateBlocks blocks)
+    // (the layout is agreed below: no per-call checks)
+    : comm_(communicator.unchecked()), options_(options), blocks_(blocks) {
   // Every rank checks its arguments, then one exchange (agreement.h): a failure on any rank, or arguments that
   // differ, raise on every rank before a parameter changes. FlatParams' checks run over the whole list, so that
   // a bad parameter in a later bucket cannot leave earlier ones flattened.
@@ -224,12 +245,17 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
       .field("reshard_after_forward", options_.reshard_after_forward ? "true" : "false")
       .field("check_unit_order", options_.check_unit_order ? "true" : "false")
       .field("device type", options_.device ? c10::DeviceTypeName(options_.device->type(), true) : "the parameters'")
+      .field("state blocks", fmt::format("{} elements, parameters of {} or more", blocks_.block, blocks_.min_numel))
       .propose("optimizer id", dist::random_id());
   id_ = agreement.exchange(comm_).at(0).second;
   const bool stage3 = options_.stage == 3;
   std::vector<at::Tensor> parked;  // stage 3: this rank's shard of each bucket, taken before its buffer is freed
-  for (const auto& group : stage3 ? unit_buckets_of(params, options_.units) : buckets_of(params, options_.bucket_bytes)) {
-    flats_.push_back(std::make_unique<FlatParams>(group, padded_to(comm_.size())));
+  for (const auto& group : stage3 ? unit_buckets_of(params, options_.units, blocks_)
+                                  : buckets_of(params, options_.bucket_bytes, blocks_)) {
+    const bool blocked = takes_blocks(group.front(), blocks_);
+    blocked_.push_back(blocked);
+    flats_.push_back(std::make_unique<FlatParams>(
+        group, blocked ? blocked_layout(comm_.size(), blocks_, group.front().scalar_type()) : padded_to(comm_.size())));
     if (stage3) parked.push_back(park(flats_.size() - 1));  // one unit's full copy at a time
   }
   // params[i] -> (bucket, slot).

@@ -1,6 +1,7 @@
 """Launch helper shared by the multi-process tests (test_communicator.py, test_zero_optimizer.py): runs a
 script once per rank with torchrun-style variables (MASTER_ADDR=127.0.0.1, a free MASTER_PORT, RANK,
-WORLD_SIZE, OMP_NUM_THREADS=1) and returns each rank's (returncode, output), failing the test past a deadline."""
+WORLD_SIZE, OMP_NUM_THREADS=1) and returns each rank's (returncode, output), failing the test past a deadline;
+and the rank's side of a Gloo group (run_gloo_rank)."""
 
 import os
 import socket
@@ -34,3 +35,20 @@ def launch(script, scenario, world, deadline_s, env=None, args=()):
             pytest.fail(f"{scenario}: ranks still running after {deadline_s} s")
         outputs.append((p.returncode, out))
     return outputs
+
+
+def run_gloo_rank(run, scenario, timeout_s=30):
+    """A rank's side: joins the Gloo group, calls run(scenario, torch.distributed), then tears the group down."""
+    import datetime
+    import gc
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    run(scenario, dist)
+    # Our communicators and optimizers hold the group: drop them first, so that the group is torn down inside
+    # destroy_process_group with every rank still there (destroyed later, at the end of this process, after a
+    # peer had left, Gloo's teardown sometimes hung).
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()

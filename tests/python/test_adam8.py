@@ -254,8 +254,10 @@ def test_state_dict_round_trips_and_converts_both_ways():
     copy_model.load_state_dict(model.state_dict())
     again = gpuops.optim.AdamW(copy_model.parameters(), lr=1e-2, state_bits=8)
     again.load_state_dict(saved)
-    for a, b in zip(opt.state.values(), again.state.values()):
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+    for a, b in zip(opt.state.values(), again.state.values()):  # state_format too (torch's load mangles strings)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+                                            for k in a), (a.get("state_format"), b.get("state_format"))
+    gpuops.optim.AdamW(mlp(seed).parameters(), lr=1e-2, state_bits=8).load_state_dict(again.state_dict())  # twice
     train(model, opt, 1, seed + 1)
     train(copy_model, again, 1, seed + 1)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), copy_model.parameters()))
@@ -351,12 +353,22 @@ def test_16bit_parameters_step_on_masters(device):
     assert torch.equal(model[0].weight, state["master_param"].to(torch.bfloat16))
 
 
-def test_zero_optimizer_refuses_8bit_states_for_now(world1):
-    """Not yet sharded (a rank's shard would have to hold whole 256-element blocks): refused naming it."""
-    with pytest.raises(ValueError, match="state_bits=8 is not supported yet"):
-        gpuops.ZeroOptimizer(mlp(0).parameters(), stage=1, state_bits=8)
+def test_zero_optimizer_checks_state_bits_and_steps_the_unsharded_bits(world1):
+    """ZeroOptimizer(state_bits=8) at one rank steps to the unsharded optimizer's bits (several ranks:
+    test_zero_adam8.py); state_bits it does not take are refused naming them."""
     with pytest.raises(TypeError, match="state_bits must be an int"):
         gpuops.ZeroOptimizer(mlp(0).parameters(), stage=1, state_bits="8")
+    with pytest.raises(ValueError, match="state_bits must be 32"):
+        gpuops.ZeroOptimizer(mlp(0).parameters(), stage=2, state_bits=4)
+    with pytest.raises(ValueError, match="amsgrad=true is not supported with state_bits=8"):
+        gpuops.ZeroOptimizer(mlp(0).parameters(), stage=1, state_bits=8, amsgrad=True)
+    seed = random.randint(0, 2**31)
+    models = [mlp(seed), mlp(seed)]
+    optimizers = [gpuops.ZeroOptimizer(models[0].parameters(), stage=2, lr=1e-2, state_bits=8),
+                  gpuops.optim.AdamW(models[1].parameters(), lr=1e-2, state_bits=8)]
+    for model, optimizer in zip(models, optimizers):
+        train(model, optimizer, 3, seed)
+    assert all(torch.equal(p, q) for p, q in zip(*(m.parameters() for m in models)))
 
 
 def test_training_state_resumes_an_8bit_run_bit_for_bit(tmp_path):

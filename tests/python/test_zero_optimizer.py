@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gpuops
-from multiprocess_launch import launch
+from multiprocess_launch import launch, run_gloo_rank
 from parity import within_noise
 
 WORLD = 2
@@ -83,20 +83,6 @@ def _train(make_opt, batch_of, accumulation=2, chunks=1):
     return [p.detach().clone() for p in model.parameters()], opt
 
 
-def _rank_main(scenario):
-    import datetime
-    import gc
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
-    _run(scenario, dist)
-    # Our communicators and optimizers hold the group: drop them first, so that the group is torn down inside
-    # destroy_process_group with both ranks still there (destroyed later, at the end of this process, after the
-    # peer had left, Gloo's teardown sometimes hung).
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def _run(scenario, dist):
@@ -195,4 +181,4 @@ def _run(scenario, dist):
 
 
 if __name__ == "__main__":
-    _rank_main(sys.argv[1])
+    run_gloo_rank(_run, sys.argv[1])
