@@ -10,7 +10,8 @@ small tensors keep float32 ones:
 - TrainingState saved at 3 ranks, resumed at 2 (resharded): the consolidated state equal bit for bit, and
   loadable by the unsharded optimizer (bits again) and by torch.optim.AdamW in its dequantized form;
 - memory: the moments of the large weights cost 2 bytes per element plus a scale per 256, measured;
-- switching state_bits to 8 after a construction at 32 is refused naming the cause."""
+- switching state_bits to 8 after a construction at 32, and crafted full states (another code book, negative
+  scales, the wrong number of scales) are refused naming the cause, nothing changed."""
 
 import os
 import sys
@@ -250,6 +251,24 @@ def _run(scenario, dist):
                 decoded = torch_opt.state_dict()["state"]
                 assert all("exp_avg" in s and "exp_avg_codes" not in s for s in decoded.values())
             print(f"rank {rank}: stage {stage}: resumed at {world} ranks from 3, state equal bit for bit", flush=True)
+        if scenario == "resume":  # a full state loads on every rank; crafted ones are refused, nothing changed
+            saved = torch.load(f"{directory}/stage2/consolidated.pt")
+            model = _model()
+            opt = _zero(model, comm, 2)
+            opt.load_state_dict(saved)
+            opt.consolidate_state_dict(0)
+            if rank == 0:
+                _same_state(opt.state_dict()["state"], saved["state"], "load_state_dict at 2 ranks")
+            first = next(k for k, s in saved["state"].items() if "exp_avg_codes" in s)
+            for change, message in ((dict(state_format="dynamic8-block64"), "state_format is 'dynamic8-block64'"),
+                                    (dict(exp_avg_scales=-saved["state"][first]["exp_avg_scales"] - 1), "negative"),
+                                    (dict(exp_avg_sq_scales=torch.ones(3)), "one per 256")):
+                crafted = {**saved, "state": {**saved["state"], first: {**saved["state"][first], **change}}}
+                with pytest.raises(ValueError, match=message):
+                    opt.load_state_dict(crafted)
+                opt.consolidate_state_dict(0)
+                if rank == 0:
+                    _same_state(opt.state_dict()["state"], saved["state"], f"refused {sorted(change)}")
         print(f"{scenario} ok", flush=True)
 
 
