@@ -439,3 +439,20 @@ def test_torchs_edge_semantics_hold_with_8bit_states():
     strided.grad = torch.randn(strided.shape, generator=generator)
     opt.step()
     assert torch.equal(used, frozen) and torch.equal(opt.state[used]["exp_avg_codes"], codes)
+
+
+@pytest.mark.parametrize("state_bits", [8, 32])
+def test_state_memory_per_parameter_under_a_budget(state_bits):
+    """What the first step allocates and keeps, counted by gpuops.memory_budget (the allocator's own count, not
+    the tensors' sizes): 8-bit moments 2 bytes per element plus two float32 scales per 256, against 8 bytes for
+    float32 moments; each tensor's step counter, and the budget's alignment per allocation, stay under 1%."""
+    weight = torch.nn.Parameter(torch.randn(1024, 1024))  # 2^20 elements: 4096 blocks
+    weight.grad = torch.randn_like(weight)
+    optimizer = gpuops.optim.AdamW([weight], lr=1e-3, state_bits=state_bits)
+    with gpuops.memory_budget() as budget:
+        optimizer.step()
+        kept = budget.current_bytes
+    per_element = kept / weight.numel()
+    expected = 2 + 2 * 4 / 256 if state_bits == 8 else 8
+    print(f"state_bits={state_bits}: {kept} bytes kept by the first step, {per_element:.4f} per element")
+    assert expected <= per_element <= expected * 1.01, (per_element, expected)
