@@ -28,6 +28,7 @@
 // that overlap its new shard (online resharding, exact). consolidate_state() gathers torch's per-parameter
 // optimizer state on one rank's host memory, chunk by chunk, so no device ever holds the whole state.
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -41,6 +42,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/Event.h>
 #include <torch/optim/optimizer.h>
 
 #include "gpuops/agreement.h"
@@ -110,6 +112,24 @@ struct ZeroOptions {
   /// synchronisation fewer per unit gather (0.9 ms each over Gloo on a 2-vCPU machine: docs/benchmarks.md; a
   /// CUDA group also waits there for the gathers queued before it).
   bool check_unit_order = true;
+
+  // ------------------------------------------------------------------ offload (issue 33)
+  /// Where each rank's fp32 shard parameters (masters) and optimizer state live. Device: beside the
+  /// parameters. Cpu: in host memory (pinned when the parameters are on a GPU); the device keeps the parameters
+  /// and the flat gradients. At the step each bucket's reduced gradient shard is copied to the host, stepped
+  /// there by the optimizer's CPU kernels (bucket by bucket), and its updated values copied back into the
+  /// parameters' shard before the all-gather. Stages 1 and 2, reducing at the step (reduce_in_backward false).
+  enum class Offload { Device, Cpu };
+  Offload offload = Offload::Device;
+};
+
+/// One entry of an offloaded step's timeline (ZeroShards::offload_timeline): what ran for which bucket, from
+/// when to when (seconds on a steady clock since the step's reduction began).
+struct OffloadEvent {
+  std::string what;  ///< "gradient to host", "step", "parameters to device"
+  size_t bucket = 0;
+  double begin_s = 0;
+  double end_s = 0;
 };
 
 /// How a ZeroOptimizer lays out buffers whose optimizer state is quantised per block (8-bit moments,
@@ -161,6 +181,18 @@ class ZeroShards {
   const StateBlocks& blocks() const { return blocks_; }
   /// Buffer k is laid out in whole state blocks (StateBlocks).
   bool blocked(size_t k) const { return blocked_[k]; }
+  /// ZeroOptions::offload is Cpu: the shard parameters and their gradients live in host memory.
+  bool offloaded() const { return options_.offload == ZeroOptions::Offload::Cpu; }
+  /// Offload: the last step's timeline (the gradient copies, the steps and the parameter copies per bucket).
+  const std::vector<OffloadEvent>& offload_timeline() const { return timeline_; }
+  /// Offload: before bucket k's step, its gradient is on the host (waits for its copy).
+  void wait_for_host_gradient(size_t k);
+  /// Offload: after bucket k's step, its updated values are copied into the parameters' shard (asynchronous
+  /// on a GPU; after_step waits before the all-gather).
+  void send_shard(size_t k);
+  /// Offload: records one timeline entry that began at `begin_s` (seconds_since_reduction()) and ends now.
+  void record(const std::string& what, size_t k, double begin_s);
+  double seconds_since_reduction() const;
   const dist::Communicator& communicator() const { return comm_; }
   dist::Communicator& communicator() { return comm_; }
   /// The flat buffers ("buckets"), in the order they are reduced.
@@ -333,6 +365,15 @@ class ZeroShards {
   /// "'name' (params[i], shape [a, b])" for messages.
   std::string describe(size_t k, size_t slot) const;
   bool is_master(size_t k) const;  ///< buffer k is 16-bit: its shard parameter is a separate fp32 master
+  /// The shard parameter is a copy of the parameters' shard, not a view of it: a 16-bit buffer's master, or
+  /// (offload) every buffer's fp32 copy in host memory.
+  bool separate_shard(size_t k) const { return is_master(k) || offloaded(); }
+  /// Offload: bucket k's reduced gradient shard (on the device) copied into its host gradient.
+  void send_to_host(size_t k, const at::Tensor& reduced);
+  /// Offload: an uninitialised fp32 tensor shaped as `shard` in host memory (pinned when `shard` is on a GPU:
+  /// asynchronous copies), outside any MemoryBudget.
+  at::Tensor host_like(const at::Tensor& shard) const;
+  void begin_timeline();  ///< offload: a step's timeline starts (the reduction)
   at::Tensor data_shard(size_t k) const;
   void install_shard_grads();
   void record_versions(size_t k) const;
@@ -383,6 +424,13 @@ class ZeroShards {
   ZeroOptions options_;
   StateBlocks blocks_;
   std::vector<bool> blocked_;  ///< per bucket: laid out in whole state blocks
+  // offload only
+  std::vector<at::Tensor> in_transit_;  ///< per bucket: a device tensor whose copy to the host may be running
+  std::vector<double> copy_begin_s_;    ///< per bucket: when its gradient copy was launched
+  std::vector<OffloadEvent> timeline_;
+  std::vector<std::optional<c10::Event>> grad_copied_;  ///< per bucket (GPU): its gradient's copy has ended
+  std::vector<at::Tensor> host_low_;  ///< per 16-bit bucket (offload): the rounded shard, staged for its copy
+  std::chrono::steady_clock::time_point reduction_began_;
   std::string id_;
   int64_t live_key_ = 0;
   int64_t steps_ = 0;
@@ -546,6 +594,9 @@ class ZeroOptimizer : private detail::ZeroShardsHolder, public Base, public Shar
     int64_t steps = 0;
   };
   std::vector<NamedTensors> shard_states() const;
+  /// Offload: Base's step on each host shard in turn, each after its gradient arrived, its values sent back.
+  void step_on_host(size_t index, const std::vector<at::Tensor>& params, const std::optional<at::Tensor>& grad_scale,
+                    const std::optional<at::Tensor>& found_inf);
   /// Makes every state of `states` and checks it, and `options` when given; changes nothing.
   Loaded prepare(std::vector<NamedTensors> states, std::unique_ptr<Options> options, int64_t steps) const;
   /// One load, all or nothing across ranks: `read` (this rank's reading and checks; it may add fields to the

@@ -24,6 +24,10 @@ State: as torch's ZeroRedundancyOptimizer, ``consolidate_state_dict(to)`` (every
 ``load_state_dict`` takes such a full state on every rank (each keeps its shard). ``save_shard`` /
 ``load_shards`` write and read one file per rank (resharding to another world size when allowed), which is
 what gpuops.TrainingState does with this optimizer.
+
+``offload="cpu"`` (stages 1 and 2, reducing at the step) keeps the fp32 shard parameters and the optimizer state
+in host memory: each bucket's gradient is copied there after its reduction, stepped by the CPU kernels, and
+copied back; ``offload_timeline()`` says when each ran.
 """
 
 from __future__ import annotations
@@ -139,7 +143,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                  overlap_param_gather: Union[bool, torch.nn.Module] = False, model: Optional[torch.nn.Module] = None,
                  units=None, prefetch: int = 1, reshard_after_forward: bool = True,
                  device: Union[None, str, torch.device] = None, check_unit_order: bool = True,
-                 **defaults) -> None:
+                 offload: Optional[str] = None, **defaults) -> None:
         if communicator is None or isinstance(communicator, torch.distributed.ProcessGroup):
             communicator = _dist.Communicator(communicator)
         if not isinstance(communicator, _C.Communicator):  # no way to reach the other ranks: this one raises alone
@@ -162,6 +166,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             except RuntimeError:
                 raise ValueError(f"gpuops.ZeroOptimizer: device must name a device ('cuda', 'cuda:1', 'cpu'), got "
                                  f"{device!r}") from None
+            if offload is not None and not isinstance(offload, str):
+                raise TypeError(f"gpuops.ZeroOptimizer: offload must be None or 'cpu', got {type(offload).__name__}")
             if reduce_in_backward is None:  # stage 3: each unit's gradients reduced as soon as its backward is done
                 reduce_in_backward = stage == 3
             module = overlap_param_gather if isinstance(overlap_param_gather, torch.nn.Module) else None
@@ -177,7 +183,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         shapes = [(p.shape, p.dtype) for p in params]
         self._impl = _C.ZeroOptimizer(params, communicator, stage, kind, dict(defaults), reduce_in_backward,
                                       bucket_bytes, names, True if module is not None else overlap_param_gather,
-                                      unit_of, prefetch, reshard_after_forward, device, check_unit_order)
+                                      unit_of, prefetch, reshard_after_forward, device, check_unit_order,
+                                      "none" if offload is None else offload)
         self._hooks = _wait_hooks(self, module, params) if module is not None else []
         self.model = model
         self._sharded_names = sharded_names(model, params) if stage == 3 else {}
@@ -323,6 +330,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
             _dist.fail_together(self.communicator, "ZeroOptimizer.load_shards", error)
         self._impl.load_shards(paths, allow_reshard)
         self.param_groups[0].update(self._impl.options)
+
+    def offload_timeline(self) -> list:
+        """offload='cpu': the last step's timeline, one ``(what, bucket, begin_s, end_s)`` per gradient copy to
+        the host, host step and parameter copy back, in seconds since the step's reduction began."""
+        return self._impl.offload_timeline()
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Gathers the full state on rank ``to``'s host memory, chunk by chunk (no device holds it whole).

@@ -215,7 +215,7 @@ void bind_zero_optimizer(py::module_& m) {
                        const py::object& bucket_bytes, const std::vector<std::string>& param_names,
                        const py::object& overlap_param_gather, const std::vector<int64_t>& units,
                        const py::object& prefetch, const py::object& reshard_after_forward,
-                       const std::string& device, const py::object& check_unit_order) {
+                       const std::string& device, const py::object& check_unit_order, const std::string& offload) {
              const std::string where = "gpuops.ZeroOptimizer";
              Construct construct;
              try {
@@ -234,6 +234,9 @@ void bind_zero_optimizer(py::module_& m) {
                zero.prefetch = int_arg(where, "prefetch", prefetch);
                zero.reshard_after_forward = bool_arg(where, "reshard_after_forward", reshard_after_forward);
                zero.check_unit_order = bool_arg(where, "check_unit_order", check_unit_order);
+               if (offload != "none" && offload != "cpu")
+                 throw py::value_error(where + ": offload must be None or 'cpu', got '" + offload + "'");
+               zero.offload = offload == "cpu" ? optim::ZeroOptions::Offload::Cpu : optim::ZeroOptions::Offload::Device;
                if (!device.empty()) {
                  try {
                    zero.device = c10::Device(device);
@@ -256,7 +259,7 @@ void bind_zero_optimizer(py::module_& m) {
            py::arg("reduce_in_backward") = false, py::arg("bucket_bytes") = optim::ZeroOptions().bucket_bytes,
            py::arg("param_names") = std::vector<std::string>{}, py::arg("overlap_param_gather") = false,
            py::arg("units") = std::vector<int64_t>{}, py::arg("prefetch") = 1, py::arg("reshard_after_forward") = true,
-           py::arg("device") = std::string(), py::arg("check_unit_order") = true)
+           py::arg("device") = std::string(), py::arg("check_unit_order") = true, py::arg("offload") = "none")
       // stage 3: the module hooks of gpuops.ZeroOptimizer call these around each unit (collective: gathers)
       .def("unit_count", [](const ShardedOptimizer& z) { return z.shards().unit_count(); })
       .def("unit_pre_forward", [](ShardedOptimizer& z, size_t u) { z.shards().unit_pre_forward(u); },
@@ -322,6 +325,13 @@ void bind_zero_optimizer(py::module_& m) {
       .def_property_readonly("world_size", [](ShardedOptimizer& z) { return z.shards().communicator().size(); })
       .def_property_readonly("param_count", [](ShardedOptimizer& z) { return z.shards().param_count(); })
       .def("state_bytes", &ShardedOptimizer::state_bytes)
+      .def("offload_timeline",
+           [](const ShardedOptimizer& z) {
+             py::list events;
+             for (const auto& e : z.shards().offload_timeline())
+               events.append(py::make_tuple(e.what, e.bucket, e.begin_s, e.end_s));
+             return events;
+           })
       .def("gradient_bytes", &ShardedOptimizer::gradient_bytes)
       .def("flat_numels",
            [](ShardedOptimizer& z) {

@@ -452,9 +452,11 @@ std::vector<NamedTensors> ZeroShards::consolidate(const std::vector<NamedTensors
       }
       const int64_t s = t.numel();  // entries (an 8-bit state's scales: blocks)
       at::Tensor host = mine ? at::empty({n, s}, t.options().device(at::kCPU)) : at::Tensor();
+      // (offload: host states travel through the device NCCL gathers on)
+      const at::Device through = n > 1 && t.is_cpu() ? comm_.control_device() : t.device();
       for (int64_t begin = 0; begin < s; begin += kReduceChunk) {
         const int64_t len = std::min(kReduceChunk, s - begin);
-        at::Tensor part = t.narrow(0, begin, len).contiguous();
+        at::Tensor part = t.narrow(0, begin, len).to(through).contiguous();
         at::Tensor all = at::empty({n * len}, part.options());
         comm_.all_gather(part, all).wait();
         if (mine) host.narrow(1, begin, len).copy_(all.view({n, len}));
@@ -592,7 +594,7 @@ void ZeroShards::install_loaded(const std::vector<at::Tensor>& masters, std::str
       if (is_master(k)) low_shards_[k].copy_(shards_[k]);  // rounded to nearest even
       continue;
     }
-    if (is_master(k)) shards_[k].copy_(masters[k].defined() ? masters[k] : data_shard(k).to(at::kFloat));
+    if (separate_shard(k)) shards_[k].copy_(masters[k].defined() ? masters[k] : data_shard(k).to(at::kFloat));
     record_versions(k);
   }
   id_ = std::move(id);

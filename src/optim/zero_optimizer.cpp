@@ -14,6 +14,7 @@
 #include <c10/util/Exception.h>
 
 #include "gpuops/fused_adam8.h"
+#include "gpuops/memory_budget.h"
 #include "gpuops/zero_optimizer.h"
 
 namespace gpuops::optim {
@@ -252,14 +253,44 @@ void ZeroOptimizer<Base>::step_group(size_t index, std::vector<at::Tensor>& para
                     "make another ZeroOptimizer for parameters with other options");
   zero_shards.reduce_gradients();
   zero_shards.before_step();
-  Base::step_group(index, params, grad_scale, found_inf);  // the fused step on this rank's shards
+  if (zero_shards.offloaded()) {
+    step_on_host(index, params, grad_scale, found_inf);
+  } else {
+    Base::step_group(index, params, grad_scale, found_inf);  // the fused step on this rank's shards
+  }
   const auto& shards = zero_shards.shard_params();
   for (size_t k = 0; k < shards.size(); ++k) {
     const auto found = this->state_.find(shards[k].unsafeGetTensorImpl());
-    if (found != this->state_.end())
-      zero_shards.advance_counters(k, static_cast<typename Base::ParamState&>(*found->second).step(), found_inf);
+    if (found == this->state_.end()) continue;
+    const at::Tensor& counters = static_cast<typename Base::ParamState&>(*found->second).step();
+    zero_shards.advance_counters(k, counters,
+                                 found_inf && zero_shards.offloaded() ? found_inf->to(counters.device()) : found_inf);
   }
   zero_shards.after_step();
+}
+
+template <class Base>
+void ZeroOptimizer<Base>::step_on_host(size_t index, const std::vector<at::Tensor>& params,
+                                       const std::optional<at::Tensor>& grad_scale,
+                                       const std::optional<at::Tensor>& found_inf) {
+  // The scaler's scale and overflow flag read on the host: the one host synchronisation of an offloaded step
+  // beyond waiting for each gradient's copy (a GPU step reads them on the device).
+  const auto on_host = [](const std::optional<at::Tensor>& t) {
+    return t ? std::optional<at::Tensor>(t->to(at::kCPU)) : std::nullopt;
+  };
+  const auto host_scale = on_host(grad_scale), host_inf = on_host(found_inf);
+  for (const at::Tensor& shard : params) {  // bucket by bucket: each sent back while the next one steps
+    const size_t k = zero_shards.shard_index(shard);
+    zero_shards.wait_for_host_gradient(k);
+    const double begin = zero_shards.seconds_since_reduction();
+    {
+      UnbudgetedScope host;  // host memory: not the device's (a CPU MemoryBudget stands for the device)
+      std::vector<at::Tensor> one{shard};
+      Base::step_group(index, one, host_scale, host_inf);
+    }
+    zero_shards.record("step", k, begin);
+    zero_shards.send_shard(k);
+  }
 }
 
 template <class Base>

@@ -102,6 +102,10 @@ void check_arguments(const std::vector<at::Tensor>& params, const ZeroOptions& o
                     "sharded), 2 (optimizer state and gradients sharded) or 3 (parameters too), got ", options.stage);
   check_units(options, params.size());
   TORCH_CHECK_VALUE(options.bucket_bytes >= 1, "ZeroOptimizer: bucket_bytes must be >= 1, got ", options.bucket_bytes);
+  TORCH_CHECK_VALUE(options.offload == ZeroOptions::Offload::Device || (options.stage <= 2 && !options.reduce_in_backward),
+                    "ZeroOptimizer: offload='cpu' is supported at stages 1 and 2 reducing at the step "
+                    "(reduce_in_backward=false) for now; got stage ", options.stage, ", reduce_in_backward=",
+                    options.reduce_in_backward ? "true" : "false");
   TORCH_CHECK_VALUE(options.param_names.empty() || options.param_names.size() == params.size(), "ZeroOptimizer: ",
                     options.param_names.size(), " param_names for ", params.size(), " parameters; give one name per "
                     "parameter, or none");
@@ -246,6 +250,7 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
       .field("check_unit_order", options_.check_unit_order ? "true" : "false")
       .field("device type", options_.device ? c10::DeviceTypeName(options_.device->type(), true) : "the parameters'")
       .field("state blocks", fmt::format("{} elements, parameters of {} or more", blocks_.block, blocks_.min_numel))
+      .field("offload", offloaded() ? "cpu" : "none")
       .propose("optimizer id", dist::random_id());
   id_ = agreement.exchange(comm_).at(0).second;
   const bool stage3 = options_.stage == 3;
@@ -279,14 +284,20 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
     const at::Tensor shard = stage3 ? parked[k] : data_shard(k);
     // A float32 bucket's shard is stepped in place; a 16-bit one through its fp32 master. Stage 3 keeps the
     // shard apart from the flat buffer, whose storage exists only while the unit is gathered.
-    shards_.push_back(is_master(k)  ? shard.to(at::kFloat).requires_grad_(true)
-                      : stage3      ? shard.requires_grad_(true)
-                                    : alias(bucket(k).data, comm_.rank() * shard.numel(), shard.numel())
-                                         .requires_grad_(true));
+    // Offload: every shard parameter an fp32 copy in host memory, its gradient too.
+    shards_.push_back(offloaded()     ? host_like(shard).copy_(shard).requires_grad_(true)
+                      : is_master(k)  ? shard.to(at::kFloat).requires_grad_(true)
+                      : stage3        ? shard.requires_grad_(true)
+                                      : alias(bucket(k).data, comm_.rank() * shard.numel(), shard.numel())
+                                           .requires_grad_(true));
     low_shards_.push_back(stage3 && is_master(k) ? shard : at::Tensor());
-    const bool separate = options_.stage >= 2 || is_master(k) || options_.reduce_in_backward;
-    shard_grads_.push_back(separate ? at::zeros_like(shards_.back()) : at::Tensor());
+    const bool separate = options_.stage >= 2 || separate_shard(k) || options_.reduce_in_backward;
+    shard_grads_.push_back(!separate    ? at::Tensor()
+                           : offloaded() ? host_like(shard).zero_()
+                                         : at::zeros_like(shards_.back()));
   }
+  in_transit_.resize(flats_.size());
+  copy_begin_s_.assign(flats_.size(), 0.0);
   versions_.resize(flats_.size());
   ready_.assign(flats_.size(), 0);
   accumulated_.assign(flats_.size(), false);
@@ -380,7 +391,7 @@ void ZeroShards::install_shard_grads() {
 
 void ZeroShards::record_versions(size_t k) const {
   versions_[k].clear();
-  if (!is_master(k)) return;
+  if (!separate_shard(k)) return;
   for (const auto& slot : bucket(k).slots) versions_[k].push_back(slot.param._version());
 }
 
@@ -552,17 +563,37 @@ void ZeroShards::reduce_gradients() {
               "set them to None, e.g. torch::optim::Optimizer::zero_grad, which is not virtual); call "
               "ZeroOptimizer::zero_grad() before backward");
   c10::NoGradGuard no_grad;
+  begin_timeline();
   // Fixed order: the float32 buckets launched in turn and waited in turn, then the 16-bit ones chunk by chunk.
-  std::vector<dist::Work> works;
+  // Offload: each bucket reduced on the device (in place, or into a scratch shard), then copied to the host.
+  const auto device_shard = [&](size_t k) {
+    return at::empty({shards_[k].numel()}, bucket(k).data.options().dtype(at::kFloat));
+  };
+  std::vector<std::pair<size_t, dist::Work>> works;
+  std::vector<at::Tensor> reduced(shards_.size());
   for (size_t k = 0; k < shards_.size(); ++k) {
     if (is_master(k)) continue;
     const at::Tensor& grad = bucket(k).grad;
-    works.push_back(shard_grads_[k].defined() ? comm_.reduce_scatter(grad, shard_grads_[k], dist::ReduceOp::Average)
-                                              : comm_.reduce_scatter(grad, dist::ReduceOp::Average));
+    const int64_t s = shards_[k].numel();
+    if (offloaded()) reduced[k] = options_.stage >= 2 ? device_shard(k) : alias(grad, comm_.rank() * s, s);
+    const at::Tensor& out = offloaded() ? reduced[k] : shard_grads_[k];
+    works.emplace_back(k, out.defined() && !out.is_alias_of(grad) ? comm_.reduce_scatter(grad, out, dist::ReduceOp::Average)
+                                                                  : comm_.reduce_scatter(grad, dist::ReduceOp::Average));
   }
-  for (auto& w : works) w.wait();
-  for (size_t k = 0; k < shards_.size(); ++k)
-    if (is_master(k)) reduce_in_fp32(k, shard_grads_[k]);
+  for (auto& [k, w] : works) {
+    w.wait();
+    if (offloaded()) send_to_host(k, reduced[k]);
+  }
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    if (!is_master(k)) continue;
+    if (!offloaded()) {
+      reduce_in_fp32(k, shard_grads_[k]);
+      continue;
+    }
+    reduced[k] = device_shard(k);
+    reduce_in_fp32(k, reduced[k]);
+    send_to_host(k, reduced[k]);
+  }
   if (options_.stage >= 2)
     for (auto& f : flats_) f->release_grads();  // only the shards are kept
   for (size_t k = 0; k < flats_.size(); ++k) record_grad_versions(k);
@@ -575,7 +606,7 @@ void ZeroShards::agree_with_grad() {
   std::vector<uint8_t> flags;
   for (const auto& bucket_flags : has_grad_) flags.insert(flags.end(), bucket_flags.begin(), bucket_flags.end());
   if (comm_.size() > 1) {  // a parameter any rank used is stepped everywhere (absent gradients count as zeros)
-    at::Tensor any = at::tensor(flags, at::kByte).to(shards_.front().device());
+    at::Tensor any = at::tensor(flags, at::kByte).to(bucket(0).data.device());  // (offload: not the shards')
     comm_.all_reduce(any, dist::ReduceOp::Max).wait();
     any = any.to(at::kCPU);  // read on the host: the runs to step are chosen there
     std::copy(any.data_ptr<uint8_t>(), any.data_ptr<uint8_t>() + any.numel(), flags.begin());
@@ -763,12 +794,15 @@ const char* combining(int64_t what) {
 
 at::Tensor ZeroShards::combine(Combine what, const at::Tensor& value) {
   const int n = comm_.size();
-  const at::Tensor mine = at::stack({value.detach().reshape({}).to(at::kDouble),
-                                     at::full({}, static_cast<double>(what), value.options().dtype(at::kDouble))});
+  // (offload: a value computed on the host gradients goes where the group gathers: NCCL's device)
+  const at::Device device = n > 1 && value.is_cpu() ? comm_.control_device() : value.device();
+  const at::Tensor mine = at::stack({value.detach().reshape({}).to(device, at::kDouble),
+                                     at::full({}, static_cast<double>(what), value.options().device(device).dtype(at::kDouble))});
   if (n == 1) return mine.narrow(0, 0, 1);
   at::Tensor all = at::empty({2 * n}, mine.options());
   comm_.all_gather(mine, all).wait();
   all = all.view({n, 2});
+  if (value.device() != device) all = all.to(value.device());
   if (what == Combine::ForeignScaler) return all.select(1, 0);  // the caller raises its own error
   const at::Tensor kinds = all.select(1, 1).to(at::kCPU).contiguous();  // host-read: raised on every rank
   const double* k = kinds.data_ptr<double>();
@@ -810,13 +844,13 @@ void ZeroShards::before_step() {
   for (size_t k = 0; k < flats_.size(); ++k) record_grad_versions(k);
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < shards_.size(); ++k) {
-    if (!is_master(k)) continue;
+    if (!separate_shard(k)) continue;
     const auto& slots = bucket(k).slots;
     bool written = reattached_;
     for (size_t i = 0; i < slots.size(); ++i) written = written || slots[i].param._version() != versions_[k][i];
     if (!written) continue;
     // Element-wise: a master keeps its extra precision where it still rounds to the parameter.
-    const at::Tensor data = data_shard(k);
+    const at::Tensor data = data_shard(k).to(shards_[k].device());
     at::Tensor& master = shards_[k];
     master.copy_(at::where(master.to(data.scalar_type()).eq(data), master, data.to(at::kFloat)));
   }
@@ -827,7 +861,7 @@ void ZeroShards::after_step() {
   ++steps_;
   c10::NoGradGuard no_grad;
   for (size_t k = 0; k < shards_.size(); ++k)
-    if (is_master(k)) param_shard(k).copy_(shards_[k]);  // round to nearest even
+    if (is_master(k) && !offloaded()) param_shard(k).copy_(shards_[k]);  // round to nearest even (offload: sent)
   if (options_.stage == 3) {  // gathered copies are stale: the next forward gathers the new values
     release_units();
     reduced_grads_ = false;
@@ -854,7 +888,7 @@ int64_t ZeroShards::gradient_bytes() const {
 int64_t ZeroShards::master_bytes() const {
   int64_t bytes = 0;
   for (size_t k = 0; k < shards_.size(); ++k)
-    if (is_master(k)) bytes += static_cast<int64_t>(shards_[k].nbytes());
+    if (separate_shard(k)) bytes += static_cast<int64_t>(shards_[k].nbytes());
   return bytes;
 }
 

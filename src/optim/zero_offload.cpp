@@ -1,0 +1,78 @@
+// gpuops::optim::ZeroShards (zero_optimizer.h), offload (issue 33): the shard parameters and their gradients in
+// host memory. At the step each bucket's reduced gradient shard goes to the host as soon as its reduction ends
+// (on a GPU asynchronously, into pinned memory, with an event per bucket); ZeroOptimizer steps the buckets in
+// turn on the host, each after its own copy has ended, and sends each one's values back as its step ends. The
+// timeline records when each of these ran.
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include "gpuops/memory_budget.h"
+#include "gpuops/zero_optimizer.h"
+
+namespace gpuops::optim {
+
+at::Tensor ZeroShards::host_like(const at::Tensor& shard) const {
+  UnbudgetedScope host;  // host memory: not the device's (a CPU MemoryBudget stands for the device)
+  return at::empty(shard.sizes(), at::TensorOptions().dtype(at::kFloat).pinned_memory(shard.is_cuda()));
+}
+
+double ZeroShards::seconds_since_reduction() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - reduction_began_).count();
+}
+
+void ZeroShards::record(const std::string& what, size_t k, double begin_s) {
+  timeline_.push_back({what, k, begin_s, seconds_since_reduction()});
+}
+
+void ZeroShards::begin_timeline() {
+  if (!offloaded()) return;
+  timeline_.clear();
+  grad_copied_.clear();  // (an event cannot be copied: no assign)
+  grad_copied_.resize(shards_.size());
+  reduction_began_ = std::chrono::steady_clock::now();
+}
+
+void ZeroShards::send_to_host(size_t k, const at::Tensor& reduced) {
+  copy_begin_s_[k] = seconds_since_reduction();
+  const bool gpu = reduced.is_cuda();
+  shard_grads_[k].copy_(reduced, /*non_blocking=*/gpu);
+  if (!gpu) {  // a CPU copy has ended here
+    record("gradient to host", k, copy_begin_s_[k]);
+    return;
+  }
+  in_transit_[k] = reduced;  // alive until the copy has ended
+  const c10::Device device = reduced.device();
+  grad_copied_[k].emplace(device.type());
+  grad_copied_[k]->record(c10::impl::getDeviceGuardImpl(device.type())->getStream(device));
+}
+
+void ZeroShards::wait_for_host_gradient(size_t k) {
+  if (!grad_copied_.empty() && grad_copied_[k]) {
+    grad_copied_[k]->synchronize();  // the host reads this gradient next: it must have arrived
+    grad_copied_[k].reset();
+    in_transit_[k] = at::Tensor();
+    record("gradient to host", k, copy_begin_s_[k]);
+  }
+}
+
+void ZeroShards::send_shard(size_t k) {
+  const double begin = seconds_since_reduction();
+  c10::NoGradGuard no_grad;
+  at::Tensor param = data_shard(k);
+  at::Tensor values = shards_[k];
+  if (is_master(k)) {  // rounded on the host (to nearest even), then copied: the device never holds fp32
+    if (host_low_.size() != shards_.size()) host_low_.resize(shards_.size());
+    if (!host_low_[k].defined()) {
+      UnbudgetedScope host;
+      host_low_[k] = at::empty(values.sizes(), values.options().dtype(param.scalar_type()));
+    }
+    values = host_low_[k].copy_(values);
+  }
+  param.copy_(values, /*non_blocking=*/param.is_cuda());  // queued before the all-gather on the same stream
+  record("parameters to device", k, begin);
+}
+
+}  // namespace gpuops::optim
