@@ -52,3 +52,13 @@ def run_gloo_rank(run, scenario, timeout_s=30):
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def expect_ok(script, scenario, world, deadline_s, directory=None):
+    """Runs `scenario` on `world` ranks (GPUOPS_TEST_DIR=directory when given): each must exit 0 printing
+    '<scenario> ok'; their outputs are printed (pytest -s shows the figures)."""
+    env = {"GPUOPS_TEST_DIR": str(directory)} if directory else None
+    for rank, (code, out) in enumerate(launch(script, scenario, world, deadline_s, env=env)):
+        assert code == 0, f"rank {rank}:\n{out}"
+        assert f"{scenario} ok" in out, out
+        print(out)

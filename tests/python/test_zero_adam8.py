@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import gpuops
-from multiprocess_launch import launch, run_gloo_rank
+from multiprocess_launch import expect_ok, run_gloo_rank
 from parity import within_noise
 
 DEADLINE_S = 120
@@ -29,11 +29,7 @@ OPTIONS = dict(lr=2e-2, weight_decay=0.05, state_bits=8)
 
 
 def _expect(scenario, world, tmp_path=None):
-    env = {"GPUOPS_TEST_DIR": str(tmp_path)} if tmp_path else None
-    for rank, (code, out) in enumerate(launch(__file__, scenario, world, DEADLINE_S, env=env)):
-        assert code == 0, f"rank {rank}:\n{out}"
-        assert f"{scenario} ok" in out, out
-        print(out)
+    expect_ok(__file__, scenario, world, DEADLINE_S, tmp_path)
 
 
 def test_same_bits_as_unsharded():

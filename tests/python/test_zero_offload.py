@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import gpuops
-from multiprocess_launch import launch, run_gloo_rank
+from multiprocess_launch import expect_ok, run_gloo_rank
 from test_zero_adam8 import _batch, _model, _params, _same_state, _train
 
 DEADLINE_S = 180
@@ -26,11 +26,7 @@ STEPS = 12
 
 
 def _expect(scenario, world, tmp_path=None):
-    env = {"GPUOPS_TEST_DIR": str(tmp_path)} if tmp_path else None
-    for rank, (code, out) in enumerate(launch(__file__, scenario, world, DEADLINE_S, env=env)):
-        assert code == 0, f"rank {rank}:\n{out}"
-        assert f"{scenario} ok" in out, out
-        print(out)
+    expect_ok(__file__, scenario, world, DEADLINE_S, tmp_path)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
