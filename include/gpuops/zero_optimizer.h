@@ -116,15 +116,16 @@ struct ZeroOptions {
   // ------------------------------------------------------------------ offload (issue 33)
   /// Where each rank's fp32 shard parameters (masters) and optimizer state live. Device: beside the
   /// parameters. Cpu: in host memory (pinned when the parameters are on a GPU); the device keeps the parameters
-  /// and the flat gradients. At the step each bucket's reduced gradient shard is copied to the host, stepped
-  /// there by the optimizer's CPU kernels (bucket by bucket), and its updated values copied back into the
-  /// parameters' shard before the all-gather. Stages 1 and 2, reducing at the step (reduce_in_backward false).
+  /// and the flat gradients. Each bucket's reduced gradient shard is copied to the host when its reduction
+  /// ends (at the step, or with reduce_in_backward during each backward, the micro-batches of an accumulation
+  /// window summed on the host), stepped there by the optimizer's CPU kernels (bucket by bucket), and its
+  /// updated values copied back into the parameters' shard before the all-gather. Stages 1 and 2.
   enum class Offload { Device, Cpu };
   Offload offload = Offload::Device;
 };
 
 /// One entry of an offloaded step's timeline (ZeroShards::offload_timeline): what ran for which bucket, from
-/// when to when (seconds on a steady clock since the step's reduction began).
+/// when to when (seconds on a steady clock since the window began: zero_grad(), or the reduction at the step).
 struct OffloadEvent {
   std::string what;  ///< "gradient to host", "step", "parameters to device"
   size_t bucket = 0;
@@ -370,6 +371,9 @@ class ZeroShards {
   bool separate_shard(size_t k) const { return is_master(k) || offloaded(); }
   /// Offload: bucket k's reduced gradient shard (on the device) copied into its host gradient.
   void send_to_host(size_t k, const at::Tensor& reduced);
+  /// Offload, reducing in the backward: the window's first reduced shard sent (send_to_host), later ones added
+  /// to the host gradient.
+  void receive_on_host(size_t k, const at::Tensor& reduced, bool accumulate);
   /// Offload: an uninitialised fp32 tensor shaped as `shard` in host memory (pinned when `shard` is on a GPU:
   /// asynchronous copies), outside any MemoryBudget.
   at::Tensor host_like(const at::Tensor& shard) const;

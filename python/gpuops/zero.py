@@ -25,8 +25,9 @@ State: as torch's ZeroRedundancyOptimizer, ``consolidate_state_dict(to)`` (every
 ``load_shards`` write and read one file per rank (resharding to another world size when allowed), which is
 what gpuops.TrainingState does with this optimizer.
 
-``offload="cpu"`` (stages 1 and 2, reducing at the step) keeps the fp32 shard parameters and the optimizer state
-in host memory: each bucket's gradient is copied there after its reduction, stepped by the CPU kernels, and
+``offload="cpu"`` (stages 1 and 2) keeps the fp32 shard parameters and the optimizer state
+in host memory: each bucket's gradient is copied there after its reduction (with ``reduce_in_backward``, during
+the backward: the micro-batches summed on the host), stepped by the CPU kernels, and
 copied back; ``offload_timeline()`` says when each ran.
 """
 
@@ -333,7 +334,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def offload_timeline(self) -> list:
         """offload='cpu': the last step's timeline, one ``(what, bucket, begin_s, end_s)`` per gradient copy to
-        the host, host step and parameter copy back, in seconds since the step's reduction began."""
+        the host, host step and parameter copy back, in seconds since the window began (zero_grad(), or the
+        reduction at the step)."""
         return self._impl.offload_timeline()
 
     def consolidate_state_dict(self, to: int = 0) -> None:

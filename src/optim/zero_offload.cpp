@@ -1,6 +1,7 @@
 // gpuops::optim::ZeroShards (zero_optimizer.h), offload (issue 33): the shard parameters and their gradients in
-// host memory. At the step each bucket's reduced gradient shard goes to the host as soon as its reduction ends
-// (on a GPU asynchronously, into pinned memory, with an event per bucket); ZeroOptimizer steps the buckets in
+// host memory. Each bucket's reduced gradient shard goes to the host as soon as its reduction ends, at the step
+// or (reduce_in_backward) during each backward (on a GPU asynchronously, into pinned memory, with an event per
+// bucket; the micro-batches of an accumulation window summed on the host); ZeroOptimizer steps the buckets in
 // turn on the host, each after its own copy has ended, and sends each one's values back as its step ends. The
 // timeline records when each of these ran.
 #include <ATen/ATen.h>
@@ -30,6 +31,9 @@ void ZeroShards::record(const std::string& what, size_t k, double begin_s) {
 void ZeroShards::begin_timeline() {
   if (!offloaded()) return;
   timeline_.clear();
+  for (auto& copied : grad_copied_)  // a copy still running (a bucket not stepped) ends before its gradient is reused
+    if (copied) copied->synchronize();
+  for (auto& t : in_transit_) t = at::Tensor();
   grad_copied_.clear();  // (an event cannot be copied: no assign)
   grad_copied_.resize(shards_.size());
   reduction_began_ = std::chrono::steady_clock::now();
@@ -47,6 +51,15 @@ void ZeroShards::send_to_host(size_t k, const at::Tensor& reduced) {
   const c10::Device device = reduced.device();
   grad_copied_[k].emplace(device.type());
   grad_copied_[k]->record(c10::impl::getDeviceGuardImpl(device.type())->getStream(device));
+}
+
+void ZeroShards::receive_on_host(size_t k, const at::Tensor& reduced, bool accumulate) {
+  if (!accumulate) return send_to_host(k, reduced);  // the window's first: straight into the host gradient
+  wait_for_host_gradient(k);  // (the previous micro-batch's copy)
+  const double begin = seconds_since_reduction();
+  UnbudgetedScope host;
+  shard_grads_[k].add_(reduced.to(at::kCPU));  // the sum kept on the host, in fp32 as on the device
+  record("gradient added on host", k, begin);
 }
 
 void ZeroShards::wait_for_host_gradient(size_t k) {

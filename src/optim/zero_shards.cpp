@@ -102,10 +102,8 @@ void check_arguments(const std::vector<at::Tensor>& params, const ZeroOptions& o
                     "sharded), 2 (optimizer state and gradients sharded) or 3 (parameters too), got ", options.stage);
   check_units(options, params.size());
   TORCH_CHECK_VALUE(options.bucket_bytes >= 1, "ZeroOptimizer: bucket_bytes must be >= 1, got ", options.bucket_bytes);
-  TORCH_CHECK_VALUE(options.offload == ZeroOptions::Offload::Device || (options.stage <= 2 && !options.reduce_in_backward),
-                    "ZeroOptimizer: offload='cpu' is supported at stages 1 and 2 reducing at the step "
-                    "(reduce_in_backward=false) for now; got stage ", options.stage, ", reduce_in_backward=",
-                    options.reduce_in_backward ? "true" : "false");
+  TORCH_CHECK_VALUE(options.offload == ZeroOptions::Offload::Device || options.stage <= 2, "ZeroOptimizer: "
+                    "offload='cpu' is supported at stages 1 and 2 for now; got stage ", options.stage);
   TORCH_CHECK_VALUE(options.param_names.empty() || options.param_names.size() == params.size(), "ZeroOptimizer: ",
                     options.param_names.size(), " param_names for ", params.size(), " parameters; give one name per "
                     "parameter, or none");
@@ -477,6 +475,7 @@ void ZeroShards::wait_for_parameters() const {
 
 void ZeroShards::zero_grad(bool set_to_none) {
   const bool stage3 = options_.stage == 3;
+  begin_timeline();  // (offload: a window's copies start with its first backward)
   if (set_to_none) {
     for (auto& flags : has_grad_) std::fill(flags.begin(), flags.end(), 0);
     for (auto& flags : with_grad_) std::fill(flags.begin(), flags.end(), 0);
@@ -713,7 +712,8 @@ void ZeroShards::begin_pass() {
 void ZeroShards::launch(size_t k) {
   c10::NoGradGuard no_grad;
   ensure_grad(k);  // no gradient arrived in this pass: zeros
-  reduced_[k] = at::empty_like(shard_grads_[k]);
+  reduced_[k] = offloaded() ? at::empty({shards_[k].numel()}, bucket(k).data.options().dtype(at::kFloat))
+                            : at::empty_like(shard_grads_[k]);
   if (is_master(k)) {
     reduce_in_fp32(k, reduced_[k]);  // chunked, waited inside
     pending_.emplace_back(k, std::nullopt);
@@ -731,7 +731,11 @@ void ZeroShards::finish_oldest() {
   pending_.pop_front();
   if (work) work->wait();
   c10::NoGradGuard no_grad;
-  accumulated_[k] ? shard_grads_[k].add_(reduced_[k]) : shard_grads_[k].copy_(reduced_[k]);
+  if (offloaded()) {
+    receive_on_host(k, reduced_[k], accumulated_[k]);
+  } else {
+    accumulated_[k] ? shard_grads_[k].add_(reduced_[k]) : shard_grads_[k].copy_(reduced_[k]);
+  }
   accumulated_[k] = true;
   reduced_[k].reset();
   if (options_.stage >= 2) {

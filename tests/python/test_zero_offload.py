@@ -7,6 +7,7 @@ reduction, stepped on the host bucket by bucket and copied back before the all-g
 - the device side (a MemoryBudget over everything but the host's allocations) keeps no masters, moments or
   gradient shards: its bytes drop by at least the optimizer's state bytes, measured;
 - the timeline: every bucket's gradient reaches the host before its step, and its values go back after it;
+  reducing in the backward, the gradients leave during the backward of each micro-batch;
 - shard files (TrainingState) are those of a run not offloaded: an offloaded run resumes without offload and
   back, equal bit for bit;
 - what it does not support yet is refused naming it."""
@@ -48,10 +49,10 @@ def test_refused_where_not_supported():
 
 
 # ----------------------------------------------------------------------------------------------------- ranks
-def _zero(model, comm, stage, offload, **options):
+def _zero(model, comm, stage, offload, in_backward=False, **options):
     return gpuops.ZeroOptimizer(model.parameters(), "adamw", communicator=comm, stage=stage,
                                 offload="cpu" if offload else None, bucket_bytes=8192,  # several buckets
-                                **{"lr": 2e-2, "weight_decay": 0.05, **options})
+                                reduce_in_backward=in_backward, **{"lr": 2e-2, "weight_decay": 0.05, **options})
 
 
 def _consolidated(opt):
@@ -64,20 +65,22 @@ def _run(scenario, dist):
     comm = gpuops.dist.Communicator(timeout=60)
     mine = lambda s, m: _batch(s, m, rank)  # noqa: E731
     if scenario == "bits":
-        for stage in (1, 2):
-            for dtype in (torch.float32, torch.bfloat16):
-                for bits in (32, 8):
-                    runs = []
-                    for offload in (False, True):
-                        model = _model().to(dtype)
-                        opt = _zero(model, comm, stage, offload, state_bits=bits)
-                        _train(model, opt, mine, range(STEPS), clip=0.5)
-                        runs.append((_params(model), _consolidated(opt)))
-                    what = f"stage {stage}, {dtype}, {bits}-bit moments"
-                    assert all(torch.equal(a, b) for a, b in zip(runs[0][0], runs[1][0])), f"{what}: parameters"
-                    if rank == 0:
-                        _same_state(runs[1][1], runs[0][1], what)
-                    print(f"rank {rank}: {what}, {world} ranks: offloaded = not offloaded, bit for bit", flush=True)
+        cases = [(stage, dtype, bits, False) for stage in (1, 2) for dtype in (torch.float32, torch.bfloat16)
+                 for bits in (32, 8)]
+        cases += [(stage, dtype, 32, True) for stage in (1, 2) for dtype in (torch.float32, torch.bfloat16)]
+        for stage, dtype, bits, in_backward in cases:
+            runs = []
+            for offload in (False, True):
+                model = _model().to(dtype)
+                opt = _zero(model, comm, stage, offload, in_backward, state_bits=bits)
+                _train(model, opt, mine, range(STEPS), clip=0.5)
+                runs.append((_params(model), _consolidated(opt)))
+            what = (f"stage {stage}, {dtype}, {bits}-bit moments, reduced "
+                    f"{'in the backward' if in_backward else 'at the step'}")
+            assert all(torch.equal(a, b) for a, b in zip(runs[0][0], runs[1][0])), f"{what}: parameters"
+            if rank == 0:
+                _same_state(runs[1][1], runs[0][1], what)
+            print(f"rank {rank}: {what}, {world} ranks: offloaded = not offloaded, bit for bit", flush=True)
         print("bits ok", flush=True)
     elif scenario == "memory":
         kept, states = {}, {}
@@ -101,9 +104,23 @@ def _run(scenario, dist):
             when = {what: (begin, end) for what, k, begin, end in events if k == b}
             assert set(when) == {"gradient to host", "step", "parameters to device"}, when
             assert when["gradient to host"][1] <= when["step"][0] <= when["step"][1] <= when["parameters to device"][0]
+        # Reducing in the backward: each bucket's gradient leaves during the backward of each micro-batch (the
+        # second added to the first on the host), all before the first bucket steps.
+        model = _model()
+        opt = _zero(model, comm, 2, True, in_backward=True)
+        _train(model, opt, mine, range(2))
+        backward = opt.offload_timeline()
+        first_step = min(begin for what, _, begin, _ in backward if what == "step")
+        for b in buckets:
+            moved = [(what, end) for what, k, _, end in backward if k == b and what != "step" and "device" not in what]
+            assert sorted(w for w, _ in moved) == ["gradient added on host", "gradient to host"], moved
+        launched = [end for what, _, _, end in backward if what == "gradient added on host"]
+        assert max(launched) <= first_step, backward
         if rank == 0:
-            for what, b, begin, end in events:
-                print(f"  bucket {b}: {what} {1e3 * begin:.3f} .. {1e3 * end:.3f} ms", flush=True)
+            for title, timeline in (("reduced at the step", events), ("reduced in the backward", backward)):
+                print(f"rank 0: {title}:", flush=True)
+                for what, b, begin, end in timeline:
+                    print(f"  bucket {b}: {what} {1e3 * begin:.3f} .. {1e3 * end:.3f} ms", flush=True)
         print("memory ok", flush=True)
     elif scenario in ("save", "resume"):
         directory = os.environ["GPUOPS_TEST_DIR"]
@@ -129,11 +146,8 @@ def _run(scenario, dist):
         print(f"{scenario} ok", flush=True)
     elif scenario == "refused":
         model = _model()
-        with pytest.raises(ValueError, match="offload='cpu' is supported at stages 1 and 2 reducing at the step"):
+        with pytest.raises(ValueError, match="offload='cpu' is supported at stages 1 and 2 for now; got stage 3"):
             gpuops.ZeroOptimizer(model.parameters(), communicator=comm, stage=3, model=model, offload="cpu")
-        with pytest.raises(ValueError, match="offload='cpu' is supported at stages 1 and 2 reducing at the step"):
-            gpuops.ZeroOptimizer(model.parameters(), communicator=comm, stage=2, reduce_in_backward=True,
-                                 offload="cpu")
         with pytest.raises(ValueError, match="offload must be None or 'cpu'"):
             gpuops.ZeroOptimizer(model.parameters(), communicator=comm, offload="nvme")
         with pytest.raises(TypeError, match="offload must be None or 'cpu'"):
