@@ -1,12 +1,15 @@
 // device_info(): the CUDA device chosen by LOCAL_RANK (or asked for), else the CPU.
 #include "gpuops/device.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
+#include <utility>
 
 #include <c10/util/Exception.h>
 
@@ -41,6 +44,22 @@ int64_t available_host_memory_bytes() {
   const std::string available_kib = proc_field("/proc/meminfo", "MemAvailable");  // "123456 kB"
   return available_kib.empty() ? static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE)
                                : std::atoll(available_kib.c_str()) * 1024;
+}
+
+int64_t host_memory_headroom_bytes() {
+  int64_t headroom = available_host_memory_bytes();
+  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current_file("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  int64_t current = 0;
+  if (max_file >> max_text && max_text != "max" && current_file >> current)
+    headroom = std::min<int64_t>(headroom, std::atoll(max_text.c_str()) - current);
+  for (const auto& [resource, used_field] : {std::pair{RLIMIT_AS, "VmSize"}, std::pair{RLIMIT_DATA, "VmData"}}) {
+    rlimit limit{};
+    if (getrlimit(resource, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) continue;
+    const int64_t used = std::atoll(proc_field("/proc/self/status", used_field).c_str()) * 1024;  // "123 kB"
+    headroom = std::min<int64_t>(headroom, static_cast<int64_t>(limit.rlim_cur) - used);
+  }
+  return std::max<int64_t>(headroom, 0);
 }
 
 namespace {

@@ -28,6 +28,12 @@ DeviceInfo device_info(std::optional<int> index = std::nullopt);
 /// The host memory available now (Linux's MemAvailable; the physical memory where it is unknown).
 int64_t available_host_memory_bytes();
 
+/// The host memory this process may still take: the least of available_host_memory_bytes(), its cgroup's
+/// memory.max minus memory.current (cgroup v2: a container's limit, which MemAvailable does not see) and the
+/// room left under ulimit -v and -d (RLIMIT_AS, RLIMIT_DATA). The CUDA driver's pinned allocations are not
+/// charged to ulimit -l (RLIMIT_MEMLOCK), so it plays no part.
+int64_t host_memory_headroom_bytes();
+
 /// Parses a LOCAL_RANK value (nullopt: unset); throws c10::ValueError when it is malformed.
 std::optional<int> parse_local_rank(const std::optional<std::string>& text);
 

@@ -163,8 +163,12 @@ class ZeroShards {
   /// refuses) or the ranks differ in the parameters' count, shapes, dtypes or initial values, their names, or
   /// the options. With reduce_in_backward, a hook on every parameter's gradient accumulator (removed by the
   /// destructor): the object must not move, hence no copy or move.
+  ///
+  /// `state_bytes_per_element`: the optimizer state's bytes per parameter element, for offload's up-front
+  /// check of the host memory (c10::ValueError naming what it needs and what is left).
   ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, ZeroOptions options,
-             dist::Agreement agreement = dist::Agreement("ZeroOptimizer"), StateBlocks blocks = {});
+             dist::Agreement agreement = dist::Agreement("ZeroOptimizer"), StateBlocks blocks = {},
+             double state_bytes_per_element = 0);
   ~ZeroShards();
   ZeroShards(const ZeroShards&) = delete;
   ZeroShards& operator=(const ZeroShards&) = delete;

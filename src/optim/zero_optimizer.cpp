@@ -28,6 +28,17 @@ void check_options(const typename Base::Options& options) {
   Base probe({at::zeros({1}).requires_grad_(true)}, options);  // c10::ValueError naming the option
 }
 
+// The optimizer state's bytes per parameter element (offload's host-memory check): Adam's two fp32 moments (8-bit:
+// a byte each and two fp32 scales per 256; amsgrad a third), SGD's momentum buffer when it has one.
+template <class Base>
+double state_bytes_per_element(const typename Base::Options& options) {
+  if constexpr (std::is_same_v<typename Base::Options, SGDOptions>) {
+    return options.momentum() != 0 ? 4 : 0;
+  } else {
+    return options.state_bits() == 8 ? 2 + 8.0 / kStateBlock : options.amsgrad() ? 12 : 8;
+  }
+}
+
 // 8-bit moments: the buffers of the parameters that keep them are laid out in whole blocks.
 template <class Base>
 StateBlocks state_blocks_of(const typename Base::Options& options) {
@@ -187,7 +198,7 @@ template <class Base>
 ZeroOptimizer<Base>::ZeroOptimizer(std::vector<at::Tensor> params, dist::Communicator communicator, ZeroOptions zero,
                                    Options options)
     : detail::ZeroShardsHolder{ZeroShards(params, std::move(communicator), zero, construction_agreement<Base>(options),
-                                          state_blocks_of<Base>(options))},
+                                          state_blocks_of<Base>(options), state_bytes_per_element<Base>(options))},
       Base(zero_shards.shard_params(), options) {}
 
 template <class Base>

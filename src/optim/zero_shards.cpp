@@ -22,6 +22,7 @@
 #include <fmt/ranges.h>
 
 #include "gpuops/agreement.h"
+#include "gpuops/device.h"
 #include "gpuops/zero_optimizer.h"
 
 namespace gpuops::optim {
@@ -96,8 +97,24 @@ void check_units(const ZeroOptions& options, size_t n_params) {
                     "the units 0 .. U-1 (", count, " here), each holding at least one parameter");
 }
 
+// Offload: the host memory this rank's shard takes (fp32 masters and gradients, the optimizer's state), up
+// front against what the host can still give, so that a short host fails here, not mid-run.
+void check_host_memory(const std::vector<at::Tensor>& params, int world_size, double state_bytes_per_element) {
+  int64_t elements = 0;
+  for (const at::Tensor& p : params) elements += p.defined() ? p.numel() : 0;
+  const double per_rank = static_cast<double>(elements) / world_size;
+  const double needed = per_rank * (4 + 4 + state_bytes_per_element), headroom = host_memory_headroom_bytes();
+  const double gib = 1 << 30;
+  TORCH_CHECK_VALUE(needed <= headroom, "ZeroOptimizer: offload='cpu' needs about ", needed / gib, " GiB of host "
+                    "memory on this rank (its 1/", world_size, " of ", elements, " parameter elements: fp32 masters 4, "
+                    "gradients 4 and optimizer state ", state_bytes_per_element, " bytes each), but ", headroom / gib,
+                    " GiB is left (the least of MemAvailable, the cgroup's memory.max and ulimit -v/-d); use more "
+                    "ranks, state_bits=8, or a host with more memory");
+}
+
 // This rank's checks of the arguments; nothing changes.
-void check_arguments(const std::vector<at::Tensor>& params, const ZeroOptions& options, int world_size) {
+void check_arguments(const std::vector<at::Tensor>& params, const ZeroOptions& options, int world_size,
+                     double state_bytes_per_element) {
   TORCH_CHECK_VALUE(options.stage >= 1 && options.stage <= 3, "ZeroOptimizer: stage must be 1 (optimizer state "
                     "sharded), 2 (optimizer state and gradients sharded) or 3 (parameters too), got ", options.stage);
   check_units(options, params.size());
@@ -125,6 +142,7 @@ void check_arguments(const std::vector<at::Tensor>& params, const ZeroOptions& o
                       "(a meta model is materialised first, e.g. with to_empty() and its initialisation)");
   }
   FlatParams::check(params, padded_to(world_size));
+  if (options.offload == ZeroOptions::Offload::Cpu) check_host_memory(params, world_size, state_bytes_per_element);
 }
 
 FlatParamsOptions padded_to(int world_size) {
@@ -219,13 +237,13 @@ void forget_live(int64_t key) {
 }  // namespace
 
 ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator communicator, ZeroOptions options,
-                       dist::Agreement agreement, StateBlocks blocks)
+                       dist::Agreement agreement, StateBlocks blocks, double state_bytes_per_element)
     // (the layout is agreed below: no per-call checks)
     : comm_(communicator.unchecked()), options_(options), blocks_(blocks) {
   // Every rank checks its arguments, then one exchange (agreement.h): a failure on any rank, or arguments that
   // differ, raise on every rank before a parameter changes. FlatParams' checks run over the whole list, so that
   // a bad parameter in a later bucket cannot leave earlier ones flattened.
-  agreement.check([&] { check_arguments(params, options_, comm_.size()); });
+  agreement.check([&] { check_arguments(params, options_, comm_.size(), state_bytes_per_element); });
   if (!agreement.failed()) {
     agreement.field("parameters (count, shapes, dtypes)",
                     fmt::format("{} tensors, fingerprint {:016x}", params.size(), params_hash(params)));

@@ -10,7 +10,8 @@ reduction, stepped on the host bucket by bucket and copied back before the all-g
   reducing in the backward, the gradients leave during the backward of each micro-batch;
 - shard files (TrainingState) are those of a run not offloaded: an offloaded run resumes without offload and
   back, equal bit for bit;
-- what it does not support yet is refused naming it."""
+- what it does not support yet is refused naming it, and so is a host without room for the shard (checked up
+  front under a ulimit -d)."""
 
 import os
 import sys
@@ -152,6 +153,23 @@ def _run(scenario, dist):
             gpuops.ZeroOptimizer(model.parameters(), communicator=comm, offload="nvme")
         with pytest.raises(TypeError, match="offload must be None or 'cpu'"):
             gpuops.ZeroOptimizer(model.parameters(), communicator=comm, offload=True)
+        # Host memory short: refused at construction, naming what it needs and what is left, parameters unchanged.
+        import resource
+
+        big = torch.nn.Linear(4096, 4096, bias=False)  # 2^24 elements: 256 MiB offloaded (16 bytes each with AdamW)
+        before = big.weight.detach().clone()
+        with open("/proc/self/status") as status:
+            used = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:"))
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        resource.setrlimit(resource.RLIMIT_DATA, (used + (128 << 20), hard))  # 128 MiB left under ulimit -d
+        try:
+            with pytest.raises(ValueError, match=r"offload='cpu' needs about 0.25 GiB of host memory on this rank .*"
+                                                 r"but 0.1\d* GiB is left"):
+                gpuops.ZeroOptimizer(big.parameters(), communicator=comm, offload="cpu")
+            assert torch.equal(big.weight, before)
+            _zero(_model(), comm, 1, True)  # a model that fits is taken
+        finally:
+            resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
         print("refused ok", flush=True)
 
 
