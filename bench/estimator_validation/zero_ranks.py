@@ -8,7 +8,8 @@ parameters, and bf16 ones on fp32 masters, estimated as bf16-mixed master-copy)
 and measures its peak above the pre-build baseline; rank 0 prints one JSON row per (model, stage) with the
 measured peak of every rank, ZeroOptimizer's own state and gradient bytes, and the estimate for that stage
 and world size (optimizer_impl "fused": ours steps in one fused pass; zero_reduce "step": ours keeps the flat
-gradient from zero_grad() and reduces it at the step).
+gradient from zero_grad() and reduces it at the step); offloaded rows (offload="cpu", --offload-optimizer) measure
+the device side: the host's allocations are outside the budget.
 """
 
 import argparse
@@ -39,15 +40,20 @@ def _rank_main():
         kind, cfg = MODELS[name]
         # (parameter dtype, stage, reduce_in_backward, bucket_bytes): the default 25 MiB buckets hold each of
         # these models whole; 256 KiB buckets cut them into several. bf16 parameters step on fp32 masters.
-        for dtype, stage, bwd, bucket in (("fp32", 1, False, 0), ("fp32", 2, False, 0), ("fp32", 2, True, 25 * 2**20),
-                                          ("fp32", 2, True, 2**18), ("fp32", 1, True, 2**18), ("bf16", 1, False, 0),
-                                          ("bf16", 2, False, 0), ("bf16", 2, True, 25 * 2**20),
-                                          ("bf16", 2, True, 2**18)):
+        # offload: ZeroOptimizer(offload="cpu") against --offload-optimizer (its host allocations are outside the
+        # budget: the peak is the device side's).
+        for dtype, stage, bwd, bucket, offload in (
+                ("fp32", 1, False, 0, False), ("fp32", 2, False, 0, False), ("fp32", 2, True, 25 * 2**20, False),
+                ("fp32", 2, True, 2**18, False), ("fp32", 1, True, 2**18, False), ("bf16", 1, False, 0, False),
+                ("bf16", 2, False, 0, False), ("bf16", 2, True, 25 * 2**20, False), ("bf16", 2, True, 2**18, False),
+                ("fp32", 2, False, 0, True), ("bf16", 1, False, 0, True), ("bf16", 2, False, 0, True),
+                ("fp32", 2, True, 2**18, True)):
             held = {}
 
             def factory(params):
                 opt = gpuops.ZeroOptimizer(params, "adamw", stage=stage, reduce_in_backward=bwd,
-                                           bucket_bytes=bucket or 25 * 2**20, lr=1e-3)
+                                           bucket_bytes=bucket or 25 * 2**20, lr=1e-3,
+                                           offload="cpu" if offload else None)
                 held["opt"] = opt
                 return opt
 
@@ -58,13 +64,15 @@ def _rank_main():
             est = gpuops.estimate(config=make_config(kind, cfg, "sdpa").to_dict(), **layout, optimizer="adamw",
                                   optimizer_impl="fused", zero_stage=stage, num_gpus=world, micro_batch=batch,
                                   seq_len=seq, device="cpu", zero_reduce="backward" if bwd else "step",
-                                  zero_bucket_bytes=bucket)
+                                  zero_bucket_bytes=bucket, offload_optimizer=offload)
             rows.append({"model": name, "batch": batch, "seq": seq, "dtype": dtype, "stage": stage, "world": world,
-                         "reduce_in_backward": bwd, "bucket_bytes": bucket,
+                         "reduce_in_backward": bwd, "bucket_bytes": bucket, "offload": offload,
                          "measured": [int(p.item()) for p in peaks], "peak_phase": result["peak_phase"],
                          "state_bytes": held["opt"].state_bytes(), "estimated": est.total_bytes,
-                         # ZeroOptimizer.state_bytes() counts its fp32 masters with the moments
+                         # ZeroOptimizer.state_bytes() counts its fp32 masters with the moments (offloaded: on the
+                         # host, with an fp32 copy of a float32 shard too, as the estimate's host memory)
                          "est_optimizer_states": est.optimizer_states + est.master_weights,
+                         "est_host": est.host_memory,
                          "est_gradients": est.gradients})
             del held["opt"]
             dist.barrier()

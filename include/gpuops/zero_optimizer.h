@@ -433,7 +433,6 @@ class ZeroShards {
   StateBlocks blocks_;
   std::vector<bool> blocked_;  ///< per bucket: laid out in whole state blocks
   // offload only
-  std::vector<at::Tensor> in_transit_;  ///< per bucket: a device tensor whose copy to the host may be running
   std::vector<double> copy_begin_s_;    ///< per bucket: when its gradient copy was launched
   std::vector<OffloadEvent> timeline_;
   std::vector<std::optional<c10::Event>> grad_copied_;  ///< per bucket (GPU): its gradient's copy has ended

@@ -114,7 +114,10 @@ std::vector<Variant> eight_bit_optimizer(const ModelSpec&, const TrainingSetup& 
 }
 
 std::vector<Variant> gpuops_eight_bit_optimizer(const ModelSpec& m, const TrainingSetup& s) {
-  if (!is_adam(s) || s.zero_stage > 0 || s.offload_optimizer || m.family == ModelFamily::ParamsOnly) return {};
+  const bool gpuops_zero = s.zero_reduce_at_step || s.zero_bucket_bytes > 0;  // gpuops' ZeroOptimizer (stages 1-2)
+  if (!is_adam(s) || s.zero_stage > 2 || (s.zero_stage > 0 && s.sharding != ShardingLayout::Flat) ||
+      (s.offload_optimizer && !gpuops_zero) || m.family == ModelFamily::ParamsOnly)
+    return {};
   TrainingSetup t = s;
   t.optimizer = OptimizerKind::GpuopsAdamW8bit;
   return {{"8-bit AdamW states (gpuops: optim.AdamW(state_bits=8); one fused pass, its CPU step slower)",
@@ -125,6 +128,9 @@ std::vector<Variant> offload_optimizer(const ModelSpec&, const TrainingSetup& s)
   if (!is_adam(s) || s.offload_optimizer) return {};
   TrainingSetup t = s;
   t.offload_optimizer = true;
+  if (s.zero_reduce_at_step || s.zero_bucket_bytes > 0)  // gpuops' ZeroOptimizer
+    return {{"optimizer states and step on the host (gpuops: ZeroOptimizer(offload=\"cpu\"); the CPU step)",
+             "--offload-optimizer", t}};
   return {{"optimizer states and step on the host (ZeRO-Offload)", "--offload-optimizer", t}};
 }
 

@@ -33,7 +33,6 @@ void ZeroShards::begin_timeline() {
   timeline_.clear();
   for (auto& copied : grad_copied_)  // a copy still running (a bucket not stepped) ends before its gradient is reused
     if (copied) copied->synchronize();
-  for (auto& t : in_transit_) t = at::Tensor();
   grad_copied_.clear();  // (an event cannot be copied: no assign)
   grad_copied_.resize(shards_.size());
   reduction_began_ = std::chrono::steady_clock::now();
@@ -47,7 +46,8 @@ void ZeroShards::send_to_host(size_t k, const at::Tensor& reduced) {
     record("gradient to host", k, copy_begin_s_[k]);
     return;
   }
-  in_transit_[k] = reduced;  // alive until the copy has ended
+  // `reduced` may be freed as soon as the copy is queued: the caching allocator hands its memory only to work
+  // queued after it on this stream. The event tells the host when the gradient has arrived.
   const c10::Device device = reduced.device();
   grad_copied_[k].emplace(device.type());
   grad_copied_[k]->record(c10::impl::getDeviceGuardImpl(device.type())->getStream(device));
@@ -66,7 +66,6 @@ void ZeroShards::wait_for_host_gradient(size_t k) {
   if (!grad_copied_.empty() && grad_copied_[k]) {
     grad_copied_[k]->synchronize();  // the host reads this gradient next: it must have arrived
     grad_copied_[k].reset();
-    in_transit_[k] = at::Tensor();
     record("gradient to host", k, copy_begin_s_[k]);
   }
 }

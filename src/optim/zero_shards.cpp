@@ -312,7 +312,6 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
                            : offloaded() ? host_like(shard).zero_()
                                          : at::zeros_like(shards_.back()));
   }
-  in_transit_.resize(flats_.size());
   copy_begin_s_.assign(flats_.size(), 0.0);
   versions_.resize(flats_.size());
   ready_.assign(flats_.size(), 0);
@@ -600,6 +599,7 @@ void ZeroShards::reduce_gradients() {
   for (auto& [k, w] : works) {
     w.wait();
     if (offloaded()) send_to_host(k, reduced[k]);
+    reduced[k] = at::Tensor();  // (the copy is queued: see send_to_host)
   }
   for (size_t k = 0; k < shards_.size(); ++k) {
     if (!is_master(k)) continue;
@@ -610,6 +610,7 @@ void ZeroShards::reduce_gradients() {
     reduced[k] = device_shard(k);
     reduce_in_fp32(k, reduced[k]);
     send_to_host(k, reduced[k]);
+    reduced[k] = at::Tensor();
   }
   if (options_.stage >= 2)
     for (auto& f : flats_) f->release_grads();  // only the shards are kept

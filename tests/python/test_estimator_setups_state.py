@@ -110,3 +110,22 @@ def test_gpuops_8bit_adamw_is_refused_where_it_is_not_modelled():
         gpuops.estimate(params="7b", optimizer="gpuops-adamw-8bit")
     with pytest.raises(ValueError, match="stage 3's per-unit buffers are not modelled yet"):
         gpuops.estimate("llama-2-7b", optimizer="gpuops-adamw-8bit", zero_stage=3, num_gpus=4, sharding="gpuops")
+
+
+def test_gpuops_offload_and_8bit_states_under_its_zero_optimizer():
+    """With gpuops' ZeroOptimizer (zero_reduce): --advise offers its own offload and its 8-bit states (stages 1-2),
+    and offload moves the moments, the fp32 shard copies and the gradient shards to the host (measured against
+    ZeroOptimizer(offload="cpu") in test_zero_estimate.py)."""
+    setup = dict(zero_stage=2, num_gpus=4, zero_reduce="step", precision="bf16-mixed", amp="master-copy")
+    advice = gpuops.advise("RTX-4090", "llama-2-7b", **setup)
+    described = {a.options: a.description for a in advice}
+    assert "ZeroOptimizer(offload=\"cpu\")" in described["--offload-optimizer"], described
+    assert "--optimizer gpuops-adamw-8bit" in described
+    plain = gpuops.estimate("llama-2-7b", **setup)
+    offloaded = gpuops.estimate("llama-2-7b", **setup, offload_optimizer=True)
+    eight = gpuops.estimate("llama-2-7b", **setup, offload_optimizer=True, optimizer="gpuops-adamw-8bit")
+    local = -(-6738415616 // 4)  # llama-2-7b's parameters, one rank's shard
+    assert offloaded.optimizer_states == 0 and offloaded.master_weights == 0
+    assert offloaded.host_memory == plain.optimizer_states + 4 * local + 4 * local  # moments, fp32 copies, gradients
+    assert plain.total_bytes - offloaded.total_bytes >= plain.optimizer_states + plain.master_weights
+    assert eight.host_memory < offloaded.host_memory

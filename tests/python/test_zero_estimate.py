@@ -12,8 +12,9 @@ import zero_ranks  # noqa: E402
 
 def test_per_rank_estimate_matches_measured_zero_peaks():
     everything = zero_ranks.run(2)
-    rows = [r for r in everything if r["stage"] < 3]
+    rows = [r for r in everything if r["stage"] < 3 and not r["offload"]]
     _stage3(r for r in everything if r["stage"] == 3)
+    _offloaded(r for r in everything if r.get("offload"))
     assert {(r["stage"], r["model"]) for r in rows} == {(s, c[0]) for s in (1, 2) for c in zero_ranks.CASES}
     assert any(r["reduce_in_backward"] and r["bucket_bytes"] < 2**20 for r in rows)  # several buckets
     assert {r["dtype"] for r in rows} == {"fp32", "bf16"}  # bf16 parameters: fp32 masters, fp32 reduction chunks
@@ -29,6 +30,27 @@ def test_per_rank_estimate_matches_measured_zero_peaks():
     assert errors[-1] <= 0.065, labels
     for r in rows:  # the optimizer state is the estimator's to the step counters (per bucket here, per tensor there)
         assert abs(r["state_bytes"] - r["est_optimizer_states"]) <= 4 * 64, labels
+
+
+def _offloaded(rows):
+    """ZeroOptimizer(offload="cpu") against `--offload-optimizer` with `--zero-reduce`: the device side (the host's
+    allocations are outside the budget), and the host's state against the estimate's host memory."""
+    rows = list(rows)
+    assert {(r["dtype"], r["stage"], r["reduce_in_backward"]) for r in rows} == {
+        ("fp32", 2, False), ("bf16", 1, False), ("bf16", 2, False), ("fp32", 2, True)}
+    errors = sorted((r["estimated"] - m) / m for r in rows for m in r["measured"])
+    labels = "\n".join(f"{r['model']} {r['dtype']} stage {r['stage']} offloaded, reduce_in_backward "
+                       f"{r['reduce_in_backward']}: estimated {r['estimated']}, measured per rank {r['measured']}"
+                       for r in rows)
+    print(labels)
+    # Measured 2026-11-29 (2 ranks): 22 of 24 rank peaks within 100 bytes; llama-gqa-untied reducing in the
+    # backward over by 5.5% (the same bytes as without offload, the bound of three buckets in flight, on a smaller
+    # total).
+    assert abs(errors[len(errors) // 2]) <= 1e-3, labels
+    assert errors[0] >= -0.005, labels
+    assert errors[-1] <= 0.065, labels
+    for r in rows:  # the host holds the moments, the fp32 shard copies and the gradient shards
+        assert r["state_bytes"] <= r["est_host"], labels
 
 
 def _stage3(rows):

@@ -24,8 +24,7 @@ class GpuopsAdam8Feature final : public SetupFeature {
     GPUOPS_CHECK_ARG(s.zero_stage <= 2, "optimizer gpuops-adamw-8bit is modelled without ZeRO and with gpuops' "
                      "ZeroOptimizer at stages 1 and 2 (stage 3's per-unit buffers are not modelled yet); accepted: "
                      "zero 0, 1 or 2, got zero {}", s.zero_stage);
-    GPUOPS_CHECK_ARG(!s.offload_optimizer, "optimizer gpuops-adamw-8bit is not modelled with --offload-optimizer "
-                     "(gpuops has no optimizer offload yet)");
+
   }
   bool on(const TrainingSetup& s) const override { return s.optimizer == OptimizerKind::GpuopsAdamW8bit; }
   void persistent(const StepContext& c, MemoryBreakdown& b) const override {

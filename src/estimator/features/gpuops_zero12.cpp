@@ -78,15 +78,19 @@ class GpuopsZero12Feature final : public SetupFeature {
   // Reducing at the step: the whole flat gradient lives through the step, with an fp32 shard beside it when
   // stage 2 keeps one or when 16-bit gradients are reduced in fp32. Reducing in the backward: the fp32 shard
   // from construction on; stage 1 keeps the flat gradient too.
+  // Offloaded (offload_optimizer: ZeroOptimizer(offload="cpu")), the fp32 gradient shards live on the host:
+  // the device keeps only the flat gradient (and, at the step, each bucket's reduced shard until its copy to
+  // the host is queued: moments()).
   void persistent(const StepContext& c, MemoryBreakdown& b) const override {
     const TrainingSetup& s = c.setup;
     const int64_t wbytes = trainable_element_bytes(s), local_states = sharded_trainable_elements(c.model, s, 1);
     const C flat = C(trainable_parameter_count(c.model, s)) * wbytes;
+    const C shard = s.offload_optimizer ? C(0) : 4 * C(local_states);
     if (s.zero_reduce_at_step) {
       const bool fp32_shard = s.zero_stage == 2 || wbytes != 4;
-      b.gradients = (flat + (fp32_shard ? 4 * C(local_states) : C(0))).get();
+      b.gradients = (flat + (fp32_shard ? shard : C(0))).get();
     } else {
-      b.gradients = ((s.zero_stage == 1 ? flat : C(0)) + 4 * C(local_states)).get();
+      b.gradients = ((s.zero_stage == 1 ? flat : C(0)) + shard).get();
     }
   }
 
@@ -117,6 +121,10 @@ class GpuopsZero12Feature final : public SetupFeature {
     // still hold when the all-gathers start (measured: now and then both, 2 x the gradient's bytes, on
     // llama-gqa-untied's stage 1; stage 2 has freed its flat gradient by then).
     MemoryBreakdown& step = moment(moments, StepPhase::OptimizerStep);
+    // Offloaded, reducing at the step: every bucket's fp32 reduced shard (stage 2, or 16-bit gradients) is
+    // launched before the first is copied to the host (stage 1 float32 reduces in place).
+    if (s.offload_optimizer && s.zero_reduce_at_step && (s.zero_stage == 2 || pb != 4))
+      step.gradients = (C(step.gradients) + 4 * C(sharded_trainable_elements(m, s, 1))).get();
     if (c.device.is_cpu() && s.num_gpus > 1) {
       const bool clones_linger = s.zero_reduce_at_step && s.zero_stage == 1 && !runs_in_16_bits(s);
       const C copies = C(trainable_parameter_count(m, s)) * pb * (clones_linger ? 2 : 1);
