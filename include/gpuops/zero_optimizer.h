@@ -27,6 +27,10 @@
 // world size, padding) to its own file; a job of any world size loads them, each rank reading only the files
 // that overlap its new shard (online resharding, exact). consolidate_state() gathers torch's per-parameter
 // optimizer state on one rank's host memory, chunk by chunk, so no device ever holds the whole state.
+//
+// 8-bit moments (issue 32; StateBlocks): the parameters that keep them get buffers laid out in whole 256-element
+// blocks, so that a parameter's blocks are the unsharded optimizer's. Offload (issue 33; ZeroOptions::offload,
+// zero_offload.cpp): the shard parameters and the optimizer state in host memory, stepped there bucket by bucket.
 
 #include <chrono>
 #include <cstdint>

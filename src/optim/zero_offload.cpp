@@ -79,7 +79,8 @@ void ZeroShards::send_shard(size_t k) {
     if (host_low_.size() != shards_.size()) host_low_.resize(shards_.size());
     if (!host_low_[k].defined()) {
       UnbudgetedScope host;
-      host_low_[k] = at::empty(values.sizes(), values.options().dtype(param.scalar_type()));
+      host_low_[k] = at::empty(values.sizes(), at::TensorOptions().dtype(param.scalar_type())
+                                                   .pinned_memory(param.is_cuda()));  // (an asynchronous copy)
     }
     values = host_low_[k].copy_(values);
   }

@@ -313,6 +313,7 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
                                          : at::zeros_like(shards_.back()));
   }
   copy_begin_s_.assign(flats_.size(), 0.0);
+  grad_copied_.resize(flats_.size());  // (a backward may come before the first zero_grad)
   versions_.resize(flats_.size());
   ready_.assign(flats_.size(), 0);
   accumulated_.assign(flats_.size(), false);
