@@ -11,16 +11,19 @@ reduction, stepped on the host bucket by bucket and copied back before the all-g
 - shard files (TrainingState) are those of a run not offloaded: an offloaded run resumes without offload and
   back, equal bit for bit;
 - what it does not support yet is refused naming it, and so is a host without room for the shard (checked up
-  front under a ulimit -d)."""
+  front under a ulimit -d);
+- a rank killed in its backward while its buckets leave for the host: the other raises within the timeout."""
 
 import os
+import signal
 import sys
+import time
 
 import pytest
 import torch
 
 import gpuops
-from multiprocess_launch import expect_ok, run_gloo_rank
+from multiprocess_launch import expect_ok, launch, run_gloo_rank
 from test_zero_adam8 import _batch, _model, _params, _same_state, _train
 
 DEADLINE_S = 180
@@ -47,6 +50,14 @@ def test_resumes_without_offload_and_back(tmp_path):
 
 def test_refused_where_not_supported():
     _expect("refused", 1)
+
+
+def test_a_rank_killed_mid_backward_makes_the_other_raise_within_the_timeout():
+    """Rank 1 is killed in its backward after its first buckets left for the host (reduce_in_backward); rank 0,
+    reducing and copying on, raises within the communicator's 5 s timeout instead of hanging."""
+    (code0, out0), (code1, _) = launch(__file__, "killed", 2, DEADLINE_S)
+    assert code1 == -signal.SIGKILL
+    assert code0 == 0 and "raised after" in out0, out0
 
 
 # ----------------------------------------------------------------------------------------------------- ranks
@@ -145,6 +156,24 @@ def _run(scenario, dist):
                 _same_state(got, expected, f"saved {'offloaded' if offload else 'on the device'}, resumed the other way")
             _train(model, opt, mine, range(5, 7), clip=0.5)  # and it trains on
         print(f"{scenario} ok", flush=True)
+    elif scenario == "killed":
+        comm = gpuops.dist.Communicator(timeout=5)
+        model = _model()
+        opt = gpuops.ZeroOptimizer(model.parameters(), communicator=comm, stage=2, reduce_in_backward=True,
+                                   bucket_bytes=8192, offload="cpu", lr=1e-2)
+        _train(model, opt, mine, range(2))  # both ranks train: copies and host steps run
+        if rank == 1:  # killed in the backward, after its first bucket was reduced and sent to the host
+            hook = model[0].weight.register_hook(lambda g: os.kill(os.getpid(), signal.SIGKILL))
+        start = time.monotonic()
+        try:
+            _train(model, opt, mine, range(2, 4))
+        except RuntimeError as error:
+            elapsed = time.monotonic() - start
+            print(f"rank {rank}: raised after {elapsed:.3f} s (timeout 5 s): {str(error)[:300]}", flush=True)
+            assert elapsed < 5 + 5, elapsed
+            os._exit(0)  # the group is broken: skip torch.distributed's teardown
+        hook.remove()
+        os._exit(1)
     elif scenario == "refused":
         model = _model()
         with pytest.raises(ValueError, match="offload='cpu' is supported at stages 1 and 2 for now; got stage 3"):
