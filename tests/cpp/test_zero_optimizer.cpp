@@ -459,9 +459,75 @@ void scenario_without_grad(Communicator& comm) {
   }
 }
 
+// 8-bit moments (issue 32) and offload (issue 33) through the C++ API, stage 2, at the step and in the backward:
+// offloaded training gives the bits of training not offloaded, 32- and 8-bit; the weights of 4096 elements or
+// more keep 8-bit moments in the consolidated state; the offloaded step's timeline puts each bucket's gradient
+// copy before its step and its parameter copy after.
+void scenario_offload_8bit(Communicator& comm) {
+  const int rank = comm.rank();
+  const auto big_params = [] {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(77);
+    std::vector<at::Tensor> p = {at::randn({96, 64}, gen) * 0.1, at::randn({96}, gen) * 0.1,
+                                 at::randn({48, 96}, gen) * 0.1, at::randn({48}, gen) * 0.1};
+    for (auto& t : p) t.requires_grad_(true);
+    return p;
+  };
+  const auto loss = [](const std::vector<at::Tensor>& p, const at::Tensor& x) {
+    return at::addmm(p[3], at::tanh(at::addmm(p[1], x, p[0].t())), p[2].t()).square().mean();
+  };
+  for (const bool hooks : {false, true}) {
+    for (const int64_t bits : {int64_t{32}, int64_t{8}}) {
+      std::vector<at::Tensor> runs[2];
+      for (const bool offload : {false, true}) {
+        auto params = big_params();
+        gpuops::optim::ZeroOptions zero;
+        zero.stage = 2;
+        zero.reduce_in_backward = hooks;
+        zero.bucket_bytes = 8192;  // several buckets
+        if (offload) zero.offload = gpuops::optim::ZeroOptions::Offload::Cpu;
+        ZeroOptimizer opt(params, comm, zero, AdamWOptions(1e-2).weight_decay(0.05).state_bits(bits));
+        for (int step = 0; step < 6; ++step) {
+          opt.zero_grad();
+          for (int micro = 0; micro < 2; ++micro) {
+            auto gen = at::make_generator<at::CPUGeneratorImpl>(500 + 10 * step + micro + 1000 * rank);
+            loss(params, at::randn({8, 64}, gen)).backward();
+          }
+          opt.step();
+        }
+        const std::string what = fmt::format("{}-bit, {}, {}", bits, hooks ? "reduced in the backward" : "at the step",
+                                             offload ? "offloaded" : "not offloaded");
+        if (offload) {
+          const auto& timeline = opt.shards().offload_timeline();
+          WORKER_CHECK(!timeline.empty(), "{}: no timeline", what);
+          for (size_t k = 0; k < opt.bucket_count(); ++k) {
+            double copied = -1, stepped_from = -1, stepped_to = -1, sent = -1;
+            for (const auto& e : timeline) {
+              if (e.bucket != k) continue;
+              if (e.what == "gradient to host" || e.what == "gradient added on host") copied = std::max(copied, e.end_s);
+              if (e.what == "step") stepped_from = e.begin_s, stepped_to = e.end_s;
+              if (e.what == "parameters to device") sent = e.begin_s;
+            }
+            WORKER_CHECK(copied >= 0 && copied <= stepped_from && stepped_to <= sent,
+                         "{}: bucket {} copied {} stepped {}..{} sent {}", what, k, copied, stepped_from, stepped_to, sent);
+          }
+        }
+        const auto state = opt.consolidate_state(0);
+        if (rank == 0) {
+          WORKER_CHECK((state[0].count("exp_avg_codes") == 1) == (bits == 8) && state[1].count("exp_avg") == 1,
+                       "{}: the weights' and biases' moments are not in the expected form", what);
+        }
+        for (const auto& p : params) runs[offload].push_back(p.detach().clone());
+      }
+      for (size_t i = 0; i < runs[0].size(); ++i)
+        WORKER_CHECK(at::equal(runs[0][i], runs[1][i]), "{}-bit, {}: params[{}] differ offloaded", bits,
+                     hooks ? "reduced in the backward" : "at the step", i);
+    }
+  }
+}
+
 int run_worker(const std::string& scenario) {
   return run_scenario(scenario, {{"train", scenario_train}, {"bad_input", scenario_bad_input},
-                                 {"without_grad", scenario_without_grad}});
+                                 {"without_grad", scenario_without_grad}, {"offload_8bit", scenario_offload_8bit}});
 }
 
 // ------------------------------------------------------------------------------------------------------
@@ -494,6 +560,7 @@ TEST(ZeroOptimizer, Stage2ReducedInBackwardGathersOverlappedTwoRanks) { run_trai
 TEST(ZeroOptimizer, Stage1GathersOverlappedTwoRanks) { run_train(2, 1, 2, false, true); }
 TEST(ZeroOptimizer, BadInputTwoRanks) { run_all_ok(2, "bad_input"); }
 TEST(ZeroOptimizer, ParametersWithoutGradientsAreNotSteppedTwoRanks) { run_all_ok(2, "without_grad"); }
+TEST(ZeroOptimizer, OffloadAnd8BitMomentsTwoRanks) { run_all_ok(2, "offload_8bit"); }
 
 // The estimator (torch-free) counts the fp32 chunks of a 16-bit reduction with its own copy of the chunk size.
 TEST(ZeroOptimizer, EstimatorKnowsTheReduceChunk) {
