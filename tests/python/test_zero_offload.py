@@ -12,7 +12,9 @@ reduction, stepped on the host bucket by bucket and copied back before the all-g
   back, equal bit for bit;
 - what it does not support yet is refused naming it, and so is a host without room for the shard (checked up
   front under a ulimit -d);
-- a rank killed in its backward while its buckets leave for the host: the other raises within the timeout."""
+- SIGTERM in an offloaded backward: every rank saves the last whole step, and a job without offload resumes
+  from it; a rank killed in its backward while its buckets leave for the host: the other raises within the
+  timeout."""
 
 import os
 import signal
@@ -50,6 +52,14 @@ def test_resumes_without_offload_and_back(tmp_path):
 
 def test_refused_where_not_supported():
     _expect("refused", 1)
+
+
+def test_sigterm_mid_step_saves_the_last_whole_step_on_every_rank(tmp_path):
+    """SIGTERM reaches rank 1 in its backward of step 3 (offloaded, its buckets leaving for the host): the step
+    finishes, every rank agrees to stop and saves step 3; a job without offload resumes from it with the
+    parameters and state the offloaded ranks held."""
+    _expect("sigterm", 2, tmp_path)
+    _expect("after_sigterm", 2, tmp_path)
 
 
 def test_a_rank_killed_mid_backward_makes_the_other_raise_within_the_timeout():
@@ -155,6 +165,37 @@ def _run(scenario, dist):
             if rank == 0:
                 _same_state(got, expected, f"saved {'offloaded' if offload else 'on the device'}, resumed the other way")
             _train(model, opt, mine, range(5, 7), clip=0.5)  # and it trains on
+        print(f"{scenario} ok", flush=True)
+    elif scenario in ("sigterm", "after_sigterm"):
+        directory = os.environ["GPUOPS_TEST_DIR"]
+        model = _model()
+        opt = _zero(model, comm, 2, scenario == "sigterm", in_backward=True)
+        with gpuops.TrainingState(f"{directory}/run", process_group=dist.group.WORLD) as state:
+            if scenario == "after_sigterm":
+                loaded = state.load(model=model, optimizer=opt)
+                assert loaded["step"] == 3, loaded["step"]
+                expected, params = torch.load(f"{directory}/at_stop.pt")
+                assert all(torch.equal(a, b) for a, b in zip(_params(model), params))
+                got = _consolidated(opt)
+                if rank == 0:
+                    _same_state(got, expected, "resumed without offload after a SIGTERM")
+                print(f"{scenario} ok", flush=True)
+                return
+            hook = None
+            for step in range(1, 100):
+                if step == 3 and rank == 1:  # the signal arrives while the backward sends the buckets
+                    hook = model[0].weight.register_hook(lambda g: os.kill(os.getpid(), signal.SIGTERM))
+                _train(model, opt, mine, range(step - 1, step))
+                if hook is not None:
+                    hook.remove()
+                    hook = None
+                if state.should_stop():  # agreed by every rank
+                    state.save(step=step, model=model, optimizer=opt)
+                    break
+            assert step == 3, step
+            consolidated = _consolidated(opt)
+            if rank == 0:
+                torch.save((consolidated, _params(model)), f"{directory}/at_stop.pt")
         print(f"{scenario} ok", flush=True)
     elif scenario == "killed":
         comm = gpuops.dist.Communicator(timeout=5)
