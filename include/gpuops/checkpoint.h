@@ -19,6 +19,12 @@ struct CheckpointOptions {
   /// Buffers the segment updates in place (e.g. BatchNorm running statistics): restored after the
   /// recomputation, so they are updated once per step, not twice.
   std::vector<at::Tensor> buffers;
+  /// Offloaded checkpointing (issue 33, Unsloth's "offloaded gradient checkpointing"): the inputs the segment
+  /// keeps go to host memory (pinned when they are on a GPU, copied asynchronously) instead of staying on their
+  /// device, and come back at the start of the segment's backward. The device then holds neither the segment's
+  /// activations nor its inputs between forward and backward. Host copies are outside any MemoryBudget; an
+  /// input changed in place after the forward is still refused (its version is kept).
+  bool offload_inputs = false;
 };
 
 /// Runs fn(inputs) keeping only `inputs` for the backward; returns its outputs (outputs that are not

@@ -37,7 +37,7 @@ def _module_of(fn) -> Optional[torch.nn.Module]:
 
 
 def checkpoint(fn: Callable, *args, use_reentrant: Optional[bool] = None, preserve_rng_state: bool = True,
-               buffers: Sequence[torch.Tensor] = (), **kwargs):
+               buffers: Sequence[torch.Tensor] = (), offload: bool = False, **kwargs):
     """``fn(*args, **kwargs)`` without saving its activations; they are recomputed in the backward.
 
     By default the C++ engine runs it (gpuops::checkpoint, the one LibTorch programs use): a reentrant node
@@ -51,6 +51,9 @@ def checkpoint(fn: Callable, *args, use_reentrant: Optional[bool] = None, preser
     ``backward()``, not ``torch.autograd.grad(..., inputs)`` (a RuntimeError says so, as torch's). ``use_reentrant=False``
     delegates to torch.utils.checkpoint's non-reentrant implementation, which has none of these limits.
     Without ``use_reentrant`` it warns, as torch's checkpoint does, and runs the reentrant engine.
+    ``offload=True`` (reentrant engine): the tensor arguments it keeps go to host memory (pinned beside a GPU)
+    until the backward brings them back, so the device holds nothing of the segment in between (Unsloth's
+    offloaded checkpointing).
     """
     if use_reentrant is None:
         warnings.warn("gpuops.checkpoint: pass use_reentrant explicitly, as torch.utils.checkpoint asks: True (the "
@@ -66,6 +69,11 @@ def checkpoint(fn: Callable, *args, use_reentrant: Optional[bool] = None, preser
     if isinstance(buffers, torch.Tensor) or not isinstance(buffers, (list, tuple)) or not all(
             isinstance(b, torch.Tensor) for b in buffers):
         raise TypeError(f"gpuops.checkpoint: buffers must be a list or tuple of tensors, got {buffers!r:.80}")
+    if not isinstance(offload, bool):
+        raise TypeError(f"gpuops.checkpoint: offload must be True or False, got {offload!r}")
+    if offload and not use_reentrant:
+        raise ValueError("gpuops.checkpoint: offload=True keeps the inputs in host memory through the reentrant "
+                         "engine; use use_reentrant=True with it")
     if not use_reentrant:
         return _torch_checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state, **kwargs)
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
@@ -75,9 +83,12 @@ def checkpoint(fn: Callable, *args, use_reentrant: Optional[bool] = None, preser
         listed = {id(b) for b in protected}
         protected += [b for b in module.buffers() if id(b) not in listed]
     layout = {}  # where the forward's tensors sit among its other returned values
+    # The node keeps `segment` for the recomputation: it holds the non-tensor arguments only (the tensors come
+    # back through the engine, which may keep them in host memory: offload).
+    skeleton = [None if isinstance(a, torch.Tensor) else a for a in args]
 
     def segment(tensors):
-        call = list(args)
+        call = list(skeleton)
         for i, t in zip(positions, tensors):
             call[i] = t
         out = fn(*call, **kwargs)
@@ -91,7 +102,10 @@ def checkpoint(fn: Callable, *args, use_reentrant: Optional[bool] = None, preser
                                f"forward at {layout['tensor_at']}; the segment must be deterministic in its structure")
         return [items[i] for i in tensor_at]
 
-    outs = _C.checkpoint_segment(segment, [args[i] for i in positions], preserve_rng_state, protected)
+    tensors = [args[i] for i in positions]
+    del args  # (the frame would keep them alive while the forward's outputs live)
+    outs = _C.checkpoint_segment(segment, tensors, preserve_rng_state, protected, offload)
+    del tensors
     items = list(layout["items"])
     for i, t in zip(layout["tensor_at"], outs):
         items[i] = t

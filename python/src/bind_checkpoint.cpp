@@ -37,10 +37,12 @@ void bind_checkpoint(py::module_& m) {
   // during the backward's recomputation.
   m.def("checkpoint_segment",
         [](const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& fn,
-           const std::vector<at::Tensor>& inputs, bool preserve_rng_state, const std::vector<at::Tensor>& buffers) {
+           const std::vector<at::Tensor>& inputs, bool preserve_rng_state, const std::vector<at::Tensor>& buffers,
+           bool offload_inputs) {
           CheckpointOptions options;
           options.preserve_rng_state = preserve_rng_state;
           options.buffers = buffers;
+          options.offload_inputs = offload_inputs;
           torch::PyWarningHandler warnings;  // TORCH_WARN (no input requires grad) becomes a Python UserWarning
           try {
             return checkpoint(fn, inputs, options);
@@ -49,7 +51,8 @@ void bind_checkpoint(py::module_& m) {
             throw;
           }
         },
-        py::arg("fn"), py::arg("inputs"), py::arg("preserve_rng_state") = true, py::arg("buffers") = std::vector<at::Tensor>{});
+        py::arg("fn"), py::arg("inputs"), py::arg("preserve_rng_state") = true, py::arg("buffers") = std::vector<at::Tensor>{},
+        py::arg("offload_inputs") = false);
 }
 
 }  // namespace gpuops::python

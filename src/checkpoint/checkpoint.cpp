@@ -15,6 +15,7 @@
 
 #include "../common/rng_state.h"
 #include "gpuops/autocast.h"
+#include "gpuops/memory_budget.h"
 
 namespace gpuops {
 namespace {
@@ -58,9 +59,41 @@ class BufferRestorer {
   std::vector<at::Tensor> copies_;
 };
 
+// An input kept in host memory (CheckpointOptions::offload_inputs): its values, where it came from, and its
+// version counter (shared with the tensor, not its storage) so that a change in place is still caught.
+struct HostInput {
+  at::Tensor values;
+  c10::Device device = c10::kCPU;
+  c10::VariableVersion version;  // (disabled until of() shares the tensor's)
+  uint32_t saved_version = 0;
+
+  static HostInput of(const at::Tensor& x) {
+    HostInput h;
+    if (!x.defined()) return h;
+    {
+      UnbudgetedScope host;  // host memory: not the device's (a CPU MemoryBudget stands for the device)
+      h.values = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(x.is_cuda()));
+    }
+    h.values.copy_(x.detach(), /*non_blocking=*/x.is_cuda());
+    h.device = x.device();
+    h.version = x.unsafeGetTensorImpl()->version_counter();
+    h.saved_version = h.version.current_version();
+    return h;
+  }
+  at::Tensor back() const {
+    if (!values.defined()) return at::Tensor();
+    TORCH_CHECK(version.current_version() == saved_version, "gpuops::checkpoint: one of the variables needed for "
+                "gradient computation has been modified by an inplace operation: a checkpointed segment's input "
+                "(kept in host memory, offload_inputs) is at version ", version.current_version(), "; expected "
+                "version ", saved_version, " instead");
+    return values.to(device, /*non_blocking=*/device.is_cuda());
+  }
+};
+
 struct CheckpointBackward : public torch::autograd::Node {
   SegmentFn fn;
   std::vector<torch::autograd::SavedVariable> inputs;
+  std::vector<HostInput> host_inputs;  // offload_inputs: in place of `inputs`
   std::vector<bool> input_needs_grad;
   std::vector<int> slot_of_output;  // node input number of each output, -1 for non-differentiable ones
   CheckpointOptions options;
@@ -81,8 +114,9 @@ struct CheckpointBackward : public torch::autograd::Node {
                 "incompatible with .grad() when use_reentrant=True. Call backward() without `inputs`, or (Python) "
                 "checkpoint with use_reentrant=False");
     std::vector<at::Tensor> leaves;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      at::Tensor x = inputs[i].unpack(shared_from_this());  // throws if modified in place
+    for (size_t i = 0; i < input_needs_grad.size(); ++i) {
+      at::Tensor x = options.offload_inputs ? host_inputs[i].back()
+                                            : inputs[i].unpack(shared_from_this());  // throws if modified in place
       if (x.defined()) x = x.detach();  // an undefined input goes back to fn as it came
       if (input_needs_grad[i]) x.requires_grad_(true);
       leaves.push_back(x);
@@ -131,6 +165,7 @@ struct CheckpointBackward : public torch::autograd::Node {
 
   void release_variables() override {
     inputs.clear();
+    host_inputs.clear();
     fn = nullptr;
   }
 };
@@ -164,7 +199,11 @@ std::vector<at::Tensor> checkpoint(const SegmentFn& fn, const std::vector<at::Te
   }
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   for (const auto& x : inputs) {
-    node->inputs.emplace_back(x, /*is_output=*/false);
+    if (options.offload_inputs) {
+      node->host_inputs.push_back(HostInput::of(x));
+    } else {
+      node->inputs.emplace_back(x, /*is_output=*/false);
+    }
     node->input_needs_grad.push_back(x.defined() && x.requires_grad());
   }
   for (auto& out : outputs) {
