@@ -124,7 +124,7 @@ def _named_layers(layers) -> List[tuple]:
                      f"got {type(layers).__name__}")
 
 
-def _wrap(module: torch.nn.Module) -> None:
+def _wrap(module: torch.nn.Module, offload: bool = False) -> None:
     if "_gpuops_forward" in module.__dict__:
         return
     original = module.forward
@@ -133,6 +133,13 @@ def _wrap(module: torch.nn.Module) -> None:
     def forward(*args, **kwargs):
         if not torch.is_grad_enabled():  # inference: nothing to save, nothing to recompute
             return original(*args, **kwargs)
+        if offload:  # our reentrant engine keeps the inputs on the host: one of them must carry the gradient
+            if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                raise ValueError("apply_checkpointing(offload=True): no tensor argument of this layer requires grad "
+                                 "(frozen embeddings, LoRA), so its parameters would get no gradient through the "
+                                 "reentrant engine that offloads; make the first layer's input require grad (Hugging "
+                                 "Face: model.enable_input_require_grads()) or use offload=False")
+            return checkpoint(original, *args, use_reentrant=True, offload=True, **kwargs)
         # torch's non-reentrant engine here: a layer's inputs need not require grad (frozen embeddings).
         return checkpoint(original, *args, use_reentrant=False, **kwargs)
 
@@ -213,9 +220,13 @@ def choose_for_budget(costs: Sequence[LayerCost], budget_bytes: int, units: int 
 
 
 def apply_checkpointing(layers, *, every: Optional[int] = None, names: Optional[Iterable[Union[int, str]]] = None,
-                        budget_bytes: Optional[int] = None, sample: Optional[Callable[[], None]] = None) -> List[str]:
+                        budget_bytes: Optional[int] = None, sample: Optional[Callable[[], None]] = None,
+                        offload: bool = False) -> List[str]:
     """Checkpoints the layers the one given policy selects; returns their names (indices as strings for a
-    ModuleList or Sequential)."""
+    ModuleList or Sequential). ``offload=True``: each chosen layer's inputs also wait in host memory until its
+    backward (gpuops.checkpoint's offload; the reentrant engine, so a layer's input must require grad)."""
+    if not isinstance(offload, bool):
+        raise TypeError(f"apply_checkpointing: offload must be True or False, got {offload!r}")
     given = [every is not None, names is not None, budget_bytes is not None]
     if sum(given) != 1:
         raise ValueError("apply_checkpointing: give exactly one policy: every=k, names=[...] or budget_bytes=B "
@@ -252,7 +263,7 @@ def apply_checkpointing(layers, *, every: Optional[int] = None, names: Optional[
     remove_checkpointing(layers)  # a new policy replaces the previous choice
     for name, module in named:
         if name in chosen:
-            _wrap(module)
+            _wrap(module, offload)
     _turn_off_kv_cache([module for name, module in named if name in chosen])
     return chosen
 

@@ -72,3 +72,27 @@ def test_bad_arguments_are_named():
         gpuops.checkpoint(block, x, use_reentrant=True, offload="yes")
     with pytest.raises(ValueError, match="use use_reentrant=True with it"):
         gpuops.checkpoint(block, x, use_reentrant=False, offload=True)
+
+
+def test_apply_checkpointing_offloads_every_chosen_layer():
+    """apply_checkpointing(every=1, offload=True): the gradients of no checkpointing, bit for bit, and the graph
+    keeps what gpuops.checkpoint(offload=True) keeps; a layer whose inputs need no grad is refused, named."""
+    seed = random.randint(0, 2**31)
+    grads, kept = {}, {}
+    for offload in (None, False, True):
+        blocks = _stack(seed)
+        if offload is not None:
+            assert gpuops.apply_checkpointing(blocks, every=1, offload=offload) == [str(i) for i in range(BLOCKS)]
+        x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+        torch.manual_seed(seed + 1)
+        with gpuops.memory_budget() as budget:
+            out = _forward(blocks, x, "plain")
+            kept[offload] = budget.current_bytes - out.nbytes
+            out.square().mean().backward()
+        grads[offload] = [x.grad] + [p.grad for p in blocks.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(grads[True], grads[None]))
+    assert kept[True] < kept[False] < kept[None], kept
+    with pytest.raises(ValueError, match="no tensor argument of this layer requires grad"):
+        _forward(blocks, torch.randn(2, WIDTH), "plain")
+    with pytest.raises(TypeError, match="offload must be True or False"):
+        gpuops.apply_checkpointing(blocks, every=1, offload=1)
