@@ -5,7 +5,6 @@
 // the CUDA kernel, which then give the same bits: a division, comparisons and a NaN-propagating maximum, each
 // rounded as IEEE says on both. docs/architecture.md, "8-bit optimizer states", says why the dynamic code book.
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -38,6 +38,7 @@ const math::CodeBook& code_book(bool is_signed) {
   return is_signed ? signed_book : unsigned_book;
 }
 
+#ifdef GPUOPS_WITH_CUDA
 /// Both code books (signed, then unsigned) as bytes on `device`, made once per device: the kernels read the
 /// host's very floats and tables.
 at::Tensor code_books_on(const at::Device& device) {
@@ -53,6 +54,7 @@ at::Tensor code_books_on(const at::Device& device) {
   }
   return books;
 }
+#endif
 
 /// The elements of a dense, non-overlapping tensor in memory order (the order the blocks run over).
 at::Tensor memory_order(const at::Tensor& t) { return t.as_strided({t.numel()}, {1}, t.storage_offset()); }
