@@ -52,9 +52,9 @@ StateBlocks state_blocks_of(const typename Base::Options& options) {
 // The options as every rank must pass them (shortest round-trip decimals: equal text, equal values).
 template <class Options>
 std::string describe_adam(const char* kind, const Options& o) {
-  return fmt::format("{}(lr={}, betas=({}, {}), eps={}, weight_decay={}, amsgrad={}, maximize={})", kind, o.lr(),
-                     std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), o.amsgrad(),
-                     o.maximize());
+  return fmt::format("{}(lr={}, betas=({}, {}), eps={}, weight_decay={}, amsgrad={}, maximize={}, state_bits={})",
+                     kind, o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+                     o.amsgrad(), o.maximize(), o.state_bits());
 }
 std::string describe(const AdamWOptions& o) { return describe_adam("AdamW", o); }
 std::string describe(const AdamOptions& o) { return describe_adam("Adam", o); }

@@ -146,6 +146,11 @@ def _run(scenario, dist):
                 assert opt.state_bytes() == 2 * blocked + 8 * blocked // 256 + 8 * small + 4 * 6, opt.state_bytes()
             print(f"rank {rank}: stage {stage}: the bits of the unsharded 8-bit AdamW (parameters, codes, scales, "
                   f"float32 moments of the small tensors); state {opt.state_bytes()} bytes on this rank", flush=True)
+        # Ranks that pass different state_bits raise together, naming it, before anything is flattened.
+        model = _model()
+        with pytest.raises(ValueError, match=r"state_bits=8\).*state_bits=32\)|state_bits=32\).*state_bits=8\)"):
+            _zero(model, comm, 2, state_bits=8 if rank == 0 else 32)
+        assert all(p.is_leaf and p.grad is None for p in model.parameters())
         # state_bits=8 needs the block layout made at construction: a switch from 32 is refused, nothing stepped.
         model = _model()
         wide = _zero(model, comm, 1, state_bits=32)

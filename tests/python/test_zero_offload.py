@@ -11,7 +11,7 @@ reduction, stepped on the host bucket by bucket and copied back before the all-g
 - shard files (TrainingState) are those of a run not offloaded: an offloaded run resumes without offload and
   back, equal bit for bit;
 - what it does not support yet is refused naming it, and so is a host without room for the shard (checked up
-  front under a ulimit -d);
+  front under a ulimit -d, and at 2 ranks when one rank alone is short or the ranks disagree on offload);
 - SIGTERM in an offloaded backward: every rank saves the last whole step, and a job without offload resumes
   from it; a rank killed in its backward while its buckets leave for the host: the other raises within the
   timeout."""
@@ -126,6 +126,22 @@ def _run(scenario, dist):
             when = {what: (begin, end) for what, k, begin, end in events if k == b}
             assert set(when) == {"gradient to host", "step", "parameters to device"}, when
             assert when["gradient to host"][1] <= when["step"][0] <= when["step"][1] <= when["parameters to device"][0]
+        # Ranks that disagree on offload, or one whose host is short alone, make every rank raise, naming it.
+        with pytest.raises(ValueError, match="offload"):
+            _zero(_model(), comm, 2, rank == 0)
+        import resource
+
+        big = torch.nn.Linear(4096, 4096, bias=False)  # 2^24 elements: 128 MiB per rank offloaded at 2 ranks
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        if rank == 1:
+            with open("/proc/self/status") as status:
+                used = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:"))
+            resource.setrlimit(resource.RLIMIT_DATA, (used + (64 << 20), hard))  # 64 MiB left on rank 1 only
+        try:
+            with pytest.raises(ValueError, match="needs about 0.125 GiB of host memory"):
+                gpuops.ZeroOptimizer(big.parameters(), communicator=comm, offload="cpu")
+        finally:
+            resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
         # Reducing in the backward: each bucket's gradient leaves during the backward of each micro-batch (the
         # second added to the first on the host), all before the first bucket steps.
         model = _model()
