@@ -441,6 +441,7 @@ class ZeroShards {
   std::vector<OffloadEvent> timeline_;
   std::vector<std::optional<c10::Event>> grad_copied_;  ///< per bucket (GPU): its gradient's copy has ended
   std::vector<at::Tensor> host_low_;  ///< per 16-bit bucket (offload): the rounded shard, staged for its copy
+  at::Tensor host_scratch_;  ///< offload, reducing in the backward: a later micro-batch's shard, before its sum
   std::chrono::steady_clock::time_point reduction_began_;
   std::string id_;
   int64_t live_key_ = 0;

@@ -4,6 +4,8 @@
 // bucket; the micro-batches of an accumulation window summed on the host); ZeroOptimizer steps the buckets in
 // turn on the host, each after its own copy has ended, and sends each one's values back as its step ends. The
 // timeline records when each of these ran.
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
@@ -57,8 +59,13 @@ void ZeroShards::receive_on_host(size_t k, const at::Tensor& reduced, bool accum
   if (!accumulate) return send_to_host(k, reduced);  // the window's first: straight into the host gradient
   wait_for_host_gradient(k);  // (the previous micro-batch's copy)
   const double begin = seconds_since_reduction();
-  UnbudgetedScope host;
-  shard_grads_[k].add_(reduced.to(at::kCPU));  // the sum kept on the host, in fp32 as on the device
+  if (!host_scratch_.defined()) {  // one buffer for every bucket's later micro-batches, made once
+    int64_t largest = 0;
+    for (const at::Tensor& shard : shards_) largest = std::max<int64_t>(largest, shard.numel());
+    host_scratch_ = host_like(reduced.narrow(0, 0, 1).expand({largest}));  // (a view: sizes and device only)
+  }
+  at::Tensor staged = host_scratch_.narrow(0, 0, reduced.numel()).copy_(reduced);  // synchronous: read next
+  shard_grads_[k].add_(staged);  // the sum kept on the host, in fp32 as on the device
   record("gradient added on host", k, begin);
 }
 
