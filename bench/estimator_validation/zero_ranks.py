@@ -92,33 +92,38 @@ def _stage3_rows(kind, cfg, name, batch, seq, rank, world) -> list:
     from measure import make_config, measure_peak, model_factory_for
 
     rows = []
-    for dtype in ("fp32", "bf16"):
-        for reshard in (True, False):
-            held = {}
+    for dtype, reshard, offload in (("fp32", True, False), ("fp32", False, False), ("bf16", True, False),
+                                    ("bf16", False, False), ("fp32", True, True), ("bf16", True, True)):
+        held = {}
 
-            def factory(model):
-                units = "model.layers" if kind == "llama" else "transformer.h"
-                held["opt"] = gpuops.ZeroOptimizer(model.named_parameters(), "adamw", stage=3, model=model,
-                                                   units=units, reshard_after_forward=reshard, lr=1e-3)
-                return held["opt"]
+        def factory(model):
+            units = "model.layers" if kind == "llama" else "transformer.h"
+            held["block_fp32_bytes"] = 4 * sum(p.numel() for p in model.get_submodule(units)[0].parameters())
+            held["opt"] = gpuops.ZeroOptimizer(model.named_parameters(), "adamw", stage=3, model=model,
+                                               units=units, reshard_after_forward=reshard, lr=1e-3,
+                                               offload="cpu" if offload else None)
+            return held["opt"]
 
-            factory.takes_model = True
-            result = measure_peak(model_factory_for(kind, cfg, "sdpa"), factory, batch, seq, dtype, meter="gpuops")
-            peaks = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-            dist.all_gather(peaks, torch.tensor([result["peak"]]))
-            layout = dict(precision="fp32") if dtype == "fp32" else dict(precision="bf16-mixed", amp="master-copy")
-            est = gpuops.estimate(config=make_config(kind, cfg, "sdpa").to_dict(), **layout, optimizer="adamw",
-                                  optimizer_impl="fused", sharding="gpuops", reshard_after_forward=reshard,
-                                  num_gpus=world, micro_batch=batch, seq_len=seq, device="cpu")
-            rows.append({"model": name, "batch": batch, "seq": seq, "dtype": dtype, "stage": 3, "world": world,
-                         "reshard_after_forward": reshard, "reduce_in_backward": True, "bucket_bytes": 0,
-                         "measured": [int(p.item()) for p in peaks], "peak_phase": result["peak_phase"],
-                         "state_bytes": held["opt"].state_bytes(), "estimated": est.total_bytes,
-                         "est_phase": est.peak_phase,
-                         "est_optimizer_states": est.optimizer_states + est.master_weights,
-                         "est_gradients": est.gradients})
-            del held["opt"]
-            dist.barrier()
+        factory.takes_model = True
+        result = measure_peak(model_factory_for(kind, cfg, "sdpa"), factory, batch, seq, dtype, meter="gpuops")
+        peaks = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(peaks, torch.tensor([result["peak"]]))
+        layout = dict(precision="fp32") if dtype == "fp32" else dict(precision="bf16-mixed", amp="master-copy")
+        est = gpuops.estimate(config=make_config(kind, cfg, "sdpa").to_dict(), **layout, optimizer="adamw",
+                              optimizer_impl="fused", sharding="gpuops", reshard_after_forward=reshard,
+                              num_gpus=world, micro_batch=batch, seq_len=seq, device="cpu",
+                              offload_optimizer=offload)
+        rows.append({"model": name, "batch": batch, "seq": seq, "dtype": dtype, "stage": 3, "world": world,
+                     "reshard_after_forward": reshard, "reduce_in_backward": True, "bucket_bytes": 0,
+                     "offload": offload, "block_fp32_bytes": held["block_fp32_bytes"],
+                     "measured": [int(p.item()) for p in peaks], "peak_phase": result["peak_phase"],
+                     "state_bytes": held["opt"].state_bytes(), "estimated": est.total_bytes,
+                     "est_phase": est.peak_phase,
+                     "est_optimizer_states": est.optimizer_states + est.master_weights,
+                     "est_host": est.host_memory,
+                     "est_gradients": est.gradients})
+        del held["opt"]
+        dist.barrier()
     return rows
 
 

@@ -1,5 +1,6 @@
 #pragma once
 // gpuops: the umbrella header. Include it, link gpuops::gpuops.
+#include "gpuops/activation_offload.h"
 #include "gpuops/amp.h"
 #include "gpuops/autocast.h"
 #include "gpuops/batch_search.h"

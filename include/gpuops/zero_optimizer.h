@@ -123,7 +123,9 @@ struct ZeroOptions {
   /// and the flat gradients. Each bucket's reduced gradient shard is copied to the host when its reduction
   /// ends (at the step, or with reduce_in_backward during each backward, the micro-batches of an accumulation
   /// window summed on the host), stepped there by the optimizer's CPU kernels (bucket by bucket), and its
-  /// updated values copied back into the parameters' shard before the all-gather. Stages 1 and 2.
+  /// updated values copied back into the parameters' shard before the all-gather. Stages 1-3; stage 3's device
+  /// keeps each unit's shard of the parameters (what the units gather: 16-bit, or fp32 for float32 parameters)
+  /// and, while a unit runs, its full parameters and gradients.
   enum class Offload { Device, Cpu };
   Offload offload = Offload::Device;
 };
@@ -480,7 +482,9 @@ class ZeroShards {
   std::deque<std::pair<size_t, std::optional<dist::Work>>> pending_;
   std::vector<at::Tensor> reduced_;        ///< per bucket: the reduced shard of the pass, until finished
   // stage 3 only
-  std::vector<at::Tensor> low_shards_;              ///< per 16-bit bucket: the rounded shard (all-gather input)
+  /// Per bucket with a separate shard parameter (16-bit, or offloaded): the device's shard the unit gathers (16-bit:
+  /// the rounded master).
+  std::vector<at::Tensor> low_shards_;
   std::vector<size_t> unit_of_bucket_;
   std::vector<std::vector<size_t>> unit_buckets_;   ///< per unit: its buckets
   std::vector<UnitState> unit_state_;

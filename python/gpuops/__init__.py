@@ -19,6 +19,7 @@ from .accumulate import GradAccumulator
 from .amp import GradScaler, clip_grad_norm_
 from .batch_size import find_max_batch_size, profile_memory
 from .checkpointing import apply_checkpointing, checkpoint, remove_checkpointing
+from .activation_offload import ActivationPlan, OffloadedActivations, apply_activation_policy, offload_activations
 from .estimator import Breakdown, GpuFit, estimate, fit_table, gpu_catalog, presets
 from .estimator import Advice, advise, estimate_svg, plot_estimate  # pictures and advice
 from .training_state import TrainingState
@@ -39,6 +40,10 @@ __all__ = [
     "apply_checkpointing",
     "checkpoint",
     "remove_checkpointing",
+    "offload_activations",
+    "OffloadedActivations",
+    "apply_activation_policy",
+    "ActivationPlan",
     "DeviceInfo",
     "FlatParams",
     "GradAccumulator",

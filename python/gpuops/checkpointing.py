@@ -17,6 +17,7 @@ grad there); what gpuops adds for them is the choice of layers. ``apply_checkpoi
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from dataclasses import dataclass
@@ -129,6 +130,7 @@ def _wrap(module: torch.nn.Module, offload: bool = False) -> None:
         return
     original = module.forward
     module._gpuops_forward = original
+    module._gpuops_offload_inputs = offload  # (what a failed budget call wraps again)
 
     def forward(*args, **kwargs):
         if not torch.is_grad_enabled():  # inference: nothing to save, nothing to recompute
@@ -152,6 +154,7 @@ def remove_checkpointing(layers) -> None:
         if "_gpuops_forward" in module.__dict__:
             del module.forward
             del module._gpuops_forward
+            del module._gpuops_offload_inputs
 
 
 @dataclass(frozen=True)
@@ -162,16 +165,24 @@ class LayerCost:
     saved_bytes: int       # activations the layer saves for backward
     checkpointed_bytes: int  # what a checkpointed layer keeps instead (its inputs)
     forward_seconds: float  # the recomputation it costs
+    offloaded_bytes: int = 0  # what an offloaded layer keeps on the device (tensors under min_bytes)
+    offload_seconds: float = -1.0  # its copies to the host and back, not overlapped (< 0: not measured)
 
 
-def measure_layers(layers, sample: Callable[[], None]) -> List[LayerCost]:
+def measure_layers(layers, sample: Callable[[], None], min_bytes: int = 1024) -> List[LayerCost]:
     """Runs ``sample()`` once (a forward and backward of a representative batch) and measures, per layer,
-    the bytes of the tensors autograd saves inside it (each storage counted once) and its forward time."""
+    the bytes of the tensors autograd saves inside it (each storage counted once), its forward time, and what
+    offloading them would take (offload_activations with ``min_bytes``): the bytes that would stay and the time
+    of copying the others to host memory (pinned beside a GPU) and back, one after the other (an upper bound of
+    what the overlapped copies cost), left out of the forward time."""
     named = _named_layers(layers)
     weights = {p.untyped_storage().data_ptr() for _, m in named for p in m.parameters()}  # not activations
     saved = {name: {} for name, _ in named}
+    staying = {name: {} for name, _ in named}  # (offloaded) the tensors under min_bytes
     inputs = {name: 0 for name, _ in named}
     seconds = {name: 0.0 for name, _ in named}
+    copies = {name: 0.0 for name, _ in named}
+    copied = {name: set() for name, _ in named}
     current: List[Optional[str]] = [None]
 
     def pack(t: torch.Tensor):
@@ -179,6 +190,11 @@ def measure_layers(layers, sample: Callable[[], None]) -> List[LayerCost]:
             storage = t.untyped_storage()
             if storage.data_ptr() not in weights:
                 saved[current[0]][storage.data_ptr()] = storage.nbytes()
+                if t.nbytes < min_bytes:
+                    staying[current[0]][storage.data_ptr()] = storage.nbytes()
+                elif (storage.data_ptr(), t.storage_offset(), t.shape) not in copied[current[0]]:  # (one copy)
+                    copied[current[0]].add((storage.data_ptr(), t.storage_offset(), t.shape))
+                    copies[current[0]] += _copy_seconds(t)
         return t
 
     handles, starts = [], {}
@@ -207,7 +223,22 @@ def measure_layers(layers, sample: Callable[[], None]) -> List[LayerCost]:
     finally:
         for h in handles:
             h.remove()
-    return [LayerCost(name, sum(saved[name].values()), inputs[name], seconds[name]) for name, _ in named]
+    return [LayerCost(name, sum(saved[name].values()), inputs[name], max(seconds[name] - copies[name], 0.0),
+                      sum(staying[name].values()), copies[name]) for name, _ in named]
+
+
+def _copy_seconds(t: torch.Tensor) -> float:
+    """The time of one saved tensor's copy to host memory and back, as offload_activations makes them."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+    start = time.perf_counter()
+    host.copy_(t.detach(), non_blocking=t.is_cuda)
+    back = host.to(t.device, non_blocking=t.is_cuda, copy=True)
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+    del back
+    return time.perf_counter() - start
 
 
 def choose_for_budget(costs: Sequence[LayerCost], budget_bytes: int, units: int = 1 << 16) -> List[str]:
@@ -252,20 +283,33 @@ def apply_checkpointing(layers, *, every: Optional[int] = None, names: Optional[
                              f"sample={sample!r:.80}")
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
             raise ValueError(f"apply_checkpointing: budget_bytes must be an int >= 0, got {budget_bytes!r}")
-        previous = [module for _, module in named if "_gpuops_forward" in module.__dict__]
-        remove_checkpointing(layers)  # measured without the previous choice's wrappers
-        try:
-            chosen = choose_for_budget(measure_layers(layers, sample), budget_bytes)
-        except BaseException:
-            for module in previous:
-                _wrap(module)
-            raise
+        with _measured_without_checkpointing(layers) as named_measured:
+            chosen = choose_for_budget(measure_layers(named_measured, sample), budget_bytes)
+    offloaded = [name for name, module in named if name in chosen and "_gpuops_offloaded" in module.__dict__]
+    if offloaded:
+        raise ValueError(f"apply_checkpointing: layers {offloaded} offload their activations (offload_activations); "
+                         "a layer either keeps them on the host or recomputes them: remove() the offload first")
     remove_checkpointing(layers)  # a new policy replaces the previous choice
     for name, module in named:
         if name in chosen:
             _wrap(module, offload)
     _turn_off_kv_cache([module for name, module in named if name in chosen])
     return chosen
+
+
+@contextlib.contextmanager
+def _measured_without_checkpointing(layers):
+    """The layers' plain forward while a budget policy measures them; the previous checkpointing wrapped again
+    when the measurement or the choice fails (a failed call changes nothing)."""
+    previous = [(module, module._gpuops_offload_inputs) for _, module in _named_layers(layers)
+                if "_gpuops_forward" in module.__dict__]
+    remove_checkpointing(layers)
+    try:
+        yield layers
+    except BaseException:
+        for module, offload in previous:
+            _wrap(module, offload)
+        raise
 
 
 def _turn_off_kv_cache(modules) -> None:

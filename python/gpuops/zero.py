@@ -25,7 +25,7 @@ State: as torch's ZeroRedundancyOptimizer, ``consolidate_state_dict(to)`` (every
 ``load_shards`` write and read one file per rank (resharding to another world size when allowed), which is
 what gpuops.TrainingState does with this optimizer.
 
-``offload="cpu"`` (stages 1 and 2) keeps the fp32 shard parameters and the optimizer state
+``offload="cpu"`` (stages 1-3) keeps the fp32 shard parameters and the optimizer state
 in host memory: each bucket's gradient is copied there after its reduction (with ``reduce_in_backward``, during
 the backward: the micro-batches summed on the host), stepped by the CPU kernels, and
 copied back; ``offload_timeline()`` says when each ran.

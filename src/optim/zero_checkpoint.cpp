@@ -591,7 +591,7 @@ void ZeroShards::install_loaded(const std::vector<at::Tensor>& masters, std::str
     if (stage() == 3) {  // the shard is the parameter: a state without one leaves it as it is
       release_units();
       if (masters[k].defined()) shards_[k].copy_(masters[k]);
-      if (is_master(k)) low_shards_[k].copy_(shards_[k]);  // rounded to nearest even
+      if (separate_shard(k)) low_shards_[k].copy_(shards_[k]);  // rounded to nearest even (offload: to the device)
       continue;
     }
     if (separate_shard(k)) shards_[k].copy_(masters[k].defined() ? masters[k] : data_shard(k).to(at::kFloat));

@@ -80,7 +80,7 @@ void ZeroShards::wait_for_host_gradient(size_t k) {
 void ZeroShards::send_shard(size_t k) {
   const double begin = seconds_since_reduction();
   c10::NoGradGuard no_grad;
-  at::Tensor param = data_shard(k);
+  at::Tensor param = param_shard(k);  // (stage 3: the device's shard, what the units gather)
   at::Tensor values = shards_[k];
   if (is_master(k)) {  // rounded on the host (to nearest even), then copied: the device never holds fp32
     if (host_low_.size() != shards_.size()) host_low_.resize(shards_.size());

@@ -119,8 +119,6 @@ void check_arguments(const std::vector<at::Tensor>& params, const ZeroOptions& o
                     "sharded), 2 (optimizer state and gradients sharded) or 3 (parameters too), got ", options.stage);
   check_units(options, params.size());
   TORCH_CHECK_VALUE(options.bucket_bytes >= 1, "ZeroOptimizer: bucket_bytes must be >= 1, got ", options.bucket_bytes);
-  TORCH_CHECK_VALUE(options.offload == ZeroOptions::Offload::Device || options.stage <= 2, "ZeroOptimizer: "
-                    "offload='cpu' is supported at stages 1 and 2 for now; got stage ", options.stage);
   TORCH_CHECK_VALUE(options.param_names.empty() || options.param_names.size() == params.size(), "ZeroOptimizer: ",
                     options.param_names.size(), " param_names for ", params.size(), " parameters; give one name per "
                     "parameter, or none");
@@ -306,7 +304,7 @@ ZeroShards::ZeroShards(const std::vector<at::Tensor>& params, dist::Communicator
                       : stage3        ? shard.requires_grad_(true)
                                       : alias(bucket(k).data, comm_.rank() * shard.numel(), shard.numel())
                                            .requires_grad_(true));
-    low_shards_.push_back(stage3 && is_master(k) ? shard : at::Tensor());
+    low_shards_.push_back(stage3 && separate_shard(k) ? shard : at::Tensor());
     const bool separate = options_.stage >= 2 || separate_shard(k) || options_.reduce_in_backward;
     shard_grads_.push_back(!separate    ? at::Tensor()
                            : offloaded() ? host_like(shard).zero_()

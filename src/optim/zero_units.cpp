@@ -50,7 +50,7 @@ bool ZeroShards::in_backward() const { return torch::autograd::get_current_graph
 
 at::Tensor ZeroShards::param_shard(size_t k) const {
   if (options_.stage != 3) return data_shard(k);
-  return is_master(k) ? low_shards_[k] : shards_[k].detach();
+  return separate_shard(k) ? low_shards_[k] : shards_[k].detach();
 }
 
 void ZeroShards::ensure_grad(size_t k) {
@@ -311,7 +311,7 @@ void ZeroShards::load_full_parameters(const std::vector<at::Tensor>& values) {
     const at::Tensor part = values[i].detach().reshape({-1}).narrow(0, lo - s.offset, hi - lo);
     // 16-bit: the master takes the values as given, the rounded shard the same values rounded.
     shards_[k].detach().narrow(0, lo - begin, hi - lo).copy_(part);
-    if (is_master(k)) low_shards_[k].narrow(0, lo - begin, hi - lo).copy_(part);
+    if (separate_shard(k)) low_shards_[k].narrow(0, lo - begin, hi - lo).copy_(part);
   }
 }
 

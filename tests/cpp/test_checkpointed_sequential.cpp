@@ -1,8 +1,10 @@
 // CheckpointedSequential's policies and the budget knapsack (checked against brute force).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -161,6 +163,86 @@ TEST(ChooseForBudget, IsExactWithinItsStepAndNeverExceedsTheBudget) {
     const int64_t tighter = budget - static_cast<int64_t>(n) * step;
     if (tighter >= floor) EXPECT_LE(coarse.second, brute_force_best(costs, tighter) + 1e-9) << trial;
   }
+}
+
+// Held bytes and time of one choice per layer (keep, offload, recompute).
+std::pair<int64_t, double> cost_of(const std::vector<gpuops::LayerCost>& costs,
+                                   const std::vector<gpuops::LayerChoice>& choices) {
+  int64_t held = 0;
+  double time = 0;
+  for (size_t i = 0; i < costs.size(); ++i) {
+    const auto& c = costs[i];
+    switch (choices[i]) {
+      case gpuops::LayerChoice::Keep: held += c.saved_bytes; break;
+      case gpuops::LayerChoice::Offload: held += c.offloaded_bytes, time += c.offload_seconds; break;
+      case gpuops::LayerChoice::Recompute: held += c.checkpointed_bytes, time += c.forward_seconds; break;
+    }
+  }
+  return {held, time};
+}
+
+// The least time that fits `budget`, by brute force over every choice of every layer (offload only where
+// offload_seconds >= 0).
+double brute_force_placements(const std::vector<gpuops::LayerCost>& costs, int64_t budget) {
+  double best = std::numeric_limits<double>::infinity();
+  uint32_t count = 1;
+  for (size_t i = 0; i < costs.size(); ++i) count *= 3;
+  for (uint32_t code = 0; code < count; ++code) {
+    std::vector<gpuops::LayerChoice> choices;
+    bool possible = true;
+    for (uint32_t rest = code, i = 0; i < costs.size(); ++i, rest /= 3) {
+      choices.push_back(static_cast<gpuops::LayerChoice>(rest % 3));
+      possible = possible && (choices.back() != gpuops::LayerChoice::Offload || costs[i].offload_seconds >= 0);
+    }
+    const auto [held, time] = cost_of(costs, choices);
+    if (possible && held <= budget) best = std::min(best, time);
+  }
+  return best;
+}
+
+TEST(ChoosePlacements, KeepOffloadOrRecomputeIsExactAndNeverExceedsTheBudget) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int64_t> bytes(1, 500);
+  std::uniform_real_distribution<double> seconds(0.1, 2.0);
+  int offloaded = 0, recomputed = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t n = 1 + rng() % 7;
+    std::vector<gpuops::LayerCost> costs(n);
+    int64_t total = 0, floor = 0;
+    for (auto& c : costs) {
+      c.checkpointed_bytes = bytes(rng) / 5;
+      c.offloaded_bytes = bytes(rng) / 5;
+      c.saved_bytes = std::max(c.checkpointed_bytes, c.offloaded_bytes) + bytes(rng);
+      c.forward_seconds = seconds(rng);
+      c.offload_seconds = rng() % 4 == 0 ? -1.0 : seconds(rng);  // now and then not a choice
+      total += c.saved_bytes;
+      floor += c.offload_seconds >= 0 ? std::min(c.checkpointed_bytes, c.offloaded_bytes) : c.checkpointed_bytes;
+    }
+    const int64_t budget = floor + static_cast<int64_t>(rng() % static_cast<uint32_t>(total - floor + 1));
+    const auto choices = gpuops::choose_placements(costs, budget, 5000);  // one byte per step: exact
+    const auto [held, time] = cost_of(costs, choices);
+    EXPECT_LE(held, budget) << trial;
+    EXPECT_NEAR(time, brute_force_placements(costs, budget), 1e-9) << trial;
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_FALSE(choices[i] == gpuops::LayerChoice::Offload && costs[i].offload_seconds < 0) << trial;
+      offloaded += choices[i] == gpuops::LayerChoice::Offload;
+      recomputed += choices[i] == gpuops::LayerChoice::Recompute;
+    }
+  }
+  EXPECT_GT(offloaded, 0);  // both kinds of choice were taken somewhere
+  EXPECT_GT(recomputed, 0);
+  // Below what the smallest choices hold: refused, naming the least budget.
+  std::vector<gpuops::LayerCost> costs{{"a", 100, 40, 1.0, 10, 0.5}};
+  EXPECT_EQ(gpuops::choose_placements(costs, 10), std::vector<gpuops::LayerChoice>{gpuops::LayerChoice::Offload});
+  try {
+    gpuops::choose_placements(costs, 9);
+    FAIL() << "a budget below the floor was accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpointing or offloading every layer still holds; accepted: >= 10"),
+              std::string::npos) << e.what();
+  }
+  costs[0].offload_seconds = std::nan("");
+  EXPECT_THROW(gpuops::choose_placements(costs, 50), c10::ValueError);
 }
 
 }  // namespace

@@ -13,8 +13,8 @@ import zero_ranks  # noqa: E402
 def test_per_rank_estimate_matches_measured_zero_peaks():
     everything = zero_ranks.run(2)
     rows = [r for r in everything if r["stage"] < 3 and not r["offload"]]
-    _stage3(r for r in everything if r["stage"] == 3)
-    _offloaded(r for r in everything if r.get("offload"))
+    _stage3(r for r in everything if r["stage"] == 3 and not r["offload"])
+    _offloaded((r for r in everything if r.get("offload")), everything)
     assert {(r["stage"], r["model"]) for r in rows} == {(s, c[0]) for s in (1, 2) for c in zero_ranks.CASES}
     assert any(r["reduce_in_backward"] and r["bucket_bytes"] < 2**20 for r in rows)  # several buckets
     assert {r["dtype"] for r in rows} == {"fp32", "bf16"}  # bf16 parameters: fp32 masters, fp32 reduction chunks
@@ -32,12 +32,18 @@ def test_per_rank_estimate_matches_measured_zero_peaks():
         assert abs(r["state_bytes"] - r["est_optimizer_states"]) <= 4 * 64, labels
 
 
-def _offloaded(rows):
-    """ZeroOptimizer(offload="cpu") against `--offload-optimizer` with `--zero-reduce`: the device side (the host's
-    allocations are outside the budget), and the host's state against the estimate's host memory."""
+def _offloaded(rows, everything):
+    """ZeroOptimizer(offload="cpu") against `--offload-optimizer` with `--zero-reduce` (stages 1-2) or `--sharding
+    gpuops` (stage 3): the device side (the host's allocations are outside the budget), and the host's state
+    against the estimate's host memory."""
     rows = list(rows)
     assert {(r["dtype"], r["stage"], r["reduce_in_backward"]) for r in rows} == {
-        ("fp32", 2, False), ("bf16", 1, False), ("bf16", 2, False), ("fp32", 2, True)}
+        ("fp32", 2, False), ("bf16", 1, False), ("bf16", 2, False), ("fp32", 2, True), ("fp32", 3, True),
+        ("bf16", 3, True)}
+    for r in rows:  # the host holds the moments, the fp32 shard copies and the gradient shards
+        assert r["state_bytes"] <= r["est_host"], r
+    _stage3_offload_saves_what_is_estimated([r for r in rows if r["stage"] == 3], everything)
+    rows = [r for r in rows if r["stage"] < 3]
     errors = sorted((r["estimated"] - m) / m for r in rows for m in r["measured"])
     labels = "\n".join(f"{r['model']} {r['dtype']} stage {r['stage']} offloaded, reduce_in_backward "
                        f"{r['reduce_in_backward']}: estimated {r['estimated']}, measured per rank {r['measured']}"
@@ -49,8 +55,20 @@ def _offloaded(rows):
     assert abs(errors[len(errors) // 2]) <= 1e-3, labels
     assert errors[0] >= -0.005, labels
     assert errors[-1] <= 0.065, labels
-    for r in rows:  # the host holds the moments, the fp32 shard copies and the gradient shards
-        assert r["state_bytes"] <= r["est_host"], labels
+
+
+def _stage3_offload_saves_what_is_estimated(rows, everything):
+    """Stage 3's own error (a Gloo copy of a whole block held or not at the peak, by timing) is _stage3's; what
+    offload changes on the device is checked here: the peak's drop against the estimate's, per rank. The ranks'
+    peaks differ by whole fp32 blocks on some runs, so the drop is held to one fp32 block of the model.
+    Measured 2026-11-29 (2 ranks): gpt2-untied-inner and llama bf16 within 100 bytes of the estimate's drop;
+    gpt2-tied fp32 108 776 bytes off (of 8.03 MB); llama fp32 one rank 0.40 MB, the other 0.69 MB (one block)."""
+    for r in rows:
+        base = next(b for b in everything if b["stage"] == 3 and not b["offload"] and b["model"] == r["model"]
+                    and b["dtype"] == r["dtype"] and b["reshard_after_forward"] == r["reshard_after_forward"])
+        estimated = base["estimated"] - r["estimated"]
+        for measured_base, measured in zip(base["measured"], r["measured"]):
+            assert abs((measured_base - measured) - estimated) <= r["block_fp32_bytes"], (r, base)
 
 
 def _stage3(rows):

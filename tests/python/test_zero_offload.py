@@ -2,7 +2,7 @@
 parameters (fp32 masters) and optimizer state in host memory, each bucket's gradient copied there after its
 reduction, stepped on the host bucket by bucket and copied back before the all-gather.
 
-- at 1, 2 and 3 ranks, stages 1 and 2, float32 and bfloat16, 32- and 8-bit moments, with a GradScaler that
+- at 1, 2 and 3 ranks, stages 1-3, float32 and bfloat16, 32- and 8-bit moments, with a GradScaler that
   skips a step, clipping and accumulation: the bits of the same training not offloaded (the same CPU math);
 - the device side (a MemoryBudget over everything but the host's allocations) keeps no masters, moments or
   gradient shards: its bytes drop by at least the optimizer's state bytes, measured;
@@ -26,7 +26,7 @@ import torch
 
 import gpuops
 from multiprocess_launch import expect_ok, launch, run_gloo_rank
-from test_zero_adam8 import _batch, _model, _params, _same_state, _train
+from test_zero_adam8 import _batch, _full_params, _model, _params, _same_state, _train
 
 DEADLINE_S = 180
 STEPS = 12
@@ -72,8 +72,10 @@ def test_a_rank_killed_mid_backward_makes_the_other_raise_within_the_timeout():
 
 # ----------------------------------------------------------------------------------------------------- ranks
 def _zero(model, comm, stage, offload, in_backward=False, **options):
-    return gpuops.ZeroOptimizer(model.parameters(), "adamw", communicator=comm, stage=stage,
-                                offload="cpu" if offload else None, bucket_bytes=8192,  # several buckets
+    # Stage 3: a unit per layer (the Sequential's children); stages 1-2: several buckets.
+    return gpuops.ZeroOptimizer(model.named_parameters(), "adamw", communicator=comm, stage=stage,
+                                model=model if stage == 3 else None, units=model if stage == 3 else None,
+                                offload="cpu" if offload else None, bucket_bytes=8192,
                                 reduce_in_backward=in_backward, **{"lr": 2e-2, "weight_decay": 0.05, **options})
 
 
@@ -87,38 +89,41 @@ def _run(scenario, dist):
     comm = gpuops.dist.Communicator(timeout=60)
     mine = lambda s, m: _batch(s, m, rank)  # noqa: E731
     if scenario == "bits":
-        cases = [(stage, dtype, bits, False) for stage in (1, 2) for dtype in (torch.float32, torch.bfloat16)
+        cases = [(stage, dtype, bits, False) for stage in (1, 2, 3) for dtype in (torch.float32, torch.bfloat16)
                  for bits in (32, 8)]
-        cases += [(stage, dtype, 32, True) for stage in (1, 2) for dtype in (torch.float32, torch.bfloat16)]
+        cases += [(stage, dtype, 32, True) for stage in (1, 2, 3) for dtype in (torch.float32, torch.bfloat16)]
         for stage, dtype, bits, in_backward in cases:
             runs = []
             for offload in (False, True):
                 model = _model().to(dtype)
                 opt = _zero(model, comm, stage, offload, in_backward, state_bits=bits)
                 _train(model, opt, mine, range(STEPS), clip=0.5)
-                runs.append((_params(model), _consolidated(opt)))
+                runs.append((_full_params(model, opt, stage), _consolidated(opt)))
             what = (f"stage {stage}, {dtype}, {bits}-bit moments, reduced "
                     f"{'in the backward' if in_backward else 'at the step'}")
-            assert all(torch.equal(a, b) for a, b in zip(runs[0][0], runs[1][0])), f"{what}: parameters"
+            if rank == 0 or stage != 3:  # (stage 3 gathers the full parameters on rank 0)
+                assert all(torch.equal(a, b) for a, b in zip(runs[0][0], runs[1][0])), f"{what}: parameters"
             if rank == 0:
                 _same_state(runs[1][1], runs[0][1], what)
             print(f"rank {rank}: {what}, {world} ranks: offloaded = not offloaded, bit for bit", flush=True)
         print("bits ok", flush=True)
     elif scenario == "memory":
-        kept, states = {}, {}
-        for offload in (False, True):
-            model = _model()
-            with gpuops.memory_budget() as budget:
-                opt = _zero(model, comm, 2, offload)
-                _train(model, opt, mine, range(3))
-                kept[offload] = budget.current_bytes
-            states[offload] = opt.state_bytes()
-        # Not offloaded, the device holds the moments, counters and the fp32 gradient shards; offloaded, none.
-        drop = kept[False] - kept[True]
-        assert drop >= states[False], (kept, states)
-        assert states[True] >= states[False]  # the host holds them (and an fp32 copy of each shard)
-        print(f"rank {rank}: stage 2, device bytes kept {kept[False]} -> {kept[True]} offloaded (the state: "
-              f"{states[False]} bytes; host state offloaded {states[True]})", flush=True)
+        for stage in (3, 2):  # (stage 2's optimizer is the one whose timeline is read below)
+            kept, states = {}, {}
+            for offload in (False, True):
+                model = _model()
+                with gpuops.memory_budget() as budget:
+                    opt = _zero(model, comm, stage, offload)
+                    _train(model, opt, mine, range(3))
+                    kept[offload] = budget.current_bytes
+                states[offload] = opt.state_bytes()
+            # Not offloaded, the device holds the moments, counters and the fp32 gradient shards; offloaded, none
+            # (stage 3 keeps the parameters' shard there, what its units gather).
+            drop = kept[False] - kept[True]
+            assert drop >= states[False], (stage, kept, states)
+            assert states[True] >= states[False]  # the host holds them (and an fp32 copy of each shard)
+            print(f"rank {rank}: stage {stage}, device bytes kept {kept[False]} -> {kept[True]} offloaded (the "
+                  f"state: {states[False]} bytes; host state offloaded {states[True]})", flush=True)
         events = opt.offload_timeline()
         buckets = {b for _, b, _, _ in events}
         assert len(buckets) >= 3, events  # bucket_bytes 8192: several buckets
@@ -233,8 +238,6 @@ def _run(scenario, dist):
         os._exit(1)
     elif scenario == "refused":
         model = _model()
-        with pytest.raises(ValueError, match="offload='cpu' is supported at stages 1 and 2 for now; got stage 3"):
-            gpuops.ZeroOptimizer(model.parameters(), communicator=comm, stage=3, model=model, offload="cpu")
         with pytest.raises(ValueError, match="offload must be None or 'cpu'"):
             gpuops.ZeroOptimizer(model.parameters(), communicator=comm, offload="nvme")
         with pytest.raises(TypeError, match="offload must be None or 'cpu'"):

@@ -73,13 +73,13 @@ class GpuopsStage3Feature final : public SetupFeature {
                          s.optimizer == OptimizerKind::Sgd || s.optimizer == OptimizerKind::SgdMomentum,
                      "sharding gpuops steps gpuops' AdamW, Adam or SGD; accepted: adamw, adam, sgd, sgd-momentum, "
                      "got {}", to_string(s.optimizer));
-    GPUOPS_CHECK_ARG(!s.offload_optimizer, "offload-optimizer is not built for sharding gpuops; accepted: sharding "
-                     "flat (DeepSpeed's ZeRO-Offload)");
   }
   bool on(const TrainingSetup& s) const override { return s.sharding == ShardingLayout::Gpuops; }
   bool gradients_before_backward() const override { return true; }  // the fp32 shards
   void persistent(const StepContext& c, MemoryBreakdown& b) const override {
-    b.gradients = (4 * C(sharded_trainable_elements(c.model, c.setup, 1))).get();  // the fp32 gradient shards
+    // The fp32 gradient shards (offload_optimizer: ZeroOptimizer(offload="cpu") keeps them on the host, with the
+    // fp32 shard and the states: offload.cpp; the device keeps the shard its units gather, in the weights).
+    b.gradients = c.setup.offload_optimizer ? 0 : (4 * C(sharded_trainable_elements(c.model, c.setup, 1))).get();
   }
   int64_t gathered_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase phase) const override {
     return s.num_gpus == 1 ? 0 : units_bytes(m, s, phase);
