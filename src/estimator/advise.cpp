@@ -128,7 +128,8 @@ std::vector<Variant> offload_optimizer(const ModelSpec&, const TrainingSetup& s)
   if (!is_adam(s) || s.offload_optimizer) return {};
   TrainingSetup t = s;
   t.offload_optimizer = true;
-  if (s.zero_reduce_at_step || s.zero_bucket_bytes > 0)  // gpuops' ZeroOptimizer
+  // gpuops' ZeroOptimizer: stages 1-2 (--zero-reduce), stage 3 (--sharding gpuops)
+  if (s.zero_reduce_at_step || s.zero_bucket_bytes > 0 || s.sharding == ShardingLayout::Gpuops)
     return {{"optimizer states and step on the host (gpuops: ZeroOptimizer(offload=\"cpu\"); the CPU step)",
              "--offload-optimizer", t}};
   return {{"optimizer states and step on the host (ZeRO-Offload)", "--offload-optimizer", t}};

@@ -129,3 +129,14 @@ def test_gpuops_offload_and_8bit_states_under_its_zero_optimizer():
     assert offloaded.host_memory == plain.optimizer_states + 4 * local + 4 * local  # moments, fp32 copies, gradients
     assert plain.total_bytes - offloaded.total_bytes >= plain.optimizer_states + plain.master_weights
     assert eight.host_memory < offloaded.host_memory
+    # Stage 3 (--sharding gpuops): its own offload offered and modelled; the gradient shards leave the device too,
+    # the shard its units gather stays.
+    setup = dict(zero_stage=3, num_gpus=4, sharding="gpuops", precision="bf16-mixed", amp="master-copy")
+    described = {a.options: a.description for a in gpuops.advise("RTX-4090", "llama-2-7b", **setup)}
+    assert "ZeroOptimizer(offload=\"cpu\")" in described["--offload-optimizer"], described
+    plain = gpuops.estimate("llama-2-7b", **setup)
+    offloaded = gpuops.estimate("llama-2-7b", **setup, offload_optimizer=True)
+    assert offloaded.optimizer_states == 0 and offloaded.master_weights == 0 and offloaded.gradients == 0
+    assert plain.master_weights == 4 * local and plain.gradients == 4 * local
+    assert offloaded.host_memory == plain.optimizer_states + 4 * local + 4 * local  # moments, fp32 shard, gradients
+    assert offloaded.weights == plain.weights
