@@ -58,7 +58,8 @@ class ActivationOffloader {
   /// No layer: pack() keeps what is saved outside every offloaded layer.
   void leave_layer();
   /// A tensor autograd saves: its handle (>= 0) once a host copy of it exists, or -1 when it stays (no layer
-  /// entered, undefined, fewer than min_bytes, not on the CPU or a CUDA device, or sparse). The same tensor
+  /// entered, undefined, fewer than min_bytes, not on the CPU or a CUDA device, sparse, or on another GPU than
+  /// the first one offloaded). The same tensor
   /// saved twice at the same version gets the same handle (one copy; each handle given counts one release).
   int64_t pack(const at::Tensor& t);
   /// The tensor behind `handle`, on its device again (brought back on demand, or the prefetched copy); the

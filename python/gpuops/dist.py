@@ -44,6 +44,24 @@ class Communicator(_C.Communicator):
         super().__init__(group, timeout)
 
 
+def one_rank_group(timeout: float = 300.0):
+    """A Gloo process group of this process alone (no default group, no rendezvous): a single-process
+    ZeroOptimizer's. Gloo runs on CPU and CUDA tensors alike."""
+    import datetime
+
+    import torch
+    import torch.distributed as _dist
+
+    store = _dist.HashStore()
+    group = _dist.ProcessGroup(store, 0, 1)
+    gloo = _dist.ProcessGroupGloo(store, 0, 1, datetime.timedelta(seconds=timeout))
+    # How torch's own init_process_group wires a backend into a group (private API of the pinned torch 2.11).
+    group._set_default_backend(_dist.ProcessGroup.BackendType.GLOO)
+    for device in ("cpu", "cuda"):
+        group._register_backend(torch.device(device), _dist.ProcessGroup.BackendType.GLOO, gloo)
+    return group
+
+
 def fail_together(communicator: _C.Communicator, what: str, error: BaseException) -> None:
     """Raises ``error`` after telling every rank, waiting in ``what``'s agreement (gpuops/agreement.h), that this
     rank failed with it: they raise ValueError naming this rank and the error within seconds, instead of waiting

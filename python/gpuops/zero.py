@@ -107,7 +107,9 @@ def _split_names(params) -> tuple:
 class ZeroOptimizer(torch.optim.Optimizer):
     """``optimizer_class`` (AdamW by default; Adam, SGD) with its state (and the gradients, stage 2) sharded
     over the ranks of ``communicator`` (a ``gpuops.dist.Communicator``, a ``torch.distributed`` group, or None:
-    the default group). ``**defaults``: the optimizer's options, as torch.optim names them.
+    the default group, or one rank of its own when torch.distributed is not initialized: the single-process
+    form, e.g. for ``offload="cpu"`` on one GPU). ``**defaults``: the optimizer's options, as torch.optim names
+    them.
 
     ``reduce_in_backward``: reduce each bucket of ``bucket_bytes`` from autograd hooks as soon as its gradients
     are complete, in every backward pass (overlap; stage 2 then never holds the whole gradient, at one
@@ -145,7 +147,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
                  units=None, prefetch: int = 1, reshard_after_forward: bool = True,
                  device: Union[None, str, torch.device] = None, check_unit_order: bool = True,
                  offload: Optional[str] = None, **defaults) -> None:
-        if communicator is None or isinstance(communicator, torch.distributed.ProcessGroup):
+        if communicator is None and not torch.distributed.is_initialized():
+            communicator = _dist.Communicator(_dist.one_rank_group())  # the single-process form: one rank
+        elif communicator is None or isinstance(communicator, torch.distributed.ProcessGroup):
             communicator = _dist.Communicator(communicator)
         if not isinstance(communicator, _C.Communicator):  # no way to reach the other ranks: this one raises alone
             raise TypeError("gpuops.ZeroOptimizer: communicator must be a gpuops.dist.Communicator, a "

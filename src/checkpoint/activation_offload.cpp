@@ -51,6 +51,7 @@ void ActivationOffloader::leave_layer() { layer_.reset(); }
 int64_t ActivationOffloader::pack(const at::Tensor& t) {
   if (!layer_ || !t.defined() || t.is_sparse() || !(t.is_cpu() || t.is_cuda())) return -1;
   if (static_cast<int64_t>(t.nbytes()) < options_.min_bytes) return -1;
+  if (t.is_cuda() && side_ && side_->device() != t.device()) return -1;  // one device per store: its side stream
   const auto same = handle_of_.find(t.unsafeGetTensorImpl());
   if (same != handle_of_.end()) {  // saved again (the entry's weak reference keeps the address from reuse)
     Entry& e = entries_.at(same->second);

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import gpuops
+from conftest import requires_cuda
 
 WIDTH, BATCH, BLOCKS = 64, 96, 4
 
@@ -22,10 +23,10 @@ def _stack(seed):
                                                      torch.nn.LayerNorm(WIDTH)) for _ in range(BLOCKS)])
 
 
-def _grads(seed, setup):
-    blocks = _stack(seed)
+def _grads(seed, setup, device="cpu"):
+    blocks = _stack(seed).to(device)
     handle = setup(blocks)
-    x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+    x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(seed)).to(device).requires_grad_(True)
     torch.manual_seed(seed + 1)  # dropout's masks
     blocks(x).square().mean().backward()
     if handle is not None:
@@ -275,3 +276,30 @@ def test_the_policy_without_a_way_to_fit_changes_nothing():
     gpuops.offload_activations(blocks, names=[0])
     with pytest.raises(ValueError, match=r"layers \['0'\] are offloaded already"):
         gpuops.apply_activation_policy(blocks, 100, sample)
+
+
+@requires_cuda
+def test_cuda_side_stream_copies_give_the_plain_bits_and_free_the_device():
+    """Beside a GPU: pinned copies on a side stream, events between the streams; the gradients are the plain
+    stack's bits (dropout's masks drawn alike), and between forward and backward the device holds only what
+    was not offloaded."""
+    seed = random.randint(0, 2**31)
+    plain = _grads(seed, lambda blocks: None, "cuda")
+    got = _grads(seed, lambda blocks: gpuops.offload_activations(blocks, prefetch=2), "cuda")
+    assert all(torch.equal(a, b) for a, b in zip(got, plain))
+    kept = {}
+    for offload in (False, True):
+        blocks = _stack(0).cuda()
+        handle = gpuops.offload_activations(blocks) if offload else None
+        x = torch.randn(BATCH, WIDTH, device="cuda", requires_grad=True)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        out = blocks(x)
+        torch.cuda.synchronize()
+        kept[offload] = torch.cuda.memory_allocated() - before - out.nbytes
+        host = handle.host_bytes if offload else 0
+        out.square().mean().backward()
+        if offload:
+            assert {e[0] for e in handle.timeline()} == {"to host", "back on demand", "prefetch"}
+    print(f"CUDA: bytes kept between forward and backward {kept}; on the host {host}")
+    assert kept[False] - kept[True] >= host - x.nbytes, (kept, host)

@@ -50,6 +50,35 @@ def test_resumes_without_offload_and_back(tmp_path):
     _expect("resume", 2, tmp_path)
 
 
+def test_single_process_form_without_a_process_group():
+    """No torch.distributed group at all (a one-GPU user): ZeroOptimizer(offload="cpu") makes a one-rank group of
+    its own and steps to gpuops.optim.AdamW's bits (the same CPU math)."""
+    code = """
+import random, torch, gpuops
+seed = random.randint(0, 2**31)
+torch.manual_seed(seed)
+model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Tanh(), torch.nn.Linear(96, 8))
+ref = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Tanh(), torch.nn.Linear(96, 8))
+ref.load_state_dict(model.state_dict())
+opt = gpuops.ZeroOptimizer(model.parameters(), offload="cpu", lr=1e-2, weight_decay=0.1)
+ref_opt = gpuops.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+for step in range(6):
+    x = torch.randn(16, 64)
+    for m, o in ((model, opt), (ref, ref_opt)):
+        o.zero_grad()
+        m(x).square().mean().backward()
+        o.step()
+assert not torch.distributed.is_initialized() and opt.communicator.size == 1
+assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref.parameters())), seed
+assert opt.offload_timeline()
+print("single process ok")
+"""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "single process ok" in done.stdout, done.stdout + done.stderr
+
+
 def test_refused_where_not_supported():
     _expect("refused", 1)
 
