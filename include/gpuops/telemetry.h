@@ -38,6 +38,11 @@ struct RecorderOptions {
   /// each record's figures as scalars gpuops/<figure> at its step. A run whose first step is after 1 (resumed)
   /// has TensorBoard drop the earlier run's events from that step on.
   std::string tensorboard_dir;
+  /// The GPU whose NVML figures (device_monitor.h: utilisation, memory used, temperature, power, SM clock,
+  /// energy and energy per token) each record holds: its PCI bus id or NVML index; empty: none. Sampled every
+  /// gpu_sample_s seconds (> 0, <= 3600) by a thread of its own; NaN figures where NVML is absent.
+  std::string gpu;
+  double gpu_sample_s = 1.0;
 };
 
 struct Record;

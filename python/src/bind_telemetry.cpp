@@ -45,7 +45,7 @@ void bind_telemetry(py::module_& m) {
                        int64_t world_size, bool every_rank_writes, py::object callback, double flops_per_token,
                        double peak_flops, const dist::Communicator* communicator, int64_t prometheus_port,
                        const std::string& prometheus_address, const std::string& job,
-                       const std::string& tensorboard) {
+                       const std::string& tensorboard, const std::string& gpu_monitor, double gpu_sample_s) {
              telemetry::RecordCallback call;
              if (!callback.is_none()) {
                TORCH_CHECK_TYPE(PyCallable_Check(callback.ptr()), "Recorder: callback must be callable or None");
@@ -64,13 +64,14 @@ void bind_telemetry(py::module_& m) {
              return std::make_unique<MetricsRecorder>(
                  telemetry::RecorderOptions{log_every, jsonl, csv, rank, world_size, every_rank_writes,
                                             flops_per_token, peak_flops, prometheus_port, prometheus_address, job,
-                                            tensorboard},
+                                            tensorboard, gpu_monitor, gpu_sample_s},
                  call, communicator);
            }),
            py::arg("log_every"), py::arg("jsonl"), py::arg("csv"), py::arg("rank"), py::arg("world_size"),
            py::arg("every_rank_writes"), py::arg("callback") = py::none(), py::arg("flops_per_token") = 0.0,
            py::arg("peak_flops") = 0.0, py::arg("communicator") = nullptr, py::arg("prometheus_port") = -1,
-           py::arg("prometheus_address") = "127.0.0.1", py::arg("job") = "gpuops", py::arg("tensorboard") = "")
+           py::arg("prometheus_address") = "127.0.0.1", py::arg("job") = "gpuops", py::arg("tensorboard") = "",
+           py::arg("gpu_monitor") = "", py::arg("gpu_sample_s") = 1.0)
       .def(
           "step_done",
           [](MetricsRecorder& r, int64_t step, std::optional<at::Tensor> loss, std::optional<at::Tensor> grad_norm,

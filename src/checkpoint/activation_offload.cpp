@@ -158,7 +158,8 @@ at::Tensor ActivationOffloader::unpack(int64_t handle) {
 void ActivationOffloader::release(int64_t handle) {
   const auto found = entries_.find(handle);
   if (found == entries_.end() || --found->second.uses > 0) return;
-  const auto same = std::find_if(handle_of_.begin(), handle_of_.end(), [&](const auto& kv) { return kv.second == handle; });
+  const auto same =
+      std::find_if(handle_of_.begin(), handle_of_.end(), [&](const auto& kv) { return kv.second == handle; });
   if (same != handle_of_.end()) handle_of_.erase(same);
   auto& of_layer = handles_of_layer_[found->second.layer];
   of_layer.erase(std::remove(of_layer.begin(), of_layer.end(), handle), of_layer.end());

@@ -24,7 +24,8 @@ std::vector<Option> options_of(const LayerCost& c, bool with_offload) {
   std::vector<Option> options{{LayerChoice::Recompute, std::max<int64_t>(c.saved_bytes - c.checkpointed_bytes, 0),
                                c.forward_seconds}};
   if (with_offload && c.offload_seconds >= 0)
-    options.push_back({LayerChoice::Offload, std::max<int64_t>(c.saved_bytes - c.offloaded_bytes, 0), c.offload_seconds});
+    options.push_back(
+        {LayerChoice::Offload, std::max<int64_t>(c.saved_bytes - c.offloaded_bytes, 0), c.offload_seconds});
   return options;
 }
 

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "gpuops/communicator.h"
+#include "gpuops/device_monitor.h"
 #include "gpuops/telemetry.h"
 #include "prometheus_endpoint.h"
 #include "record_file.h"
@@ -39,7 +40,8 @@ const std::vector<std::string> kFigureNames = {
     "peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "ooms", "checkpoint_saves", "checkpoint_save_s",
     "checkpoint_bytes", "tokens_per_s_all_ranks",
     "samples_per_s_all_ranks", "step_time_s_max_rank", "peak_allocated_bytes_max_rank", "peak_reserved_bytes_max_rank",
-    "comm_bytes_per_step", "time"};
+    "comm_bytes_per_step", "gpu_util_pct", "gpu_memory_used_bytes", "gpu_temperature_c", "gpu_power_w",
+    "gpu_sm_clock_mhz", "gpu_energy_j", "joules_per_token", "time"};
 
 double seconds_since_epoch() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -59,6 +61,9 @@ void check_options(const RecorderOptions& o) {
                     o.flops_per_token, " is not accepted; accepted: a finite number >= 0 (0: no TFLOPS)");
   TORCH_CHECK_VALUE(std::isfinite(o.peak_flops) && o.peak_flops >= 0, "MetricsRecorder: peak_flops ", o.peak_flops,
                     " is not accepted; accepted: a finite number >= 0 (0: no MFU)");
+  TORCH_CHECK_VALUE(std::isfinite(o.gpu_sample_s) && o.gpu_sample_s > 0 && o.gpu_sample_s <= 3600,
+                    "MetricsRecorder: gpu_sample_s ", o.gpu_sample_s, " is not accepted; accepted: > 0 and <= 3600 "
+                    "seconds");
   TORCH_CHECK_VALUE(o.prometheus_port == -1 || (o.prometheus_port >= 0 && o.prometheus_port + o.world_size - 1 <= 65535),
                     "MetricsRecorder: prometheus_port ", o.prometheus_port, " is not accepted; accepted: -1 (none), "
                     "0 (a free port) or a port with port + world_size - 1 <= 65535 (rank r serves port + r)");
@@ -138,6 +143,18 @@ struct MetricsRecorder::State {
   bool data_wait_reported = false;
   CheckpointSaves saves_at_record = checkpoint_saves();
   std::vector<double> lrs;
+  std::unique_ptr<DeviceMonitor> monitor;  // RecorderOptions::gpu: NVML on its own thread
+
+  // The GPU's NVML figures over the interval (NaN without a monitor or NVML), and the energy per token.
+  void device_figures(std::vector<std::pair<std::string, double>>& out) const {
+    DeviceFigures f;
+    f.util_pct = f.memory_used_bytes = f.temperature_c = f.power_w = f.sm_clock_mhz = f.energy_j = kNone;
+    if (monitor) f = monitor->take();
+    out.insert(out.end(), {{"gpu_util_pct", f.util_pct}, {"gpu_memory_used_bytes", f.memory_used_bytes},
+                           {"gpu_temperature_c", f.temperature_c}, {"gpu_power_w", f.power_w},
+                           {"gpu_sm_clock_mhz", f.sm_clock_mhz}, {"gpu_energy_j", f.energy_j},
+                           {"joules_per_token", tokens > 0 ? f.energy_j / static_cast<double>(tokens) : kNone}});
+  }
   std::chrono::steady_clock::time_point interval_start = std::chrono::steady_clock::now();
 
   int64_t steps() const { return static_cast<int64_t>(host_rows.size()); }
@@ -341,6 +358,7 @@ struct MetricsRecorder::State {
     memory_figures(r.figures);
     checkpoint_figures(r.figures);
     rank_figures(r.figures, static_cast<double>(steps()));
+    device_figures(r.figures);
     r.figures.emplace_back("time", seconds_since_epoch());
     totals.next_interval();
     host_rows.clear(), given.clear(), on_device.clear();
@@ -367,6 +385,7 @@ MetricsRecorder::MetricsRecorder(RecorderOptions options, RecordCallback callbac
     state_->traffic_at_record = communicator->traffic().ring_sent_bytes();
   }
   state_->options = options;
+  if (!options.gpu.empty()) state_->monitor = std::make_unique<DeviceMonitor>(options.gpu, options.gpu_sample_s);
   const bool writes = options.every_rank_writes || options.rank == 0;
   const std::string tensorboard_dir =
       !writes || options.tensorboard_dir.empty() ? ""

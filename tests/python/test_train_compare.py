@@ -21,7 +21,10 @@ def test_smoke_every_stack_trains_and_its_losses_hold_their_bound(tmp_path):
     expected = {(m, s, 1) for m in train_compare.MODELS for s in train_compare.SINGLE}
     expected |= {(m, s, 2) for m in train_compare.MODELS for s in train_compare.RANKS}
     assert {(r["model"], r["stack"], r["world"]) for r in rows} == expected
-    assert not [r for r in rows if "error" in r], [r for r in rows if "error" in r]
+    failed = {(r["model"], r["stack"]): r["error"] for r in rows if "error" in r}
+    # Only the peers known not to run a model (FSDP2 on experts some rank routes nothing to), said so.
+    assert set(failed) == {(m, s) for s, m in train_compare.CANNOT}, failed
+    assert all(e.startswith("not run: ") for e in failed.values()), failed
     judged = [r for r in rows if "deviation" in r]
     assert {(r["model"], r["stack"], r["world"]) for r in judged} == {
         key for key in expected if key[1] in train_compare.PEER}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
 
 import torch
 
@@ -122,6 +122,24 @@ def _as_value(name: str, value: Any) -> Optional[torch.Tensor]:
     raise TypeError(f"Recorder.step_done: {name} must be a tensor, a number or None, got {type(value).__name__}")
 
 
+def _nvml_gpu(device_monitor) -> str:
+    """The NVML name of the GPU to monitor: its PCI bus id (NVML's indices ignore CUDA_VISIBLE_DEVICES), "" for
+    none."""
+    if device_monitor is None or (device_monitor == "auto" and not torch.cuda.is_available()):
+        return ""
+    if isinstance(device_monitor, str) and device_monitor != "auto":
+        return device_monitor
+    if isinstance(device_monitor, bool) or not isinstance(device_monitor, (int, str)):
+        raise TypeError("Recorder: device_monitor must be 'auto', a CUDA device index, an NVML PCI bus id or None, "
+                        f"got {type(device_monitor).__name__}")
+    index = torch.cuda.current_device() if device_monitor == "auto" else device_monitor
+    if not 0 <= index < torch.cuda.device_count():
+        raise ValueError(f"Recorder: device_monitor {index} is not a CUDA device; accepted: 0 .. "
+                         f"{torch.cuda.device_count() - 1}")
+    p = torch.cuda.get_device_properties(index)
+    return f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+
+
 class Recorder:
     """Records the figures of each optimizer step and writes one record per ``log_every`` steps to JSON Lines
     (``jsonl``) and CSV (``csv``) files. ``rank`` and ``world_size`` default to torch.distributed's; rank 0
@@ -147,7 +165,13 @@ class Recorder:
 
     ``prometheus_port``: every rank serves its latest record at ``http://<prometheus_address>:<port + rank>/metrics``
     in Prometheus' text format (0: a free port, see ``prometheus_port``), labelled with ``job``, ``rank`` and
-    ``world_size``, from a thread of its own; only ``prometheus_address`` (default 127.0.0.1) is bound."""
+    ``world_size``, from a thread of its own; only ``prometheus_address`` (default 127.0.0.1) is bound.
+
+    ``device_monitor``: the GPU whose figures each record holds, as nvidia-smi shows them (``gpu_util_pct``,
+    ``gpu_memory_used_bytes``, ``gpu_temperature_c``, ``gpu_power_w``, ``gpu_sm_clock_mhz``, ``gpu_energy_j``
+    and ``joules_per_token``), read through NVML loaded at run time by a thread of its own every
+    ``device_monitor_s`` seconds: "auto" (the current CUDA device, none without CUDA), a CUDA device index, an
+    NVML PCI bus id ("00000000:3B:00.0"), or None. Without NVML the figures are NaN."""
 
     def __init__(self, log_every: int = 10, jsonl: Optional[str] = None, csv: Optional[str] = None, *,
                  rank: Optional[int] = None, world_size: Optional[int] = None, every_rank_writes: bool = False,
@@ -155,7 +179,8 @@ class Recorder:
                  flops_per_token: Optional[float] = None, model: Any = None, seq_len: Optional[int] = None,
                  peak_tflops: Optional[float] = None, gpu: Optional[str] = None, communicator: Any = None,
                  prometheus_port: Optional[int] = None, prometheus_address: str = "127.0.0.1",
-                 job: str = "gpuops", tensorboard: Optional[str] = None) -> None:
+                 job: str = "gpuops", tensorboard: Optional[str] = None,
+                 device_monitor: Union[None, str, int] = "auto", device_monitor_s: float = 1.0) -> None:
         default_rank, default_world = ((communicator.rank, communicator.size) if communicator is not None
                                         else _default_rank())
         if callback is not None and not callable(callback):
@@ -171,7 +196,8 @@ class Recorder:
             flops_per_token=_flops_per_token(flops_per_token, model, seq_len),
             peak_flops=_peak_flops(peak_tflops, gpu), communicator=communicator,
             prometheus_port=-1 if prometheus_port is None else prometheus_port,
-            prometheus_address=prometheus_address, job=job, tensorboard=_path("tensorboard", tensorboard))
+            prometheus_address=prometheus_address, job=job, tensorboard=_path("tensorboard", tensorboard),
+            gpu_monitor=_nvml_gpu(device_monitor), gpu_sample_s=device_monitor_s)
         self._step = start_step
         self._loader_wait: Optional[float] = None  # seconds timed() waited since the last step (None: not used)
 
