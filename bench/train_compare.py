@@ -24,10 +24,12 @@ Stacks (precision: bf16 autocast over fp32 parameters on the CPU; fp16 autocast 
   per block) and ``gpuops-zero3-offload``. FSDP2 cannot train the MoE model at several ranks (CANNOT: its
   row says why); stage 3 is compared with DDP + torch's ZeRO there.
 
-Per stack: tokens/s (median step after WARMUP), the peak (CPU: the memory_budget's, max over ranks; CUDA:
-allocated and reserved), bytes sent per rank per step (ours from the communicator's counters, DDP's from a
-comm hook, torch ZeRO's broadcasts wrapped, FSDP2's analytic: (2 x ACCUM + 1) x the parameters' bytes x
-(N-1)/N: two all-gathers per micro-batch, one reduce-scatter per window), the
+Per stack: tokens/s (median step after WARMUP), on CUDA the energy per token and the mean power and utilisation
+(NVML through gpuops.metrics.Recorder's monitor; two ranks on one GPU share its figures), the peak (CPU: the
+memory_budget's, max over ranks; CUDA: allocated and reserved), bytes sent per rank per step (ours from the
+communicator's counters, DDP's from a comm hook, torch ZeRO's broadcasts wrapped, FSDP2's analytic:
+(2 x ACCUM + 1) x the parameters' bytes x (N-1)/N: two all-gathers per micro-batch, one reduce-scatter per
+window), the
 largest micro-batch under a fixed budget (gpuops.find_max_batch_size run on each stack, --search-mib), and the
 loss curve's largest relative deviation from the stack's reference with the bound it is held to:
 - same math as the reference (fp32 AdamW, offload): NOISE_FACTOR x the deviation between two equally valid
@@ -48,7 +50,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -57,6 +58,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import rank_processes  # noqa: E402
 import results_json  # noqa: E402
 
 MODELS = ["llama", "gpt2", "qwen2-moe"]
@@ -270,6 +272,8 @@ def _train(stack_name: str, model_name: str, args, rank: int, world: int, search
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    records, monitor = [], None  # CUDA: the GPU's figures over the timed steps (NVML: Recorder's monitor)
+    tokens = args.accum * args.micro_batch * args.seq
     with gpuops.memory_budget(device=device) as budget:
         stack = Stack(stack_name, model_name, args, rank, world)
         losses, seconds, sent = [], [], []
@@ -282,6 +286,11 @@ def _train(stack_name: str, model_name: str, args, rank: int, world: int, search
             seconds.append(time.perf_counter() - start)
             sent.append(stack.sent_bytes())
             losses.append(_mean_over_ranks(loss, world))
+            if monitor is not None:
+                monitor.step_done(tokens=tokens)
+            if device.type == "cuda" and step == args.warmup - 1:  # its figures from here: the timed steps
+                monitor = gpuops.metrics.Recorder(log_every=args.steps, callback=records.append,
+                                                  device_monitor_s=0.1, rank=0, world_size=1)
         peak = budget.peak_bytes
     row = {"model": model_name, "stack": stack_name, "world": world, "losses": losses,
            "step_s": statistics.median(seconds[args.warmup:]),
@@ -289,6 +298,11 @@ def _train(stack_name: str, model_name: str, args, rank: int, world: int, search
            "sent_bytes_per_step": max(sent[args.warmup:]),
            "traffic": "analytic" if stack_name == "fsdp2" else "counted",
            "param_bytes": stack.param_bytes, "peak_bytes": _max_over_ranks(peak)}
+    if monitor is not None:
+        monitor.close()
+        gpu = records[-1] if records else {}
+        row.update({k: gpu.get(k) for k in ("joules_per_token", "gpu_power_w", "gpu_util_pct",
+                                            "gpu_memory_used_bytes")})
     if device.type == "cuda":
         row["peak_allocated"] = _max_over_ranks(torch.cuda.max_memory_allocated(device))
         row["peak_reserved"] = _max_over_ranks(torch.cuda.max_memory_reserved(device))
@@ -352,13 +366,7 @@ def _rank_main():
     args = argparse.Namespace(**json.loads(os.environ["GPUOPS_COMPARE_ARGS"]))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     rank, world = dist.get_rank(), dist.get_world_size()
-    broadcast = dist.broadcast
-    counted = {"bytes": 0}
-
-    def counting_broadcast(tensor, *a, **k):  # torch's ZeRO broadcasts each rank's updated partition
-        counted["bytes"] += tensor.nbytes * (world - 1) // world
-        return broadcast(tensor, *a, **k)
-
+    counted = rank_processes.BroadcastCounter(world)
     warm = Stack(args.stacks[0], args.models[0], args, rank, world)  # first-use costs (kernels, allocator caches)
     for step in range(2):                                            # paid before any stack is timed
         warm.step(step, rank, args.micro_batch)
@@ -376,44 +384,34 @@ def _rank_main():
                     rows[key] = {"model": model_name, "stack": stack_name, "world": world,
                                  "error": f"not run: {CANNOT[key[::-1]]}"}
                     continue
-                dist.broadcast = counting_broadcast if stack_name == "ddp+torch-zero" else broadcast
-                counted["bytes"] = 0
+                counted.counting, counted.bytes = stack_name == "ddp+torch-zero", 0
                 try:
                     row = _train(stack_name, model_name, args, rank, world, search=repeat == 0)
                     if stack_name == "ddp+torch-zero":
                         searched = 1 if args.search_mib and repeat == 0 else 0
-                        row["sent_bytes_per_step"] += counted["bytes"] // (args.steps + searched)
+                        row["sent_bytes_per_step"] += counted.bytes // (args.steps + searched)
                 except Exception as e:  # noqa: BLE001 - a stack that does not run here is a row saying so
                     row = {"model": model_name, "stack": stack_name, "world": world,
                            "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
                 dist.barrier()
                 rows[key] = _faster(rows.get(key), row)
     rows = list(rows.values())
-    dist.broadcast = broadcast
+    counted.restore()
     if rank == 0:
-        print("ROWS " + json.dumps(rows), flush=True)
+        rank_processes.print_rows(rows)
     dist.barrier()
     dist.destroy_process_group()
 
 
 def _launch(world: int, stacks: list, args) -> list:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     shared = dict(vars(args), stacks=stacks)
     threads = "1" if world > 1 else os.environ.get("OMP_NUM_THREADS", str(torch.get_num_threads()))
-    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                OMP_NUM_THREADS=threads, GPUOPS_COMPARE_RANK="1", GPUOPS_COMPARE_ARGS=json.dumps(shared))
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__)], env=dict(base, RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
-    failed = [f"rank {r} of {world} failed (exit {p.returncode}):\n{out[-4000:]}"
-              for r, (p, out) in enumerate(zip(procs, outs)) if p.returncode != 0]
-    if failed:
-        raise SystemExit("\n".join(failed))
-    return json.loads(next(line for line in outs[0].splitlines() if line.startswith("ROWS "))[5:])
+    try:
+        return rank_processes.launch(__file__, world, {"GPUOPS_COMPARE_RANK": "1",
+                                                       "GPUOPS_COMPARE_ARGS": json.dumps(shared)},
+                                     args.timeout, threads)
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from None
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -453,7 +451,8 @@ def table(rows: list, args) -> str:
              "micro-batch | loss deviation (bound) |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['world']} | {r['stack']} | did not run: {r['error']} | | | | | | |")
+            said = r["error"] if r["error"].startswith("not run: ") else f"did not run: {r['error']}"
+            lines.append(f"| {r['model']} | {r['world']} | {r['stack']} | {said} | | | | | | |")
             continue
         dev = (f"{r['deviation']:.2e} ({r['bound']:.2e}{'' if r['within_bound'] else ', OUT'})"
                if "deviation" in r else "reference")

@@ -23,11 +23,11 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
+
+import rank_processes
 
 METHODS = ["gpuops-zero1", "gpuops-zero2", "gpuops-zero2-bwd", "gpuops-zero3", "gpuops-zero3-nocheck", "torch-zero+ddp",
            "ddp", "fsdp2"]
@@ -156,51 +156,32 @@ def _rank_main():
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
-    import torch.distributed as tdist
-
-    broadcast = tdist.broadcast
-    counter = {"bytes": 0}
-
-    def counting_broadcast(tensor, *args, **kwargs):  # torch's ZeRO broadcasts each rank's updated partition
-        counter["bytes"] += tensor.nbytes * (world - 1) // world
-        return broadcast(tensor, *args, **kwargs)
+    counter = rank_processes.BroadcastCounter(world)  # torch's ZeRO broadcasts each rank's updated partition
 
     rows = []
     for method in METHODS + LOOP_METHODS:
-        tdist.broadcast = counting_broadcast if method == "torch-zero+ddp" else broadcast
-        counter["bytes"] = 0
+        counter.counting, counter.bytes = method == "torch-zero+ddp", 0
         try:
             row = _run_method(method, rank, world)
             if method == "torch-zero+ddp":
-                row["sent_bytes_per_step"] += counter["bytes"] // (WARMUP + TIMED)
+                row["sent_bytes_per_step"] += counter.bytes // (WARMUP + TIMED)
         except Exception as e:  # noqa: BLE001 - a method that does not run on CPU is reported, not fatal
             row = {"method": method, "world": world, "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
         gc.collect()
         dist.barrier()
         rows.append(row)
-    tdist.broadcast = broadcast
+    counter.restore()
     if rank == 0:
-        print("ROWS " + json.dumps(rows), flush=True)
+        rank_processes.print_rows(rows)
     dist.barrier()
     dist.destroy_process_group()
 
 
 def _launch(world):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                OMP_NUM_THREADS="1", GPUOPS_ZERO_BENCH_RANK="1")
-    procs = [subprocess.Popen([sys.executable, __file__], env=dict(base, RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    outs = [p.communicate(timeout=1800)[0] for p in procs]
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        if p.returncode != 0:
-            raise SystemExit(f"rank {r} failed:\n{out}")
-    line = next(l for l in outs[0].splitlines() if l.startswith("ROWS "))
-    return json.loads(line[5:])
+    try:
+        return rank_processes.launch(__file__, world, {"GPUOPS_ZERO_BENCH_RANK": "1"}, 1800)
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from None
 
 
 def main():

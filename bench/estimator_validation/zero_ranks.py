@@ -16,11 +16,12 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # bench/: rank_processes
+import rank_processes  # noqa: E402
 
 CASES = [("gpt2-tied", 2, 64), ("llama-gqa-untied", 2, 64), ("gpt2-untied-inner", 4, 128)]
 
@@ -78,7 +79,7 @@ def _rank_main():
             dist.barrier()
         rows += _stage3_rows(kind, cfg, name, batch, seq, rank, world)
     if rank == 0:
-        print("ROWS " + json.dumps(rows), flush=True)
+        rank_processes.print_rows(rows)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -128,20 +129,7 @@ def _stage3_rows(kind, cfg, name, batch, seq, rank, world) -> list:
 
 
 def run(world: int = 2) -> list:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                OMP_NUM_THREADS="1", GPUOPS_ZERO_RANKS_WORKER="1")
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__)], env=dict(base, RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    outs = [p.communicate(timeout=900)[0] for p in procs]
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        if p.returncode != 0:
-            raise RuntimeError(f"rank {r} failed:\n{out}")
-    return json.loads(next(l for l in outs[0].splitlines() if l.startswith("ROWS "))[5:])
+    return rank_processes.launch(__file__, world, {"GPUOPS_ZERO_RANKS_WORKER": "1"}, 900)
 
 
 if __name__ == "__main__":
