@@ -89,7 +89,8 @@ DeviceMonitor::DeviceMonitor(std::string gpu, double interval_s)
     reason_ = fmt::format("NVML ({}) lacks an entry point or did not initialise", path);
     return;
   }
-  const bool index = !gpu.empty() && gpu.find_first_not_of("0123456789") == std::string::npos;
+  // An index: up to 9 digits (no overflow); anything else goes to NVML as a PCI bus id, which answers "not found".
+  const bool index = !gpu.empty() && gpu.size() <= 9 && gpu.find_first_not_of("0123456789") == std::string::npos;
   const int got = index ? n.by_index(static_cast<unsigned int>(std::stoul(gpu)), &n.device)
                         : n.by_pci(gpu.c_str(), &n.device);
   if (got != kSuccess) {

@@ -69,6 +69,8 @@ TEST(DeviceMonitor, WithoutNvmlOrThatGpuEverythingIsNan) {
   DeviceMonitor other("00000000:AA:00.0", 1);
   EXPECT_FALSE(other.available());
   EXPECT_NE(other.reason().find("knows no GPU '00000000:AA:00.0'"), std::string::npos) << other.reason();
+  EXPECT_FALSE(DeviceMonitor("99999999999999999999", 1).available());  // no overflow: not found
+  EXPECT_FALSE(DeviceMonitor("", 1).available());
   EXPECT_THROW(DeviceMonitor("0", 0), c10::ValueError);
   EXPECT_THROW(DeviceMonitor("0", std::nan("")), c10::ValueError);
 }
