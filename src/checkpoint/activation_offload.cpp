@@ -118,8 +118,7 @@ void ActivationOffloader::bring_back(int64_t layer, const char* what) {
     Entry& e = entries_.at(h);
     if (e.device.defined()) continue;
     const double begin = now_s();
-    if (e.where.is_cuda()) {
-      e.to_host->block(*side_);  // (already ordered on the side stream; explicit for clarity of intent)
+    if (e.where.is_cuda()) {  // after its copy to the host: both on the side stream, in order
       c10::StreamGuard on_side(*side_);
       e.device = e.host.to(e.where, /*non_blocking=*/true);
       e.back.emplace(e.where.type());

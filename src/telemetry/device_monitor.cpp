@@ -85,7 +85,7 @@ DeviceMonitor::DeviceMonitor(std::string gpu, double interval_s)
                      n.find(n.power, "nvmlDeviceGetPowerUsage") && n.find(n.clock, "nvmlDeviceGetClockInfo") &&
                      n.find(n.energy, "nvmlDeviceGetTotalEnergyConsumption");
   if (!found || n.init() != kSuccess) {
-    n.shutdown = found ? n.shutdown : nullptr;  // (nothing to shut down when init was never reached)
+    n.shutdown = nullptr;  // NVML was not initialised: nothing to shut down
     reason_ = fmt::format("NVML ({}) lacks an entry point or did not initialise", path);
     return;
   }
