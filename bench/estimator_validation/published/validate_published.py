@@ -15,6 +15,7 @@ row's metric measures (METRIC_FIGURE). tests/python/test_estimator_published.py 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -27,6 +28,9 @@ MEASUREMENTS = os.path.join(HERE, "measurements.json")
 DOCS = os.path.join(HERE, "..", "..", "..", "docs", "estimator.md")
 GIB = 2**30
 MIB = 2**20
+# --before: run an estimator from before a change (its package first on PYTHONPATH), giving it only the options it
+# has; a loss without the fp32 upcast, which it cannot express, becomes the upcast one.
+BEFORE = False
 
 # --- Translation of what the rows state -------------------------------------------------------------------
 
@@ -50,6 +54,7 @@ PRECISIONS = {
 }
 OPTIMIZERS = {
     "adamw": "adamw",
+    "sgd": "sgd",
     "adam-8bit": "adamw-8bit",  # bnb Adam8bit: the same state bytes as AdamW8bit
     "adafactor": "adafactor",
     "paged-adamw-32bit": "paged-adamw-32bit",
@@ -160,6 +165,87 @@ SOURCE_DEFAULTS = {
         "these rows' errors were seen (the term itself was measured on the CPU: docs/estimator.md). held_logits "
         "model and quantize_lm_head (QLoRA): as the litgpt rows (set 2026-11-28, after these rows' errors were "
         "seen)."),
+    # --- Second held-out set (heldout35/*.json, added 2026-11-30 for issue 35): mapped, and committed, before
+    # their errors were computed and before any of the issue's changes to the estimator.
+    "ptq-titan355": (
+        dict(gpu="A100-80GB", cuda=12, sharding="fsdp2", zero_stage=0, amp="master-copy", optimizer_impl="foreach",
+             reshard_after_forward=True, reduce_dtype="fp32"),
+        "torchtitan PR #355 (Llama-3-8B on 8 A100-80GB): as the titan rows, FSDP2 with bf16 params and fp32 reduce "
+        "(fp32 sharded master, gradients and states -> amp master-copy), AdamW foreach (the row's), blocks "
+        "resharded after forward. CUDA 12."),
+    "ptq-titan808": (
+        dict(gpu="H100-80GB", cuda=12, sharding="fsdp2", zero_stage=0, amp="master-copy", optimizer_impl="foreach",
+             reshard_after_forward=True, reduce_dtype="fp32"),
+        "torchtitan PR #808 (Llama-3-8B, 8 H100 96GB): the catalog's H100-80GB (sm_90) profile; otherwise as "
+        "ptq-titan355, compiled (the row's). Reserved memory does not depend on the card's size."),
+    "ptq-aofloat8": (
+        dict(gpu="H200", cuda=12, sharding="fsdp2", zero_stage=0, amp="master-copy", optimizer_impl="fused",
+             reshard_after_forward=True, reduce_dtype="fp32"),
+        "torchao float8 training docs, bf16 baseline (torchtitan Llama-3-8B on 8 GPUs, fused AdamW by torchtitan's "
+        "2025 default). The B200 (sm_100) is not in the catalog: the H200's sm_90 profile (its workspaces) is the "
+        "nearest; as the titan rows otherwise."),
+    "ptq-titan1690": (
+        dict(gpu="H100-80GB", cuda=12, sharding="fsdp2", zero_stage=0, amp="master-copy", optimizer_impl="fused",
+             reshard_after_forward=True, reduce_dtype="fp32"),
+        "torchtitan PR #1690 (Qwen3-32B, 8 H100 96GB, full AC, compiled): the row's config (qwen3 read Llama-style; "
+        "its q/k norms are per-head RMSNorms, not modelled); fused AdamW (torchtitan's 2025 default); as the titan "
+        "rows otherwise. torchtitan also compiles its loss: not modelled (the compile term is the model's)."),
+    "ptq-tune1330": (
+        dict(gpu="A100-80GB", cuda=12, sharding="fsdp2", zero_stage=0, reshard_after_forward=True,
+             held_logits="fp32"),
+        "torchtune PR #1330 (Llama-3-8B full fine-tune, 6 A100, FSDP2, pure bf16): torchtune 0.2's fp32 logits "
+        "kept through the backward (held_logits fp32, as the tt-mem rows); non-reentrant checkpointing per layer "
+        "(the estimator's full); gradients reduce-scattered in bf16."),
+    "swift": (
+        dict(gpu="A100-80GB", cuda=12, held_logits="none"),
+        "ms-swift 1.x Benchmark.md (Yi-6B/34B-Chat LoRA, one A100; torch 2.1.1, CUDA 12.1 assumed): the HF Trainer "
+        "keeps only the loss (held none); the base loaded in bf16 under bf16 autocast (the row's bf16-mixed with a bf16 "
+        "LoRA base); HF reentrant gradient checkpointing; flash attention 2. Samples longer than max_length are "
+        "dropped, so the longest kept sample is at most max_length: taken at max_length (an upper bound)."),
+    "llrec41": (
+        dict(gpu="A100-40GB", cuda=11, sharding="fsdp1", zero_stage=3, held_logits="none"),
+        "llama-recipes PR #41 (Llama-2-7B LoRA on 4 A100-40GB, FSDP1 FULL_SHARD, pure bf16, non-reentrant "
+        "checkpointing, eager attention): torch 2.0.1 with CUDA 11.8 (lazy loading); its final state drops the "
+        "model output after the loss (held none). use_cache stays on, but the k and v it returns are the tensors "
+        "eager attention saves anyway, so nothing is added once the output is dropped."),
+    "flagperf": (
+        dict(gpu="A100-40GB", cuda=11, optimizer_impl="for-loop", zero_grad="zeros",
+             config={"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 30522,
+                     "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                     "num_attention_heads": 16, "max_position_embeddings": 512, "type_vocab_size": 2}),
+        "FlagPerf bert_hf case (bert-large-uncased BertForMaskedLM, DDP on DGX A100 40GB, torch 1.13 with CUDA 11.8, "
+        "lazy loading): the MLM head from a config (the bert-large preset is BertModel); torch 1.13's AdamW is the "
+        "single-tensor for-loop and its zero_grad keeps the gradients zeroed (set_to_none=False). Pure bf16 runs "
+        "the MLM cross-entropy on bf16 scores (no upcast: the row's)."),
+    "cplgpt": (
+        dict(gpu="A100-40GB", cuda=11),
+        "ColossalAI-Pytorch-lightning GPT benchmark (2022, HF GPT2LMHeadModel with HF reentrant checkpointing, "
+        "random 1024-token inputs, A100-40GB): torch 1.12-1.13 era, CUDA 11 with lazy loading assumed. DeepSpeed "
+        "ZeRO-3 fp16 keeps fp16 weights with fp32 master shards (amp master-copy) and runs the loss on the fp16 "
+        "logits (no upcast: the row's); the DDP run is Lightning's native AMP, whose autocast covers the loss (6 "
+        "bytes per logit on CUDA, not modelled: standard, the nearest)."),
+    # --- Issue 35's diagnostic rows (issue35/*.json): the sources the issue's analysis read.
+    "fmsacc": (
+        dict(gpu="A100-80GB", cuda=12, held_logits="none"),
+        "fms-acceleration reference CSVs (HF Trainer / TRL SFT / PEFT / accelerate FSDP1; torch 2.4.1, CUDA 12.1, "
+        "transformers 4.45.2 pinned): the Trainer keeps only the loss; reentrant HF checkpointing; flash attention 2. "
+        "The 2-GPU rows: FSDP1 FULL_SHARD (sharding fsdp1, in MAPPING)."),
+    "thunder-litgpt": (
+        dict(gpu="A100-40GB", cuda=12, model_code="litgpt", held_logits="fp32", loss="standard"),
+        "lightning-thunder examples/lit-gpt README (open_llama_3b, SGD, pure bf16 on one A100-40GB): LitGPT's model "
+        "under Fabric, whose convert_output casts the logits to fp32 before the loss (so the loss upcasts in effect) "
+        "and the loop's `logits` keeps them through the backward (held fp32)."),
+    "thunder-pr940": (
+        dict(gpu="H100-80GB", cuda=12, model_code="litgpt", sharding="fsdp2", zero_stage=0,
+             reshard_after_forward=False, optimizer_impl="fused", held_logits="model"),
+        "lightning-thunder PR #940 (benchmark_litgpt.py, Llama-2-7B on 8 H100): LitGPT's GPT in pure bf16 without "
+        "Fabric, fully_shard per block with reshard_after_forward=False (its 'zero2'), fused AdamW, cross_entropy on "
+        "the bf16 logits (no upcast), which the loop keeps through the backward (held model)."),
+    "atorch": (
+        dict(gpu="A100-80GB", cuda=12, sharding="fsdp1", zero_stage=3, held_logits="fp32"),
+        "dlrover/ATorch Llama-2-7B FSDP example (8-64 A100-80GB): FSDP1 FULL_SHARD with fp32 shards under bf16 "
+        "autocast; atorch's checkpoint of every decoder layer; flash attention (its module replacement); the loop "
+        "keeps `outputs` through the backward and transformers >= 4.31 returns fp32 logits (held fp32)."),
 }
 
 
@@ -265,6 +351,52 @@ MAPPING = {
                                                            "sample (1304 tokens)", "assumed")
        for size, kind, b in [("7b", "lora", 1), ("7b", "lora", 2), ("7b", "qlora-nf4", 1), ("7b", "qlora-nf4dq", 1),
                              ("13b", "lora", 1), ("13b", "qlora-nf4", 1)]},
+    # --- Second held-out set (heldout35/*.json): mapped before their errors were computed.
+    **{f"ptq-titan355-llama3-8b-fsdp8-a100-b1-s8192-sac": ({}, "batch 1, seq 8192, selective (op) AC", "assumed")},
+    "ptq-titan808-llama3-8b-fsdp8-h100-b1-s8192-sac-compile": ({}, "batch 1, seq 8192, selective AC, compiled",
+                                                               "assumed"),
+    "ptq-aofloat8-llama3-8b-fsdp8-b200-b1-s8192-sac-compile": ({}, "the bf16 baseline; batch 1, seq 8192, "
+                                                               "selective AC, compiled", "assumed"),
+    "ptq-titan1690-qwen3-32b-fsdp8-h100-b2-s4096-fullac-compile": ({}, "batch 2, seq 4096, full AC, compiled",
+                                                                    "assumed"),
+    "ptq-tune1330-llama3-8b-full-fsdp2-6xa100-b2": ({"seq_len": 512}, "Alpaca padded to each batch's longest "
+                                                    "sample, length not stated: 512 taken, so unresolved",
+                                                    "unresolved"),
+    **{f"swift-yi{size}-chat-lora-r8-qkv-gc-fa2-a100-maxlen{s}": ({}, f"Yi-{size.upper()} LoRA r8 q,k,v; "
+                                                                 f"max_length {s}", "assumed")
+       for size, lengths in (("6b", (512, 1024, 2048, 4096, 8192)), ("34b", (512, 1024, 2048, 4096)))
+       for s in lengths},
+    **{f"llrec41-llama2-7b-lora-fsdp4xa100-b4-s2048-lagon-droplogits-{m}": ({}, f"the PR's final state ({m})",
+                                                                          "assumed")
+       for m in ("active", "reserved")},
+    **{row: ({}, note, "assumed") for row, note in (
+        ("flagperf-bert-large-mlm-fp32-a100-40g-ddp8-b12-s512", "fp32, DDP over 8, batch 12"),
+        ("flagperf-bert-large-mlm-amp-a100-40g-ddp8-b20-s512", "fp16 autocast, DDP over 8, batch 20"),
+        ("flagperf-bert-large-mlm-bf16pure-a100-40g-ddp8-b32-s512", "pure bf16, DDP over 8, batch 32"),
+        ("flagperf-bert-large-mlm-fp32-a100-40g-1gpu-b16-s512", "fp32, one GPU, batch 16"))},
+    "cplgpt-gpt2xl-ddp-amp-4xa100-40g-b6-s1024-gc": ({}, "gpt2-xl, DDP + native AMP over 4, batch 6", "assumed"),
+    "cplgpt-gpt2xl-zero3-fp16-4xa100-40g-b40-s1024-gc": ({"amp": "master-copy"}, "gpt2-xl, ZeRO-3 fp16 over 4, "
+                                                         "batch 40", "assumed"),
+    "cplgpt-gpt2-12b-zero3-fp16-8xa100-40g-b1-s1024-gc": ({"amp": "master-copy"}, "a 12B GPT-2 (the row's config), "
+                                                          "ZeRO-3 fp16 over 8, batch 1", "assumed"),
+    # --- Issue 35's rows (issue35/*.json)
+    **{f"fmsacc-{model}-{kind}-{g}g-b{b}-{m}": ({"sharding": "fsdp1"} if g == 2 else {},
+                                               f"{kind}, {g} GPU(s), batch {b} of 4096 packed tokens", "assumed")
+       for model, kind, g, b in [("mistral7b", "fft", 1, 4), ("mistral7b", "fft", 2, 2), ("mistral7b", "fft", 1, 8),
+                                 ("mistral7b", "fft", 2, 4), ("mistral7b", "lora", 1, 4), ("mistral7b", "lora", 2, 2),
+                                 ("mistral7b", "lora", 1, 8), ("mistral7b", "lora", 2, 4),
+                                 ("mixtral8x7b", "lora", 2, 2), ("mixtral8x7b", "lora", 2, 4)]
+       for m in ("alloc", "nvsmi")},
+    **{f"fmsacc-llama3-8b-lora-liger-1g-b{b}-{m}": ({}, f"Liger fused linear CE, batch {b}", "assumed")
+       for b in (4, 16) for m in ("alloc", "nvsmi")},
+    "thunder-litgpt-openllama3b-sgd-1gpu-eager": ({}, "eager", "assumed"),
+    "thunder-litgpt-openllama3b-sgd-1gpu-inductor": ({}, "torch.compile (inductor)", "assumed"),
+    "thunder-pr940-llama2-7b-fsdp2-zero2-8xh100-eager": ({"loss": "no-upcast"}, "eager; cross_entropy on bf16 "
+                                                         "logits", "assumed"),
+    "thunder-pr940-llama2-7b-fsdp2-zero2-8xh100-inductor": ({"loss": "no-upcast"}, "torch.compile; bf16 logits",
+                                                            "assumed"),
+    **{f"atorch-llama2-7b-{kind}-fsdp-{n}xa100-b4-s4096": ({}, f"{kind}, {n} GPUs, batch 4 x 4096", "assumed")
+       for kind in ("lora", "full") for n in (8, 16, 32, 64)},
 }
 
 # Rows not estimated, with the reason.
@@ -296,6 +428,42 @@ EXCLUDED = {
             "kernels save other tensors: no setting of the estimator expresses them (held-out row)"
        for row in ("unsloth-nb-llama31-8b-alpaca-t4", "unsloth-nb-llama3-8b-alpaca-t4",
                    "unsloth-nb-mistral-v03-7b-alpaca-t4")},
+    "ptq-aofloat8-llama3-8b-fsdp8-mi300x-b1-s8192-sac-compile": "an AMD MI300X (ROCm): no CUDA profile applies "
+                                                                "(second held-out set)",
+    **{row: "torchtune's optimizer step fused into the backward (optimizer_in_bwd, assumed from the config of the "
+            "time) cannot be expressed; the 4-bit optimizer neither (second held-out set)"
+       for row in ("ptq-aolowbit-llama2-7b-1xa100-adamw-fused", "ptq-aolowbit-llama2-7b-1xa100-adamw8bit-bnb",
+                   "ptq-aolowbit-llama2-7b-1xa100-adamw8bit-ao", "ptq-aolowbit-llama2-7b-1xa100-adamw4bit-ao")},
+    **{row: "FSDP1 with limit_all_gathers=False (all-gathers run ahead of the forward) or a loop that keeps the whole "
+            "output (fp32 logits and use_cache's k/v) through the backward cannot be expressed (second held-out set)"
+       for row in ("llrec41-llama2-7b-lora-fsdp4xa100-b4-s2048-lagoff-keepout-active",
+                   "llrec41-llama2-7b-lora-fsdp4xa100-b4-s2048-lagoff-keepout-reserved",
+                   "llrec41-llama2-7b-lora-fsdp4xa100-b4-s2048-lagon-keepout-active",
+                   "llrec41-llama2-7b-lora-fsdp4xa100-b4-s2048-lagon-keepout-reserved")},
+    **{row: "thunder's own FSDP transform (thunder.distributed, with its bucketing), not torch's FSDP1 (issue-35 row)"
+       for row in ("thunder-litgpt-openllama3b-sgd-fsdp2gpu-zero2-nobucket-eager",
+                   "thunder-litgpt-openllama3b-sgd-fsdp2gpu-zero2-block-eager",
+                   "thunder-litgpt-openllama3b-sgd-fsdp2gpu-zero3-nobucket-eager",
+                   "thunder-litgpt-openllama3b-sgd-fsdp2gpu-zero3-block-eager",
+                   "thunder-litgpt-openllama3b-sgd-fsdp2gpu-zero2-block-inductor",
+                   "thunder-litgpt-openllama3b-sgd-fsdp2gpu-zero3-block-inductor")},
+    **{row: "the figure is whole GiB (rounded down by its logger, or read as a whole number), and the run's DeepSpeed "
+            "or data settings are not pinned (second held-out set)"
+       for row in ("flagperf-llama2-7b-lora-qv-r8-fp32-a100-40g-b2-s512",
+                   "flagperf-llama2-7b-full-zero3-fp16-h800x8-b1-s4096-fa2",
+                   "flagperf-llama2-7b-full-zero3-fp16-a800x8-b1-s4096-fa2")},
+    "cplgpt-gpt2-18b-zero3-offload-fp16-1xa100-40g-b1-s1024-gc": "DeepSpeed's parameter offload (offload_param) "
+                                                                 "cannot be expressed (second held-out set)",
+    **{row: "ms-swift 3.x example comments: the metric is not stated (reserved or nvidia-smi), the figures are whole "
+            "GB, and the GPU or sequence length is unknown for some (second held-out set)"
+       for row in ("swift-qwen2-7b-instruct-lora-allr8-packing8192-1gpu",
+                   "swift-qwen2.5-7b-full-zero3-4xa100-packing16384-liger-fa2",
+                   "swift-qwen2.5-14b-full-zero3-8xa800-packing8192-fa2",
+                   "swift-qwen3-8b-full-zero3-4gpu-packing8192-liger-fa2",
+                   "swift-qwen2-7b-instruct-full-1gpu-shortseq-purebf16",
+                   "swift-qwen2.5-7b-instruct-lora-allr8-zero3-2gpu-shortseq")},
+    "thunder-pr940-llama2-7b-fsdp1-zero2-8xh100-inductor": "FSDP1 SHARD_GRAD_OP (its 'zero2'): the estimator's FSDP1 "
+                                                           "is FULL_SHARD (issue-35 row)",
 }
 
 # Measurements used to set a term rather than to check the estimate. Each names the term it calibrates.
@@ -319,29 +487,39 @@ CALIBRATION = [
 # --- The comparison ---------------------------------------------------------------------------------------
 
 HELD_OUT = os.path.join(HERE, "heldout")  # rows added after the model was built: one JSON list per source
+# The second held-out set (issue 35, 2026-11-30): sources never read before, set aside and mapped before the
+# estimator's causes 1-5 were changed; its rows are reported as split "held_out_2", before and after.
+HELD_OUT_2 = os.path.join(HERE, "heldout35")
+# The sources issue 35's own analysis had read (fms-acceleration, dlrover/ATorch, lightning-thunder): the rows its
+# causes were looked for on, so neither fitting nor held out; reported apart as split "issue_35".
+ISSUE_35 = os.path.join(HERE, "issue35")
+SPLITS = ("fitting", "held_out", "held_out_2", "issue_35")
 
 
-def load_rows(path: str = MEASUREMENTS, held_out: str = HELD_OUT) -> list:
+def load_rows(path: str = MEASUREMENTS, held_out: str = HELD_OUT, held_out_2: str = HELD_OUT_2,
+              issue_35: str = ISSUE_35) -> list:
     """The fitting rows (measurements.json: every one was looked at while the estimator's terms were built or
-    tuned) and the held-out rows (heldout/*.json: added with "split": "held_out", mapped before their errors were
-    seen, and never used to change a term)."""
+    tuned), the held-out rows (heldout/*.json and heldout35/*.json: added with "split": "held_out", mapped before
+    their errors were seen, and never used to change a term) and issue 35's diagnostic rows (issue35/*.json)."""
     with open(path) as f:
         rows = [{**r, "split": r.get("split", "fitting")} for r in json.load(f)]
-    for name in sorted(os.listdir(held_out)) if os.path.isdir(held_out) else []:
-        if name.endswith(".json"):
-            with open(os.path.join(held_out, name)) as f:
-                added = json.load(f)
-            bad = [r.get("id") for r in added if r.get("split") != "held_out"]
-            if bad:
-                raise ValueError(f"heldout/{name}: rows {bad} are not marked \"split\": \"held_out\"")
-            rows += added
+    for folder, split in ((held_out, "held_out"), (held_out_2, "held_out_2"), (issue_35, "issue_35")):
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            if name.endswith(".json"):
+                with open(os.path.join(folder, name)) as f:
+                    added = json.load(f)
+                bad = [r.get("id") for r in added if r.get("split") != "held_out"]
+                if bad:
+                    raise ValueError(f"{os.path.basename(folder)}/{name}: rows {bad} are not marked \"split\": "
+                                     "\"held_out\"")
+                rows += [{**r, "split": split} for r in added]
     return rows
 
 
 def chunks_of(row: dict, source: str) -> str:
     """The loss keyword of a row (chunk counts are source decisions: SOURCE_DEFAULTS and MAPPING)."""
-    if row["loss"] == "standard":
-        return "standard"
+    if row["loss"] in ("standard", "no-upcast", "fused-linear-ce"):
+        return row["loss"]
     if row["loss"] == "chunked" and source in ("litgpt", "litgpt-tut"):  # lm_head_chunk_size 128
         return f"chunked:{math.ceil(row['seq_len'] / 128)}"
     if row["loss"] == "chunked":
@@ -407,6 +585,11 @@ def _estimate(kw: dict):
     import gpuops  # noqa: PLC0415 (the tables above import without the native module)
 
     kw = dict(kw)
+    if BEFORE:  # an estimator from before a change (PYTHONPATH): the options it had
+        known = inspect.signature(gpuops.estimate).parameters
+        if "loss" in kw and "no-upcast" in kw["loss"]:
+            kw["loss"] = "standard" if kw["loss"] == "no-upcast" else kw["loss"].replace("-no-upcast", "")
+        kw = {k: v for k, v in kw.items() if k in known}
     model = kw.pop("model", None)
     return gpuops.estimate(model, **kw)
 
@@ -498,7 +681,7 @@ def split_figures(rows: list) -> list:
     sign shows here), how often the band holds the measurement and its top covers it (the `fits` verdict reads
     the top of the device-used band), and the band's median width relative to the estimate."""
     out = []
-    for split in ("fitting", "held_out"):
+    for split in SPLITS:
         for figure in ("allocated", "reserved", "device-used"):
             chosen = [r for r in rows if r["split"] == split and FIGURE_CLASS[r["metric"]] == figure]
             if not chosen:
@@ -607,7 +790,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--write-docs", action="store_true", help="replace the block in docs/estimator.md")
     parser.add_argument("--json", metavar="PATH", help="write the raw results as JSON")
+    parser.add_argument("--before", action="store_true",
+                        help="an older estimator (PYTHONPATH): pass only the options it has")
     args = parser.parse_args(argv)
+    global BEFORE
+    BEFORE = args.before
     result = run()
     print(markdown(result))
     if args.json:
