@@ -377,8 +377,10 @@ MAPPING = {
     "cplgpt-gpt2xl-ddp-amp-4xa100-40g-b6-s1024-gc": ({}, "gpt2-xl, DDP + native AMP over 4, batch 6", "assumed"),
     "cplgpt-gpt2xl-zero3-fp16-4xa100-40g-b40-s1024-gc": ({"amp": "master-copy"}, "gpt2-xl, ZeRO-3 fp16 over 4, "
                                                          "batch 40", "assumed"),
-    "cplgpt-gpt2-12b-zero3-fp16-8xa100-40g-b1-s1024-gc": ({"amp": "master-copy"}, "a 12B GPT-2 (the row's config), "
-                                                          "ZeRO-3 fp16 over 8, batch 1", "assumed"),
+    "cplgpt-gpt2-12b-zero3-fp16-8xa100-40g-b1-s1024-gc": ({"amp": "master-copy", "config": {
+        "model_type": "gpt2", "vocab_size": 50257, "n_embd": 4096, "n_layer": 60, "n_head": 16, "n_positions": 1024}},
+        "a 12B GPT-2 (the row's geometry in GPT2Config's keys: n_inner defaults to 4 n_embd = 16384, as the row's "
+        "intermediate size), ZeRO-3 fp16 over 8, batch 1", "assumed"),
     # --- Issue 35's rows (issue35/*.json)
     **{f"fmsacc-{model}-{kind}-{g}g-b{b}-{m}": ({"sharding": "fsdp1"} if g == 2 else {},
                                                f"{kind}, {g} GPU(s), batch {b} of 4096 packed tokens", "assumed")
