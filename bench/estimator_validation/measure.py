@@ -257,7 +257,8 @@ def optimizer_factory_for(name: str, lr: float = 1e-3) -> Callable:
 # ------------------------------------------------------------------------------------------ measure
 def measure_peak(model_factory, optimizer_factory, batch, seq, precision="fp32", checkpointing=False,
                  steps=2, meter: Optional[str | object] = "gpuops", vocab: Optional[int] = None,
-                 seed: int = 0, hold_outputs: bool = False, device: str = "cpu") -> dict:
+                 seed: int = 0, hold_outputs: bool = False, device: str = "cpu",
+                 loss_fn: Optional[Callable] = None) -> dict:
     """Run `steps` training steps; return peak bytes above the pre-build baseline and where it landed.
 
     Returns {"peak": bytes, "peak_phase": "forward/1"|..., "phases": {...}, "build": bytes,
@@ -265,6 +266,8 @@ def measure_peak(model_factory, optimizer_factory, batch, seq, precision="fp32",
     hold_outputs=True keeps the whole ModelOutput (logits!) alive as a loop's `out = model(...);
     out.loss.backward(); opt.step()` does: through backward and step, until the next forward's output replaces
     it; the default drops everything but .loss. ``device="cuda"`` builds the model there (meter "cuda").
+    ``loss_fn(logits, input_ids)`` computes the loss outside the model (after its autocast region) instead of the
+    model's own (labels=input_ids); only the loss is kept.
     """
     assert precision in PRECISIONS, precision
     m = METERS[meter]() if isinstance(meter, str) else meter
@@ -292,8 +295,8 @@ def measure_peak(model_factory, optimizer_factory, batch, seq, precision="fp32",
         with m.phase(f"forward/{step}"):
             ctx = torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext()
             with ctx:
-                out = model(input_ids=input_ids, labels=input_ids)
-            loss = out.loss
+                out = model(input_ids=input_ids, labels=None if loss_fn else input_ids)
+            loss = loss_fn(out.logits, input_ids) if loss_fn else out.loss
             held = out if hold_outputs else None  # replaces the previous step's output only now
             del out
         with m.phase(f"backward/{step}"):

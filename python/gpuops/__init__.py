@@ -20,7 +20,7 @@ from .amp import GradScaler, clip_grad_norm_
 from .batch_size import find_max_batch_size, profile_memory
 from .checkpointing import apply_checkpointing, checkpoint, remove_checkpointing
 from .activation_offload import ActivationPlan, OffloadedActivations, apply_activation_policy, offload_activations
-from .estimator import Breakdown, GpuFit, estimate, fit_table, gpu_catalog, presets
+from .estimator import Breakdown, EstimateWarning, GpuFit, estimate, fit_table, gpu_catalog, presets
 from .estimator import Advice, advise, estimate_svg, plot_estimate  # pictures and advice
 from .training_state import TrainingState
 from .zero import ZeroOptimizer  # the sharded optimizer (issue 13, part 2)
@@ -36,6 +36,7 @@ __all__ = [
     "estimate_svg",
     "plot_estimate",
     "Breakdown",
+    "EstimateWarning",
     "GradScaler",
     "apply_checkpointing",
     "checkpoint",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -40,8 +41,11 @@ class Breakdown:
     host_memory: int = 0
     band_below: int = 0
     band_above: int = 0
+    #: What the estimate leaves out, in words (a module that is not a Hugging Face model or a bare parameter
+    #: count: no activations or logits); empty when the architecture is modelled.
+    notes: tuple = ()
 
-    _NOT_DEVICE = ("peak_phase", "host_memory", "band_below", "band_above")
+    _NOT_DEVICE = ("peak_phase", "host_memory", "band_below", "band_above", "notes")
     _NOT_ALLOCATED = ("allocator_slack", "cuda_context", "nccl_buffers")
 
     def byte_items(self) -> dict:
@@ -89,11 +93,8 @@ def _model_spec(model, config, params) -> _C.ModelSpec:
             own = getattr(model, "config", None)
             if _is_hf_config(own):  # a Hugging Face model: its config.json gives the architecture
                 model, config = None, own
-            else:  # any other module: its size only (parameters and buffers, meta tensors included)
-                count = sum(t.numel() for t in model.parameters()) + sum(t.numel() for t in model.buffers())
-                if count == 0:
-                    raise ValueError(f"model: the {type(model).__name__} has no parameters or buffers to count")
-                model, params = None, count
+            else:  # any other module: its tensors only (estimate() warns that activations are not modelled)
+                return _module_spec(model)
         else:
             raise TypeError("model must be a preset name or Hugging Face Hub id (str), a transformers "
                             f"PretrainedConfig or a torch.nn.Module, got {type(model).__name__}")
@@ -119,6 +120,41 @@ def _model_spec(model, config, params) -> _C.ModelSpec:
     if not isinstance(config, (str, bytes, os.PathLike)):
         raise TypeError(f"config must be a path, a dict or a transformers PretrainedConfig, got {type(config).__name__}")
     return _C.model_from_config_file(os.fsencode(config))  # bytes: any file name reaches open()
+
+
+def _module_spec(module: "torch.nn.Module") -> _C.ModelSpec:
+    """A module with no architecture the estimator reads: its trainable floating-point parameters become a bare
+    count (weights, gradients and states at the setup's precision); frozen parameters, buffers and integer
+    (quantised) tensors are held as stored, at their own size (meta tensors included)."""
+    trainable, fixed, seen = 0, 0, set()
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        if id(tensor) in seen:  # a tied tensor is counted once
+            continue
+        seen.add(id(tensor))
+        if tensor.requires_grad and tensor.is_floating_point():
+            trainable += tensor.numel()
+        else:
+            fixed += tensor.numel() * tensor.element_size()
+    name = type(module).__name__
+    if trainable == 0:
+        raise ValueError(f"model: the {name} has no trainable floating-point parameters (requires_grad=True) to "
+                         "estimate a training step for; accepted: a module with at least one")
+    spec = _C.model_from_module(trainable, fixed, name)
+    # Every entry point (estimate, fit_table, estimate_svg, advise) comes here: the caller may not know that
+    # the answer leaves the activations out.
+    warnings.warn(f"gpuops.estimate: {_no_architecture(spec)}", EstimateWarning, stacklevel=5)
+    return spec
+
+
+def _no_architecture(spec: _C.ModelSpec) -> str:
+    what = "a bare parameter count" if spec.name[:1].isdigit() else f"the module {spec.name}"
+    return (f"activations and logits are not modelled: {what} has no architecture the estimator reads, so micro_batch "
+            "and seq_len change nothing and every figure (and a fit) is a lower bound; give a preset, a Hugging Face "
+            "model or config, or a config.json (config=) for them")
+
+
+class EstimateWarning(UserWarning):
+    """An estimate that leaves out part of the step (the activations of a module with no architecture)."""
 
 
 # The command line's names for four of estimate()'s keywords, accepted as they are: gpuops estimate --batch 4
@@ -225,9 +261,11 @@ def estimate(
     Checkpointing policies, chunked loss, LoRA dropout, torch.compile (docs/estimator.md):
     ``checkpointing="selective"`` is op-level selective checkpointing of every block (non-reentrant
     ``torch.utils.checkpoint`` with torchtitan's "op" policy: every other ``aten.mm`` output and, on CUDA, the
-    SDPA outputs are kept). ``loss`` is ``"standard"`` (Hugging Face's cross-entropy), ``"chunked:C"``
-    (torchtune's ``CEWithChunkedOutputLoss`` / litgpt's ``chunked_cross_entropy`` with ``C`` token chunks) or
-    ``"fused-linear-ce"`` (Liger's fused linear cross-entropy). ``lora_dropout`` is PEFT's ``lora_dropout``, a
+    SDPA outputs are kept). ``loss`` is ``"standard"`` (Hugging Face's cross-entropy on logits upcast to
+    fp32), ``"no-upcast"`` (``cross_entropy`` on the 16-bit logits, outside autocast: LitGPT, Thunder),
+    ``"chunked:C"`` (torchtune's ``CEWithChunkedOutputLoss``, ``C`` token chunks, each upcast),
+    ``"chunked-no-upcast:C"`` (LitGPT's ``chunked_cross_entropy``) or ``"fused-linear-ce"`` (Liger's fused
+    linear cross-entropy); docs/estimator.md lists which frameworks upcast. ``lora_dropout`` is PEFT's ``lora_dropout``, a
     float ``0 <= p < 1`` (LoRA only). ``compile=True`` models ``torch.compile`` of the model (inductor's saved
     tensors; not with ``attention="eager"``). ``held_logits`` is what the training loop keeps of the model's
     output through the backward: ``"none"`` (only the loss, as the Hugging Face Trainer), ``"model"`` (the
@@ -259,7 +297,8 @@ def estimate(
     spec, device, setup = _estimate_inputs("estimate", model, keywords, keep_gpu=True)
     # Types and ranges are checked in C++ (gpuops._C), each error naming its argument.
     items, phase, off_device = _C.estimate_memory(spec, device, **setup)
-    return Breakdown(**dict(items), peak_phase=phase, **off_device)
+    notes = (_no_architecture(spec),) if spec.family == "params-only" else ()
+    return Breakdown(**dict(items), peak_phase=phase, **off_device, notes=notes)
 
 
 def _path_or_none(name: str, path) -> Optional[bytes]:

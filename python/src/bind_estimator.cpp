@@ -315,6 +315,8 @@ void bind_estimator(py::module_& m) {
       .def_readonly("vocab_size", &ModelSpec::vocab_size)
       // Model families: config text may hold any bytes, so the strings are made printable (\xNN).
       .def_property_readonly("model_type", [](const ModelSpec& s) { return printable(s.model_type); })
+      .def_property_readonly("family", [](const ModelSpec& s) { return std::string(to_string(s.family)); })
+      .def_readonly("fixed_bytes", &ModelSpec::fixed_bytes)
       .def_readonly("num_experts", &ModelSpec::num_experts)
       .def_readonly("experts_per_token", &ModelSpec::experts_per_token)
       .def_property_readonly("assumptions", [](const ModelSpec& s) {
@@ -337,6 +339,18 @@ void bind_estimator(py::module_& m) {
   m.def("model_from_config_file", [](py::object path) { return model_from_hf_config_file(path_arg(path)); },
         py::arg("path"));
   m.def("model_from_params", [](py::object count) { return params_arg(count); }, py::arg("count"));
+  m.def(
+      "model_from_module",
+      [](int64_t trainable, int64_t fixed_bytes, const std::string& name) {
+        GPUOPS_CHECK_ARG(trainable >= 1, "trainable {} is not accepted; accepted: >= 1 parameters", trainable);
+        GPUOPS_CHECK_ARG(fixed_bytes >= 0, "fixed_bytes {} is not accepted; accepted: >= 0", fixed_bytes);
+        ModelSpec s = params_only_model(trainable, name);
+        s.fixed_bytes = fixed_bytes;
+        return s;
+      },
+      py::arg("trainable"), py::arg("fixed_bytes"), py::arg("name"),
+      "A module with no architecture the estimator reads: its trainable parameter count and the bytes of its "
+      "frozen parameters, buffers and integer tensors.");
   m.def("preset_names", &preset_names);
 
   m.def(

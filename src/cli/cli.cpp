@@ -332,8 +332,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       estimate->add_option("--zero-grad", o.zero_grad, "Between steps the gradients are: none "
                            "(zero_grad(set_to_none=True), torch >= 2.0) or zeros (kept, torch < 2.0)")
           ->capture_default_str(),
-      estimate->add_option("--loss", o.loss, "standard (HF cross-entropy), chunked:C (torchtune/litgpt chunked "
-                           "cross-entropy, C token chunks) or fused-linear-ce (Liger)")->capture_default_str(),
+      estimate->add_option("--loss", o.loss, "standard (HF cross-entropy, logits upcast to fp32), no-upcast "
+                           "(cross-entropy on 16-bit logits: LitGPT, Thunder), chunked:C (torchtune's chunked "
+                           "cross-entropy, C token chunks, upcast), chunked-no-upcast:C (LitGPT's) or fused-linear-ce "
+                           "(Liger)")->capture_default_str(),
       estimate->add_option("--lora-dropout", o.lora_dropout, "PEFT lora_dropout, 0 <= P < 1 (LoRA only)")
           ->type_name("P")
           ->capture_default_str(),

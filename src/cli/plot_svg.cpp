@@ -183,12 +183,23 @@ void phase_chart(const EstimatePlot& p, double y0, std::string& svg) {
   svg += "</g>\n";
 }
 
+// 1234567 -> "1 234 567" (thin groups, as the docs write counts).
+std::string grouped(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ' ';
+    out += digits[i];
+  }
+  return out;
+}
+
 // (b) the largest micro-batch per catalog GPU.
 void gpu_chart(const EstimatePlot& p, double y0, std::string& svg) {
   const double top = y0 + kChartTop;
   svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" font-size=\"13\" font-weight=\"bold\">{}</text>\n",
                      kGpuNamesRight - 90, top - 48,
-                     p.has_micro_batch ? "Largest micro-batch per GPU (CUDA estimate)" : "Fit per GPU (CUDA estimate)");
+                     p.has_micro_batch ? "Largest micro-batch per GPU (CUDA estimate)"
+                                       : "Fit per GPU without activations (CUDA estimate)");
   int64_t most = 1;
   for (const auto& f : p.gpus) most = std::max(most, f.max_micro_batch);
   const double row = p.gpus.empty() ? 0 : std::min(32.0, kChartHeight / static_cast<double>(p.gpus.size()));
@@ -199,7 +210,8 @@ void gpu_chart(const EstimatePlot& p, double y0, std::string& svg) {
     const int64_t value = p.has_micro_batch ? f.max_micro_batch : 0;
     const double w = kGpuBarsWidth * static_cast<double>(value) / static_cast<double>(most);
     std::string label;
-    if (!p.has_micro_batch) label = f.fits ? "fits" : "does not fit";
+    // No architecture: what fits is the weights, gradients and states only, so a fit is not a verdict.
+    if (!p.has_micro_batch) label = f.fits ? "states fit; activations unknown" : "does not fit (states alone)";
     else if (value == 0) label = "0: does not fit at micro-batch 1";
     else label = fmt::format("{}", value);
     svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{} ({:.0f} GiB)</text>\n", kGpuNamesRight - 6,
@@ -210,8 +222,10 @@ void gpu_chart(const EstimatePlot& p, double y0, std::string& svg) {
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\"{}>{}</text>\n", kGpuBarsLeft + w + 4, y + 14,
                        value == 0 ? " fill=\"#c00\"" : "", label);
   }
-  svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" fill=\"#555\">dark: fits at the requested micro-batch</text>\n",
-                     kGpuBarsLeft - 90, top + row * p.gpus.size() + 18);
+  svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" fill=\"#555\">{}</text>\n", kGpuBarsLeft - 90,
+                     top + row * p.gpus.size() + 18,
+                     p.has_micro_batch ? "dark: fits at the requested micro-batch"
+                                       : "dark: weights, gradients and states fit; activations not modelled");
   svg += "</g>\n";
 }
 
@@ -233,7 +247,12 @@ EstimatePlot make_estimate_plot(const est::ModelSpec& model, const est::Training
                                 const est::CudaRuntime& runtime) {
   EstimatePlot p;
   p.device = device.is_cpu() ? "cpu" : "cuda";
-  p.title = fmt::format("{} of {}", setup.lora.rank > 0 ? "LoRA fine-tune" : "full fine-tune", model.name);
+  const char* kind = setup.lora.rank > 0 ? "LoRA fine-tune" : "full fine-tune";
+  p.title = fmt::format("{} of {}", kind, model.name);
+  if (model.family == est::ModelFamily::ParamsOnly)  // a bare count's name is the count as given
+    p.title = fmt::format("{} of {}{} trainable parameters (activations and logits not modelled)", kind,
+                          std::isdigit(static_cast<unsigned char>(model.name[0])) ? std::string() : model.name + ": ",
+                          grouped(est::parameter_count(model)));
   p.subtitle = describe(setup, p.device);
   p.phases = est::estimate_phases(model, setup, device);
   p.peak_phase = est::estimate_memory(model, setup, device).peak_phase;

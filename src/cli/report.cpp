@@ -42,7 +42,7 @@ std::string describe_state_options(const est::TrainingSetup& s) {
   if (s.lora.quantize_lm_head) out += fmt::format(", LM head in {}", est::to_string(s.lora.base));
   if (s.lora.rank > 0 && est::is_quantised_base(s.lora.base) && s.lora.bnb_version < est::BnbVersion{})
     out += fmt::format(", bitsandbytes {}", est::to_string(s.lora.bnb_version));
-  if (s.loss != est::LossKind::Standard) out += fmt::format(", loss {}", est::loss_to_string(s));
+  if (s.loss != est::LossKind::Standard || !s.loss_upcast) out += fmt::format(", loss {}", est::loss_to_string(s));
   if (s.lora_dropout > 0) out += fmt::format(", LoRA dropout {}", s.lora_dropout);
   if (s.compile) out += ", torch.compile";
   if (s.held_logits != est::HeldLogits::None) out += fmt::format(", logits held ({})", est::to_string(s.held_logits));

@@ -171,7 +171,7 @@ C ForwardOps::outer_extras(const ModelSpec&, const TrainingSetup&, const Shape&)
 C ForwardOps::final_norm(const ModelSpec& m, const Shape& x) const { return norm(m, x, 1); }
 
 // The fp32 log-softmax, the shifted int64 labels, the loss.
-C ForwardOps::loss(const Shape& x) const { return x.N * x.V * 4 + x.N * 8 + 4; }
+C ForwardOps::loss(const Shape& x, int64_t logit_bytes) const { return x.N * x.V * logit_bytes + x.N * 8 + 4; }
 
 const ForwardOps& eager_ops() {
   static const ForwardOps ops;
@@ -240,7 +240,7 @@ ForwardSaved forward_saved(const ModelSpec& m, const TrainingSetup& t, const Dev
     if (own) {
       f.loss = *own;
     } else {
-      f.loss = ops->loss(x).get();
+      f.loss = ops->loss(x, loss_logit_bytes(t)).get();
       if (m.final_logit_softcapping > 0) f.loss = (C(f.loss) + x.N * x.V * x.e).get();  // Gemma-2: tanh(logits / cap)
     }
   }

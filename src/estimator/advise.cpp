@@ -157,13 +157,14 @@ std::vector<Variant> chunked_loss(const ModelSpec& m, const TrainingSetup& s) {
   TrainingSetup t = s;
   t.loss = LossKind::Chunked;
   t.loss_chunks = 8;
-  return {{"cross-entropy in 8 token chunks (torchtune, litgpt)", "--loss chunked:8", t}};
+  return {{"cross-entropy in 8 token chunks (torchtune, litgpt)", "--loss " + loss_to_string(t), t}};
 }
 
 std::vector<Variant> fused_linear_ce(const ModelSpec& m, const TrainingSetup& s) {
   if (!has_architecture(m) || s.loss == LossKind::FusedLinearCe) return {};
   TrainingSetup t = s;
   t.loss = LossKind::FusedLinearCe;
+  t.loss_upcast = true;
   return {{"fused linear cross-entropy (Liger kernel: no full logits)", "--loss fused-linear-ce", t}};
 }
 

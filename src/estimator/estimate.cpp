@@ -60,6 +60,7 @@ int64_t zero_shard(int64_t count, const TrainingSetup& s, int from_stage) {
 // RoPE's inverse frequencies (an fp32 original is kept when the model is cast to bf16).
 int64_t buffer_bytes(const ModelSpec& m, const TrainingSetup& s) {
   const int64_t pb = trainable_element_bytes(s);
+  if (m.family == ModelFamily::ParamsOnly) return m.fixed_bytes;
   if (m.causal_mask_buffers) return (m.num_layers * (C(m.max_positions) * m.max_positions + pb)).get();
   if (m.family == ModelFamily::Decoder && !m.learned_positions) {
     const int64_t half = effective_head_dim(m) / 2;

@@ -59,8 +59,9 @@ class ForwardOps {
   virtual CheckedInt outer_extras(const ModelSpec&, const TrainingSetup&, const Shape&) const;
   /// A decoder's final norm.
   virtual CheckedInt final_norm(const ModelSpec&, const Shape&) const;
-  /// The loss's saved bytes (Hugging Face's cross-entropy), before a soft cap.
-  virtual CheckedInt loss(const Shape&) const;
+  /// The loss's saved bytes (Hugging Face's cross-entropy), before a soft cap: the log-softmax of the logits in
+  /// `logit_bytes` (4 upcast, else the compute dtype's), the labels and the loss.
+  virtual CheckedInt loss(const Shape&, int64_t logit_bytes) const;
 };
 
 /// The eager model.
@@ -95,7 +96,7 @@ class WrappedOps : public ForwardOps {
     return inner_.outer_extras(m, t, x);
   }
   CheckedInt final_norm(const ModelSpec& m, const Shape& x) const override { return inner_.final_norm(m, x); }
-  CheckedInt loss(const Shape& x) const override { return inner_.loss(x); }
+  CheckedInt loss(const Shape& x, int64_t logit_bytes) const override { return inner_.loss(x, logit_bytes); }
 
  protected:
   const ForwardOps& inner_;

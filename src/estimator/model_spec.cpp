@@ -274,6 +274,8 @@ void validate(const ModelSpec& s) {
   if (s.family == ModelFamily::ParamsOnly) {
     GPUOPS_CHECK_ARG(s.explicit_param_count > 0, "model parameter count must be > 0, got {}",
                      s.explicit_param_count);
+    GPUOPS_CHECK_ARG(s.fixed_bytes >= 0, "model fixed bytes (frozen tensors and buffers) must be >= 0, got {}",
+                     s.fixed_bytes);
     return;
   }
   auto positive = [&](const char* field, int64_t v) {

@@ -44,7 +44,7 @@ int64_t loss_moment_bytes(const ModelSpec& m, const TrainingSetup& s, const Devi
     if (const auto bytes = f->loss_moment(context, saved)) own = bytes;
   if (own) return *own;
   const C N = C(s.micro_batch) * s.seq_len;
-  return (C(saved) + 2 * N * m.vocab_size * 4 - N * 8).get();
+  return (C(saved) + 2 * N * m.vocab_size * loss_logit_bytes(s) - N * 8).get();
 }
 
 }  // namespace

@@ -66,12 +66,21 @@ std::vector<int64_t> pieces(int64_t bytes, int64_t unit) {
   return out;
 }
 
-// torch's workspaces: per handle (two in a step) one cuBLAS workspace and one 1 MiB cuBLASLt workspace.
+// torch's workspaces: per handle (two in a step) one cuBLAS workspace (32 MiB on sm_90, 8 MiB + 128 KiB
+// elsewhere) and one 1 MiB cuBLASLt workspace. A measured total is cut the same way: up to two cuBLAS
+// workspaces, the rest 1 MiB cuBLASLt ones (the H200 run's 65 MiB: 32 + 32 + 1), else one piece.
 std::vector<int64_t> workspaces(const DeviceProfile& device) {
   constexpr int64_t kLt = int64_t{1} << 20;
-  const int64_t per_handle = device.workspace_bytes / 2;
-  if (per_handle <= kLt) return {device.workspace_bytes};
-  return {per_handle - kLt, kLt, per_handle - kLt, kLt};
+  const int64_t cublas = device.compute_capability == 90 ? 32 * kLt : 8 * kLt + 128 * 1024;
+  std::vector<int64_t> out;
+  int64_t left = device.workspace_bytes;
+  for (int i = 0; i < 2 && left >= cublas; ++i, left -= cublas) out.push_back(cublas);
+  if (left % kLt == 0 && left <= 2 * kLt) {
+    for (; left > 0; left -= kLt) out.push_back(kLt);
+  } else if (left > 0) {
+    out.push_back(left);
+  }
+  return out;
 }
 
 AllocatorPeaks peaks(const CachingAllocatorModel& a) {

@@ -96,6 +96,9 @@ void check_enum(const Names<E, N>& names, E value, const char* argument) {
 void validate_activation_setups(const TrainingSetup& s) {
   GPUOPS_CHECK_ARG(s.loss == LossKind::Standard || s.loss == LossKind::Chunked || s.loss == LossKind::FusedLinearCe,
                    "loss {} is out of range; accepted: standard, chunked:C, fused-linear-ce", static_cast<int>(s.loss));
+  GPUOPS_CHECK_ARG(s.loss_upcast || s.loss != LossKind::FusedLinearCe,
+                   "loss fused-linear-ce with loss_upcast false is not accepted: Liger's loss keeps no logits; "
+                   "accepted: loss_upcast true");
   check_enum(kHeldLogits, s.held_logits, "held-logits");
   check_enum(kModelCodes, s.model_code, "model-code");
 }
@@ -189,26 +192,29 @@ std::string checkpointing_to_string(const TrainingSetup& s) {
 
 void parse_loss(std::string_view text, TrainingSetup& setup) {
   const std::string key = lower(text);
-  if (key == "standard" || key == "fused-linear-ce") {
-    setup.loss = key == "standard" ? LossKind::Standard : LossKind::FusedLinearCe;
+  if (key == "standard" || key == "no-upcast" || key == "fused-linear-ce") {
+    setup.loss = key == "fused-linear-ce" ? LossKind::FusedLinearCe : LossKind::Standard;
+    setup.loss_upcast = key != "no-upcast";
     return;
   }
-  const std::string prefix = "chunked:";
+  const bool upcast = key.rfind("chunked:", 0) == 0;
+  const std::string prefix = upcast ? "chunked:" : "chunked-no-upcast:";
   const bool ok = key.size() > prefix.size() && key.compare(0, prefix.size(), prefix) == 0 &&
                   key.size() - prefix.size() <= 9 &&
                   std::all_of(key.begin() + prefix.size(), key.end(), [](unsigned char c) { return std::isdigit(c); });
   const int64_t chunks = ok ? std::stoll(key.substr(prefix.size())) : 0;
   GPUOPS_CHECK_ARG(ok && chunks >= 1,
-                   "loss '{}' is not accepted; accepted: standard, chunked:C (C >= 1 token chunks, e.g. chunked:8), "
-                   "fused-linear-ce", text);
+                   "loss '{}' is not accepted; accepted: standard, no-upcast (cross-entropy on 16-bit logits), "
+                   "chunked:C or chunked-no-upcast:C (C >= 1 token chunks, e.g. chunked:8), fused-linear-ce", text);
   setup.loss = LossKind::Chunked;
   setup.loss_chunks = chunks;
+  setup.loss_upcast = upcast;
 }
 
 std::string loss_to_string(const TrainingSetup& s) {
   switch (s.loss) {
-    case LossKind::Standard: return "standard";
-    case LossKind::Chunked: return fmt::format("chunked:{}", s.loss_chunks);
+    case LossKind::Standard: return s.loss_upcast ? "standard" : "no-upcast";
+    case LossKind::Chunked: return fmt::format("chunked{}:{}", s.loss_upcast ? "" : "-no-upcast", s.loss_chunks);
     case LossKind::FusedLinearCe: return "fused-linear-ce";
   }
   return "?";
@@ -263,6 +269,8 @@ bool parse_zero_reduce(std::string_view text) {
 }
 
 int64_t compute_dtype_bytes(Precision p) { return p == Precision::Fp32 ? 4 : 2; }
+
+int64_t loss_logit_bytes(const TrainingSetup& s) { return s.loss_upcast ? 4 : compute_dtype_bytes(s.precision); }
 
 bool is_mixed(Precision p) { return p == Precision::Fp16Mixed || p == Precision::Bf16Mixed; }
 

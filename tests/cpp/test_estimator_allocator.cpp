@@ -122,6 +122,23 @@ TEST(DeviceFigures, ContextTableByGenerationAndOverride) {
   EXPECT_EQ(a100.cuda_context_bytes, 500 * MiB);
   // torch 2.11: 8 MiB + 128 KiB cuBLAS and 1 MiB cuBLASLt workspaces per handle before sm_90, two handles.
   EXPECT_EQ(a100.workspace_bytes, 2 * (8 * MiB + 128 * KiB + MiB));
+  // sm_90 with CUDA 13: the H200 run's measured profile (bench/results/device-profile-h200.json) sets the
+  // typical context and the workspaces; the range keeps the table's low end for drivers not measured.
+  const est::DeviceProfile h100 = est::device_of(est::find_gpu("H100-80GB"));
+  EXPECT_EQ(h100.cuda_context_bytes, 809041920);
+  EXPECT_EQ(h100.cuda_context_low, 300 * MiB);
+  EXPECT_EQ(h100.cuda_context_high, 813236224);
+  EXPECT_EQ(h100.workspace_bytes, 68157440);
+  EXPECT_NE(h100.context_basis.find("measured on NVIDIA H200"), std::string::npos) << h100.context_basis;
+  const est::DeviceProfile cuda12 = est::cuda_device(90, est::CudaRuntime{12, true});
+  EXPECT_EQ(cuda12.cuda_context_bytes, 500 * MiB);  // no run measured CUDA 12: the table
+  EXPECT_EQ(cuda12.workspace_bytes, 2 * (32 * MiB + MiB));
+  const est::DeviceProfile eager90 = est::cuda_device(90, est::CudaRuntime{13, false});
+  EXPECT_EQ(eager90.cuda_context_bytes, 1000 * MiB);  // eager loading was not measured: the table
+  EXPECT_EQ(eager90.workspace_bytes, 68157440);
+  ASSERT_TRUE(est::builtin_measured_cuda(90, 13).has_value());
+  EXPECT_FALSE(est::builtin_measured_cuda(80, 13).has_value());
+  EXPECT_FALSE(est::builtin_measured_cuda(90, 12).has_value());
   const est::DeviceProfile eager = est::cuda_device(80, est::CudaRuntime{12, false});
   EXPECT_EQ(eager.cuda_context_bytes, 1000 * MiB);  // every kernel image loaded at start
   est::CudaRuntime given;
@@ -245,8 +262,9 @@ TEST(DeviceFiguresCli, RuntimeOptionsChangeTheFiguresAndBadOnesNameTheOption) {
     return nlohmann::json::parse(r.out)["runs"][0]["breakdown"]["total"].get<int64_t>();
   };
   const int64_t lazy = total({});
-  EXPECT_EQ(total({"--module-loading", "eager"}) - lazy, 500 * MiB);  // 1000 vs 500 MiB on sm_90
-  EXPECT_EQ(total({"--context-bytes", "0"}), lazy - 500 * MiB);
+  // sm_90, CUDA 13: 1000 MiB eager (the table) vs the measured 809,041,920 bytes lazy.
+  EXPECT_EQ(total({"--module-loading", "eager"}) - lazy, 1000 * MiB - 809041920);
+  EXPECT_EQ(total({"--context-bytes", "0"}), lazy - 809041920);
   EXPECT_LE(total({"--allocator", "expandable"}), lazy);
   for (const auto& [args, needle] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--cuda", "10"}, "--cuda 10"},

@@ -127,6 +127,34 @@ TEST(SetupsAct, ChunkedLossHandArithmetic) {
   }
 }
 
+TEST(SetupsAct, LossWithoutUpcastKeepsTheLogSoftmaxInTheComputeDtype) {
+  // cross_entropy on bf16 logits outside autocast (LitGPT, Thunder): log_softmax saves its bf16 output and its
+  // backward makes bf16 gradients (torch 2.11 on the CPU: tests/python/test_estimator_loss.py measures both).
+  const auto m = small_llama();
+  const auto cpu = est::cpu_device();
+  for (auto p : {est::Precision::Bf16Pure, est::Precision::Bf16Mixed}) {
+    auto upcast = setup(p), plain = upcast;
+    plain.loss_upcast = false;
+    const int64_t saved = N * 2000 * 2 + N * 8 + 4;  // 384,772
+    EXPECT_EQ(est::forward_saved(m, plain, cpu).loss, saved);
+    EXPECT_EQ(est::forward_saved(m, upcast, cpu).loss, N * 2000 * 4 + N * 8 + 4);
+    EXPECT_EQ(loss_moment_logits(m, plain, cpu), saved + 2 * N * 2000 * 2 - N * 8);
+    // LitGPT's chunked loss: the bf16 list is held to the end of the forward, no chunk is upcast.
+    auto chunked = plain;
+    chunked.loss = est::LossKind::Chunked;
+    chunked.loss_chunks = 8;
+    EXPECT_EQ(loss_moment_logits(m, chunked, cpu), std::max(saved + N * 2000 * 2, saved - N * 8 + 2 * 12 * 2000 * 2));
+    auto long_plain = plain, long_upcast = upcast;  // long enough for the loss to be the peak
+    long_plain.micro_batch = long_upcast.micro_batch = 8;
+    long_plain.seq_len = long_upcast.seq_len = 256;
+    EXPECT_LT(est::estimate_memory(m, long_plain, cpu).total(), est::estimate_memory(m, long_upcast, cpu).total());
+  }
+  // In fp32 there is nothing to upcast: the same bytes.
+  auto f32 = setup(est::Precision::Fp32), f32_plain = f32;
+  f32_plain.loss_upcast = false;
+  EXPECT_EQ(est::estimate_memory(m, f32_plain, cpu).total(), est::estimate_memory(m, f32, cpu).total());
+}
+
 TEST(SetupsAct, FusedLinearCrossEntropyHandArithmetic) {
   const auto m = small_llama();
   const auto cuda = est::cuda_device();
@@ -369,6 +397,15 @@ TEST(SetupsAct, ParsersAndNames) {
   EXPECT_EQ(est::loss_to_string(t), "chunked:16");
   est::parse_loss("fused-linear-ce", t);
   EXPECT_EQ(est::loss_to_string(t), "fused-linear-ce");
+  for (const char* name : {"no-upcast", "chunked-no-upcast:4", "standard", "chunked:3"}) {
+    est::parse_loss(name, t);
+    EXPECT_EQ(est::loss_to_string(t), name);
+  }
+  est::parse_loss("No-Upcast", t);
+  EXPECT_FALSE(t.loss_upcast);
+  EXPECT_EQ(t.loss, est::LossKind::Standard);
+  est::parse_loss("chunked:2", t);
+  EXPECT_TRUE(t.loss_upcast);
   EXPECT_DOUBLE_EQ(est::parse_lora_dropout("0.05"), 0.05);
   EXPECT_DOUBLE_EQ(est::parse_lora_dropout(".1"), 0.1);
 }
@@ -376,7 +413,8 @@ TEST(SetupsAct, ParsersAndNames) {
 TEST(SetupsAct, BadInputIsRefusedNamingTheOption) {
   const auto m = small_llama();
   est::TrainingSetup t;
-  for (const char* bad : {"chunked:0", "chunked:", "chunked:-1", "chunked:1e3", "chunked", "fused", ""}) {
+  for (const char* bad : {"chunked:0", "chunked:", "chunked:-1", "chunked:1e3", "chunked", "fused", "",
+                          "chunked-no-upcast:0", "chunked-no-upcast", "no-upcast:3", "fused-linear-ce-no-upcast"}) {
     try {
       est::parse_loss(bad, t);
       ADD_FAILURE() << bad;
@@ -412,6 +450,10 @@ TEST(SetupsAct, BadInputIsRefusedNamingTheOption) {
   auto bare = setup(est::Precision::Fp32);
   bare.loss = est::LossKind::FusedLinearCe;
   EXPECT_THROW(est::validate(bare, est::params_only_model(7000000000, "7B")), gpuops::ArgumentError);
+  auto fused_plain = setup(est::Precision::Bf16Pure);
+  fused_plain.loss = est::LossKind::FusedLinearCe;
+  fused_plain.loss_upcast = false;  // only a struct written by hand can say this
+  EXPECT_THROW(est::validate(fused_plain, m), gpuops::ArgumentError);
 }
 
 TEST(SetupsAct, CommandLineOptionsAndJson) {

@@ -204,14 +204,19 @@ def test_a_config_object_and_another_architecture_are_refused_together():
     assert gpuops.estimate(Llama5Config(), seq_len=64) == gpuops.estimate(config, seq_len=64)
 
 
-def test_any_other_module_counts_its_parameters_and_buffers():
+def test_any_other_module_trains_its_parameters_and_holds_its_buffers():
+    """(tests/python/test_estimator_module.py checks the rest: frozen and integer tensors, the warning, the plot.)"""
     model = torch.nn.Sequential(torch.nn.Linear(30, 20), torch.nn.BatchNorm1d(20), torch.nn.Linear(20, 5))
-    count = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
-    assert count > sum(p.numel() for p in model.parameters())  # the running statistics count too
-    assert gpuops.estimate(model) == gpuops.estimate(params=count)
+    count = sum(p.numel() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())  # running statistics, an int64 counter
+    with pytest.warns(gpuops.EstimateWarning):
+        b = gpuops.estimate(model, precision="fp32")
+    bare = gpuops.estimate(params=count, precision="fp32")
+    assert (b.gradients, b.optimizer_states) == (bare.gradients, bare.optimizer_states)
+    assert b.weights == bare.weights + buffers
     with pytest.raises(ValueError, match="exactly one"):
         gpuops.estimate(model, params=count)
-    with pytest.raises(ValueError, match="model: the ReLU has no parameters or buffers"):
+    with pytest.raises(ValueError, match="model: the ReLU has no trainable"):
         gpuops.estimate(torch.nn.ReLU())
 
 

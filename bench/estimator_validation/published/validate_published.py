@@ -391,8 +391,8 @@ MAPPING = {
        for m in ("alloc", "nvsmi")},
     **{f"fmsacc-llama3-8b-lora-liger-1g-b{b}-{m}": ({}, f"Liger fused linear CE, batch {b}", "assumed")
        for b in (4, 16) for m in ("alloc", "nvsmi")},
-    "thunder-litgpt-openllama3b-sgd-1gpu-eager": ({}, "eager", "assumed"),
-    "thunder-litgpt-openllama3b-sgd-1gpu-inductor": ({}, "torch.compile (inductor)", "assumed"),
+    "thunder-litgpt-openllama3b-sgd-1gpu-eager": ({}, "eager", "stated"),
+    "thunder-litgpt-openllama3b-sgd-1gpu-inductor": ({}, "torch.compile (inductor)", "stated"),
     "thunder-pr940-llama2-7b-fsdp2-zero2-8xh100-eager": ({"loss": "no-upcast"}, "eager; cross_entropy on bf16 "
                                                          "logits", "assumed"),
     "thunder-pr940-llama2-7b-fsdp2-zero2-8xh100-inductor": ({"loss": "no-upcast"}, "torch.compile; bf16 logits",

@@ -54,6 +54,11 @@ struct DeviceProfile {
 DeviceProfile cuda_device(int cc = 90, const CudaRuntime& runtime = CudaRuntime{}, bool nvlink = true,
                           bool consumer = false);
 
+/// The profile a GPU run measured for compute capability `cc` under CUDA `cuda_major` with lazy loading, shipped
+/// with gpuops (bench/results/device-profile-*.json): cuda_device() uses it in place of the table's typical
+/// context and workspaces. None where no run measured that pair.
+std::optional<MeasuredCuda> builtin_measured_cuda(int cc, int cuda_major);
+
 /// A device profile file's figures (docs/estimator.md, "Measured device profiles"); errors name `label` (the
 /// option or argument that gave the path), the file and the field.
 MeasuredCuda read_device_profile(const std::string& path, const std::string& label = "--device-profile");

@@ -45,7 +45,9 @@ struct ModelSpec {
   bool causal_mask_buffers = false;  ///< a bool max_positions x max_positions causal mask per layer (GPT-2)
   bool masked_lm_head = false;    ///< Encoder only: BertForMaskedLM head instead of BertModel's pooler
   int64_t type_vocab_size = 0;    ///< BERT token-type embeddings
-  int64_t explicit_param_count = 0;  ///< ParamsOnly: the count itself
+  int64_t explicit_param_count = 0;  ///< ParamsOnly: the count itself (trainable)
+  int64_t fixed_bytes = 0;  ///< ParamsOnly: bytes held as stored and never trained (a live module's frozen
+                            ///< parameters, buffers and quantised tensors), on every device, unsharded
 
   // --- Model families (Gemma-2, Phi-3, MoE, MLA; docs/estimator.md "Model families") ---
   std::string model_type;         ///< config.json's model_type ("" for presets written by hand)

@@ -47,9 +47,10 @@ enum class BaseWeightDtype { Fp16, Bf16, Int8, Nf4, Nf4NoDq, Fp32 };
 enum class ShardingLayout { Flat, Fsdp2, Gpuops, Fsdp1 };
 
 /// How the loss is computed from the last hidden state. Standard: Hugging Face's LM head and cross-entropy
-/// (fp32 log-softmax of all logits). Chunked: torchtune's CEWithChunkedOutputLoss / litgpt's
-/// chunked_cross_entropy, the logits in `loss_chunks` token chunks. FusedLinearCe: Liger's fused linear
-/// cross-entropy (no logits; gradients computed in the forward).
+/// (log-softmax of all logits). Chunked: torchtune's CEWithChunkedOutputLoss / litgpt's chunked_cross_entropy,
+/// the logits in `loss_chunks` token chunks. Both upcast the logits to fp32 before the log-softmax unless
+/// TrainingSetup::loss_upcast is false. FusedLinearCe: Liger's fused linear cross-entropy (no logits;
+/// gradients computed in the forward).
 enum class LossKind { Standard, Chunked, FusedLinearCe };
 
 /// A bitsandbytes release, major.minor.patch. Which one runs an int8/nf4 base changes what the base's matmuls
@@ -122,6 +123,10 @@ struct TrainingSetup {
   // torch.compile").
   LossKind loss = LossKind::Standard;
   int64_t loss_chunks = 8;     ///< Chunked only: token chunks (torchtune's num_output_chunks)
+  /// Standard and Chunked: the logits are cast to fp32 before the log-softmax (Hugging Face, torchtune,
+  /// torchtitan; also any loss run inside torch.autocast, which runs cross_entropy in fp32). false: cross_entropy
+  /// on the compute-dtype logits (LitGPT, Thunder); docs/estimator.md lists which frameworks do which.
+  bool loss_upcast = true;
   double lora_dropout = 0.0;   ///< PEFT lora_dropout, 0 <= p < 1 (LoRA only)
   bool compile = false;        ///< torch.compile (inductor's min-cut partition of the joint graph)
   HeldLogits held_logits = HeldLogits::None;  ///< logits the loop keeps alive (an LM head only)
@@ -175,9 +180,10 @@ std::string_view to_string(ModelCode c);
 std::string_view to_string(ReduceDtype r);
 /// none, full, every:K or selective.
 std::string checkpointing_to_string(const TrainingSetup& setup);
-/// standard, chunked:C (C >= 1) or fused-linear-ce; sets setup.loss and setup.loss_chunks.
+/// standard, no-upcast, chunked:C, chunked-no-upcast:C (C >= 1) or fused-linear-ce; sets setup.loss,
+/// setup.loss_chunks and setup.loss_upcast.
 void parse_loss(std::string_view text, TrainingSetup& setup);
-/// standard, chunked:C or fused-linear-ce.
+/// standard, no-upcast, chunked:C, chunked-no-upcast:C or fused-linear-ce.
 std::string loss_to_string(const TrainingSetup& setup);
 /// A probability written in decimal ("0.05", ".1", "0"); ArgumentError naming lora-dropout otherwise
 /// (the range 0 <= p < 1 is checked by validate).
@@ -185,6 +191,9 @@ double parse_lora_dropout(std::string_view text);
 
 /// Bytes of one element of the 16-bit-or-fp32 compute dtype (activations, logits): 4 for fp32, else 2.
 int64_t compute_dtype_bytes(Precision p);
+
+/// Bytes of one logit as the loss's log-softmax reads it: 4 when the loss upcasts, else the compute dtype's.
+int64_t loss_logit_bytes(const TrainingSetup& setup);
 
 /// True when the gradients exist during the forward and the early backward: kept zeroed between steps, or
 /// accumulated over several micro-batches.

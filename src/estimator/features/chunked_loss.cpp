@@ -1,6 +1,6 @@
 // A chunked cross-entropy (LossKind::Chunked: torchtune's CEWithChunkedOutputLoss, litgpt's chunked_cross_entropy):
-// the logits in loss_chunks token chunks. Its forward saves what the standard loss saves (every chunk's fp32
-// log-softmax); the loss moment differs.
+// the logits in loss_chunks token chunks. Its forward saves what the standard loss saves (every chunk's
+// log-softmax, fp32 unless the loss does not upcast); the loss moment differs.
 #include <algorithm>
 
 #include "gpuops/errors.h"
@@ -30,8 +30,9 @@ class ChunkedLossFeature final : public SetupFeature {
     const int64_t e = compute_dtype_bytes(s.precision);
     const C chunk = ceil_div(N.get(), s.loss_chunks);
     if (s.compile) return (C(saved) + chunk * V * e).get();
-    const C backward = C(saved) - N * 8 + 2 * chunk * V * 4;
-    const C forward = C(saved) + N * V * e + (e == 4 ? C(0) : chunk * V * 4);
+    const int64_t l = loss_logit_bytes(s);
+    const C backward = C(saved) - N * 8 + 2 * chunk * V * l;
+    const C forward = C(saved) + N * V * e + (e == l ? C(0) : chunk * V * l);
     return std::max(backward.get(), forward.get());
   }
 };

@@ -41,7 +41,7 @@ class CompiledOps final : public ForwardOps {
     return x.mode == Numerics::Autocast ? 2 * x.N * x.h * 2 + x.N * 4 : norm(m, x, 1);
   }
   // The logits in the compute dtype, two fp32 values per row and labels padded by one per sequence.
-  C loss(const Shape& x) const override { return x.N * x.V * x.e + 2 * x.N * 4 + x.b * (x.s + 1) * 8 + 4; }
+  C loss(const Shape& x, int64_t) const override { return x.N * x.V * x.e + 2 * x.N * 4 + x.b * (x.s + 1) * 8 + 4; }
 };
 
 class CompileFeature final : public SetupFeature {
