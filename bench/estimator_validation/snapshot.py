@@ -41,7 +41,8 @@ FEATURES = [
     dict(num_gpus=4, sharding="fsdp2", reshard_after_forward=False), dict(num_gpus=4, sharding="gpuops",
                                                                           zero_prefetch=2),
     dict(num_gpus=4, zero_stage=2, offload_optimizer=True), dict(model_code="litgpt"),
-    dict(num_gpus=4, sharding="fsdp1"),
+    dict(num_gpus=4, sharding="fsdp1"), dict(loss="no-upcast"), dict(loss="chunked-no-upcast:8"),
+    dict(num_gpus=4, sharding="fsdp1", fsdp_orig_params=True, lora_rank=16, lora_targets=["q", "v"]),
 ]
 MIXES = [
     dict(precision="bf16", checkpointing="full", lora_rank=64, lora_targets=["q", "v"], base_dtype="nf4",

@@ -191,6 +191,7 @@ def estimate(
     ds_reduce_bucket: Union[int, str] = 500_000_000,
     reduce_dtype: str = "grad",
     offload_optimizer: bool = False,
+    fsdp_orig_params: bool = False,
     quantize_lm_head: bool = False,
     bnb_version: str = "0.45.0",
     loss: str = "standard",
@@ -241,6 +242,9 @@ def estimate(
     ``"gpuops-adamw-8bit"`` (gpuops.optim.AdamW(state_bits=8): 8-bit moments per 256 values for tensors of
     >= 4096 values).
     ``offload_optimizer=True`` is ZeRO-Offload (states, fp32 master and the step on the host).
+    ``fsdp_orig_params=True`` (with ``sharding="fsdp1"``) is FSDP1's ``use_orig_params=True``: with LoRA a block's
+    frozen weights are views of a flat parameter that requires grad, so they save their inputs and get gradients
+    (sharded, kept from the backward to the next forward) as trainable weights do.
     ``sharding="fsdp1"`` is torch's ``FullyShardedDataParallel`` with ``FULL_SHARD`` (the flat partitions, no
     DeepSpeed bucket, the root unit gathered from its forward to the end of the backward; ``zero_stage`` 0 means 3).
     ``sharding="fsdp2"`` is torch's ``fully_shard`` (per-tensor dim-0 shards; ``zero_stage`` 0 means 3) with

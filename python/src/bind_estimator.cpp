@@ -123,6 +123,7 @@ void read_state_options(const py::dict& a, TrainingSetup& s) {
     s.reshard_after_forward = bool_arg(a["reshard_after_forward"], "reshard_after_forward");
   if (a.contains("reduce_dtype")) s.reduce_dtype = parse_reduce_dtype(str_arg(a["reduce_dtype"], "reduce_dtype", "fp32"));
   if (a.contains("offload_optimizer")) s.offload_optimizer = bool_arg(a["offload_optimizer"], "offload_optimizer");
+  if (a.contains("fsdp_orig_params")) s.fsdp_orig_params = bool_arg(a["fsdp_orig_params"], "fsdp_orig_params");
   if (a.contains("quantize_lm_head")) s.lora.quantize_lm_head = bool_arg(a["quantize_lm_head"], "quantize_lm_head");
   if (a.contains("bnb_version")) s.lora.bnb_version = parse_bnb_version(str_arg(a["bnb_version"], "bnb_version", "0.42.0"));
 }
@@ -264,6 +265,7 @@ py::dict advised_keywords(const TrainingSetup& s) {
   d["model_code"] = std::string(to_string(s.model_code));
   d["compile"] = s.compile;
   d["offload_optimizer"] = s.offload_optimizer;
+  d["fsdp_orig_params"] = s.fsdp_orig_params;
   d["amp"] = std::string(to_string(s.amp));
   d["lora_dropout"] = s.lora_dropout;
   return d;
@@ -367,7 +369,7 @@ void bind_estimator(py::module_& m) {
       py::arg("model"), py::arg("device"),
       "Peak of one step; the setup as keywords precision, amp, optimizer, optimizer_impl, zero_stage, num_gpus, "
       "checkpointing, attention, lora_rank, lora_targets, base_dtype, micro_batch, seq_len, grad_accum, zero_reduce, zero_bucket_bytes, sharding, "
-      "reshard_after_forward, zero_prefetch, ds_reduce_bucket, reduce_dtype, offload_optimizer, quantize_lm_head, bnb_version, "
+      "reshard_after_forward, zero_prefetch, ds_reduce_bucket, reduce_dtype, offload_optimizer, fsdp_orig_params, quantize_lm_head, bnb_version, "
       "held_logits, model_code.");
 
   m.def(

@@ -47,7 +47,7 @@ struct EstimateOptions {
   // Optimizer placement and sharding (docs/estimator.md, "Optimizers, offload and sharding"):
   std::string sharding = "flat", reshard_after_forward = "true", reduce_dtype = "grad", zero_prefetch = "1";
   std::string ds_reduce_bucket = "500000000";
-  bool offload_optimizer = false, quantize_lm_head = false;
+  bool offload_optimizer = false, quantize_lm_head = false, fsdp_orig_params = false;
   // The CUDA software (docs/estimator.md, "Three figures"):
   std::string cuda = "13", module_loading = "lazy", allocator = "default", context_bytes = "-1", device_profile;
   // Pictures and advice (docs/estimator.md, "Pictures and advice"):
@@ -112,6 +112,7 @@ est::TrainingSetup build_setup(const EstimateOptions& o, const est::ModelSpec& m
   s.reshard_after_forward = est::parse_bool(o.reshard_after_forward, "--reshard-after-forward");
   s.reduce_dtype = est::parse_reduce_dtype(o.reduce_dtype);
   s.offload_optimizer = o.offload_optimizer;
+  s.fsdp_orig_params = o.fsdp_orig_params;
   s.lora.quantize_lm_head = o.quantize_lm_head;
   est::validate(s, model);
   return s;
@@ -362,6 +363,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                            "gradients' dtype) or fp32 (torchtitan's)")->capture_default_str(),
       estimate->add_flag("--offload-optimizer", o.offload_optimizer, "ZeRO-Offload: optimizer states, fp32 master and "
                          "the step on the host (host memory reported apart)"),
+      estimate->add_flag("--fsdp-orig-params", o.fsdp_orig_params, "fsdp1: use_orig_params=True (with LoRA the frozen "
+                         "weights save their inputs and get gradients as trainable ones)"),
       estimate->add_flag("--quantize-lm-head", o.quantize_lm_head, "int8/nf4 LoRA base: store the LM head like the "
                          "base linears (default: 16-bit)"),
   };

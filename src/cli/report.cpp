@@ -32,7 +32,8 @@ std::string describe_state_options(const est::TrainingSetup& s) {
   if (s.sharding == est::ShardingLayout::Gpuops)
     out += fmt::format(", gpuops ZeroOptimizer stage 3 (reshard after forward {}, prefetch {})",
                        s.reshard_after_forward ? "true" : "false", s.zero_prefetch);
-  if (s.sharding == est::ShardingLayout::Fsdp1) out += ", FSDP1 FULL_SHARD";
+  if (s.sharding == est::ShardingLayout::Fsdp1)
+    out += s.fsdp_orig_params ? ", FSDP1 FULL_SHARD (use_orig_params)" : ", FSDP1 FULL_SHARD";
   if (s.zero_stage == 3 && s.sharding == est::ShardingLayout::Flat)
     out += fmt::format(", DeepSpeed reduce bucket {} elements", est::ds_reduce_bucket_to_string(s.ds_reduce_bucket));
   if (s.zero_reduce_at_step) out += ", gradients reduced at the step (gpuops ZeroOptimizer)";
@@ -109,6 +110,7 @@ json setup_json(const est::TrainingSetup& s) {
           {"offload_optimizer", s.offload_optimizer},
           {"sharding", std::string(est::to_string(s.sharding))},
           {"reshard_after_forward", s.reshard_after_forward},
+          {"fsdp_orig_params", s.fsdp_orig_params},
           {"zero_prefetch", s.zero_prefetch},
           {"ds_reduce_bucket", s.zero_stage != 3 || s.sharding != est::ShardingLayout::Flat ? json()
                                : s.ds_reduce_bucket == est::kDsReduceBucketAuto ? json("auto")

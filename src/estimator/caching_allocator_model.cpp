@@ -38,28 +38,29 @@ int64_t CachingAllocatorModel::new_block(const Block& b) {
   const int64_t id = next_id_++;
   blocks_[id] = b;
   by_position_[{b.segment, b.offset}] = id;
-  if (b.free) (b.small ? free_small_ : free_large_).insert({b.size, id});
+  if (b.free) (b.small ? free_small_ : free_large_).insert(key_of(b, id));
   return id;
 }
 
 int64_t CachingAllocatorModel::take(int64_t id, int64_t size) {
   Block& b = blocks_.at(id);
-  (b.small ? free_small_ : free_large_).erase({b.size, id});
+  (b.small ? free_small_ : free_large_).erase(key_of(b, id));
   b.free = false;
   const int64_t rest = b.size - size;
   const bool split = b.small || mode_ == AllocatorMode::ExpandableSegments ? rest >= kMinBlockSize : rest > kSmallSize;
   if (split) {
-    Block tail{b.segment, b.offset + size, rest, 0, b.small, true};
+    Block tail{b.segment, b.offset + size, rest, 0, b.small, true, b.stream};
     b.size = size;
     new_block(tail);
   }
   return id;
 }
 
-int64_t CachingAllocatorModel::grow_expandable(bool small, int64_t size) {
-  int64_t& segment = expandable_segment_[small ? 0 : 1];
-  if (segment < 0) {
-    segment = next_segment_++;
+int64_t CachingAllocatorModel::grow_expandable(bool small, int64_t size, int stream) {
+  const auto found = expandable_segment_.find({stream, small});
+  const int64_t segment = found != expandable_segment_.end() ? found->second : next_segment_++;
+  if (found == expandable_segment_.end()) {
+    expandable_segment_[{stream, small}] = segment;
     segment_size_[segment] = 0;
   }
   const int64_t end = segment_size_[segment];
@@ -74,30 +75,30 @@ int64_t CachingAllocatorModel::grow_expandable(bool small, int64_t size) {
   reserved_ = (CheckedInt(reserved_) + grow).get();
   if (tail_free) {
     Block& b = blocks_.at(last);
-    (b.small ? free_small_ : free_large_).erase({b.size, last});
+    (b.small ? free_small_ : free_large_).erase(key_of(b, last));
     b.size += grow;
-    (b.small ? free_small_ : free_large_).insert({b.size, last});
+    (b.small ? free_small_ : free_large_).insert(key_of(b, last));
     return last;
   }
-  return new_block(Block{segment, end, grow, 0, small, true});
+  return new_block(Block{segment, end, grow, 0, small, true, stream});
 }
 
-int64_t CachingAllocatorModel::malloc(int64_t bytes) {
+int64_t CachingAllocatorModel::malloc(int64_t bytes, int stream) {
   const int64_t size = allocator_round_size(bytes);
   const bool small = size <= kSmallSize;
   std::set<FreeKey>& pool = small ? free_small_ : free_large_;
   int64_t id = -1;
-  const auto fit = pool.lower_bound({size, std::numeric_limits<int64_t>::min()});
-  if (fit != pool.end()) {
-    id = fit->second;
+  const auto fit = pool.lower_bound({stream, size, std::numeric_limits<int64_t>::min()});
+  if (fit != pool.end() && std::get<0>(*fit) == stream) {
+    id = std::get<2>(*fit);
   } else if (mode_ == AllocatorMode::ExpandableSegments) {
-    id = grow_expandable(small, size);
+    id = grow_expandable(small, size, stream);
   } else {
     const int64_t segment = next_segment_++;
     const int64_t segment_bytes = allocator_segment_size(size);
     segment_size_[segment] = segment_bytes;
     reserved_ = (CheckedInt(reserved_) + segment_bytes).get();
-    id = new_block(Block{segment, 0, segment_bytes, 0, small, true});
+    id = new_block(Block{segment, 0, segment_bytes, 0, small, true, stream});
   }
   take(id, size);
   blocks_.at(id).requested = bytes;
@@ -112,7 +113,7 @@ int64_t CachingAllocatorModel::malloc(int64_t bytes) {
 void CachingAllocatorModel::mark_free(int64_t id) {
   Block& b = blocks_.at(id);
   b.free = true;
-  (b.small ? free_small_ : free_large_).insert({b.size, id});
+  (b.small ? free_small_ : free_large_).insert(key_of(b, id));
 }
 
 void CachingAllocatorModel::free(int64_t handle) {
@@ -127,7 +128,7 @@ void CachingAllocatorModel::free(int64_t handle) {
     const auto before = std::prev(here);
     Block& prev = blocks_.at(before->second);
     if (before->first.first == b.segment && prev.free && prev.offset + prev.size == b.offset) {
-      (prev.small ? free_small_ : free_large_).erase({prev.size, before->second});
+      (prev.small ? free_small_ : free_large_).erase(key_of(prev, before->second));
       prev.size += b.size;
       by_position_.erase(here);
       blocks_.erase(handle);
@@ -140,7 +141,7 @@ void CachingAllocatorModel::free(int64_t handle) {
   const auto after = by_position_.find({merged.segment, merged.offset + merged.size});
   if (after != by_position_.end() && blocks_.at(after->second).free) {
     Block& next = blocks_.at(after->second);
-    (next.small ? free_small_ : free_large_).erase({next.size, after->second});
+    (next.small ? free_small_ : free_large_).erase(key_of(next, after->second));
     merged.size += next.size;
     blocks_.erase(after->second);
     by_position_.erase(after);

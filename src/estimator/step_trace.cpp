@@ -11,6 +11,7 @@
 #include "gpuops/estimator/activations.h"
 #include "gpuops/estimator/estimate.h"
 #include "gpuops/estimator/param_tensors.h"
+#include "gpuops/estimator/state_layout.h"
 #include "gpuops/estimator/step_phases.h"
 #include "features/setup_feature.h"
 
@@ -87,17 +88,23 @@ AllocatorPeaks peaks(const CachingAllocatorModel& a) {
   return {a.peak_requested(), a.peak_allocated(), a.peak_reserved()};
 }
 
+// The streams a step allocates on. FSDP1 all-gathers a unit into a buffer made on its unshard stream and
+// reduce-scatters its gradient into a shard made on its post-backward stream (torch 2.11,
+// distributed/fsdp/_runtime_utils.py: _init_streams, _unshard, _reduce_grad), so those blocks are cached for
+// their own stream only.
+enum Stream : int { kDefaultStream = 0, kUnshardStream = 1, kPostBackwardStream = 2 };
+
 class Replay {
  public:
   explicit Replay(AllocatorMode mode) : allocator_(mode) {}
   // Allocates every size (zeros skipped); returns the handles.
-  std::vector<int64_t> alloc(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> alloc(const std::vector<int64_t>& sizes, int stream = kDefaultStream) {
     std::vector<int64_t> handles;
     for (int64_t b : sizes)
-      if (b > 0) handles.push_back(allocator_.malloc(b));
+      if (b > 0) handles.push_back(allocator_.malloc(b, stream));
     return handles;
   }
-  int64_t alloc(int64_t bytes) { return bytes > 0 ? allocator_.malloc(bytes) : -1; }
+  int64_t alloc(int64_t bytes, int stream = kDefaultStream) { return bytes > 0 ? allocator_.malloc(bytes, stream) : -1; }
   void release(std::vector<int64_t>& handles) {
     for (int64_t h : handles) allocator_.free(h);
     handles.clear();
@@ -169,14 +176,23 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
   for (const SetupFeature* feature : features_of(s)) held_in_backward += feature->gathered_through_backward(m, s);
   if (attn.temporaries < held_in_backward || end.temporaries < held_in_backward)  // a feature's two answers disagree
     throw std::logic_error("replay_training_steps: a backward moment's temporaries leave out what stays gathered");
+  // FSDP1 on several GPUs: its gathers and gradient shards on their own streams; in a block's backward the block
+  // and the prefetched one are gathered, the rest of the transient is the default stream's.
+  const bool side_streams = s.sharding == ShardingLayout::Fsdp1 && s.num_gpus > 1;
+  const int gather_stream = side_streams ? kUnshardStream : kDefaultStream;
+  const int grad_stream = side_streams ? kPostBackwardStream : kDefaultStream;
+  const int64_t blocks_gathered = side_streams ? unsharded_bytes(m, s, StepPhase::AttentionBackward) - held_in_backward : 0;
+  const std::vector<int64_t> gathered_units = blocks_gathered > 0 ? std::vector<int64_t>{blocks_gathered / 2,
+                                                                                         blocks_gathered - blocks_gathered / 2}
+                                                                  : std::vector<int64_t>{};
 
   std::vector<int64_t> state_handles, grad_handles;
   for (int step_index = 0; step_index < 2; ++step_index) {
     if (step_index == 1) r.allocator().reset_peaks();  // the steady state: states exist, grads were freed
-    if (accumulate && grad_handles.empty()) grad_handles = r.alloc(grads);
+    if (accumulate && grad_handles.empty()) grad_handles = r.alloc(grads, grad_stream);
     // Forward: what stays gathered, inputs, extras (autocast weight copies, RoPE tables), each layer, the head and
     // the loss.
-    int64_t gathered = r.alloc(held_in_backward);
+    int64_t gathered = r.alloc(held_in_backward, gather_stream);
     int64_t inputs = r.alloc(f.inputs);
     std::vector<int64_t> extras = r.alloc(spread(f.extras, trainable));
     std::vector<std::vector<int64_t>> layers;
@@ -190,13 +206,15 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
     const int64_t per_layer_grads = static_cast<int64_t>(grads.size()) / L;
     size_t next_grad = grads.size();
     for (int64_t l = L - 1; l >= 0; --l) {
-      int64_t transient = r.alloc(attn.temporaries - held_in_backward);
+      std::vector<int64_t> units = r.alloc(gathered_units, kUnshardStream);
+      int64_t transient = r.alloc(attn.temporaries - held_in_backward - blocks_gathered);
       r.release(transient);
+      r.release(units);
       r.release(layers[static_cast<size_t>(l)]);
       if (!accumulate) {  // gradients appear as their layer's backward runs
         const size_t first = l == 0 ? 0 : next_grad - std::min<size_t>(next_grad, static_cast<size_t>(per_layer_grads));
         for (size_t i = first; i < next_grad; ++i)
-          if (const int64_t h = r.alloc(grads[i]); h >= 0) grad_handles.push_back(h);  // (a share of 0 bytes: none)
+          if (const int64_t h = r.alloc(grads[i], grad_stream); h >= 0) grad_handles.push_back(h);  // (0 bytes: none)
         next_grad = first;
       }
     }

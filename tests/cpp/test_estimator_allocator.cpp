@@ -102,6 +102,25 @@ TEST(AllocatorModel, LargeBlocksAreNotSplitForARemainderOfOneMiBOrLess) {
   EXPECT_EQ(x.allocated(), 19 * MiB + 512 * KiB);
 }
 
+TEST(AllocatorModel, ABlockServesOnlyTheStreamThatAllocatedIt) {
+  // c10 keeps one pool per stream in effect (BlockPool ordered by stream, get_free_block on the request's
+  // stream): 30 MiB freed on a side stream is reserved and idle for the default stream's next 30 MiB.
+  for (auto mode : {est::AllocatorMode::Default, est::AllocatorMode::ExpandableSegments}) {
+    est::CachingAllocatorModel a(mode);
+    const int64_t side = a.malloc(30 * MiB, 1);
+    a.free(side);
+    const int64_t reserved = a.reserved();
+    const int64_t mine = a.malloc(30 * MiB, 0);  // a new segment (default) or page run (expandable)
+    EXPECT_EQ(a.reserved(), 2 * reserved);
+    a.free(mine);
+    a.malloc(30 * MiB, 1);  // each stream reuses its own
+    a.malloc(30 * MiB, 0);
+    EXPECT_EQ(a.reserved(), 2 * reserved);
+    EXPECT_EQ(a.allocated(), 60 * MiB);
+    EXPECT_EQ(a.peak_reserved(), 2 * reserved);
+  }
+}
+
 // ---- the estimate's CUDA terms ---------------------------------------------------------------------
 
 est::TrainingSetup full_bf16() {

@@ -11,6 +11,8 @@
 
 #include "gpuops/errors.h"
 #include "gpuops/estimator.h"
+#include "gpuops/estimator/activations.h"
+#include "gpuops/estimator/step_phases.h"
 #include "cli_runner.h"
 
 namespace est = gpuops::estimator;
@@ -251,6 +253,52 @@ TEST(SetupsState, FlatFsdp1Fsdp2UnshardedBuffers) {
   // One GPU gathers nothing.
   s.num_gpus = 1;
   EXPECT_EQ(unsharded(m, s, est::StepPhase::AttentionBackward), 0);
+}
+
+TEST(SetupsState, Fsdp1OrigParamsGivesLoraBlocksTheirGradientsAndSaves) {
+  // FSDP1 use_orig_params=True under LoRA: the blocks' frozen weights are views of a flat parameter that requires
+  // grad. Per block 43,136 weights (4096 + 2 x 2048 + 4096 + 3 x 10240 + 128) in the base's dtype (fp32 here).
+  const est::ModelSpec m = tiny();
+  est::TrainingSetup s = fp32_setup(est::OptimizerKind::AdamW);
+  s.lora.rank = 4;
+  s.lora.targets = {"q", "v"};
+  s.lora.base = est::BaseWeightDtype::Fp32;
+  s.zero_stage = 3;
+  s.num_gpus = 3;
+  s.sharding = est::ShardingLayout::Fsdp1;
+  auto orig = s;
+  orig.fsdp_orig_params = true;
+  const auto cpu = est::cpu_device();
+  const auto plain = est::phase_breakdowns(m, s, cpu, est::MemoryBreakdown{});
+  const auto with = est::phase_breakdowns(m, orig, cpu, est::MemoryBreakdown{});
+  const auto gradients = [](const std::vector<est::MemoryBreakdown>& p, est::StepPhase phase) {
+    return p[static_cast<int>(phase)].gradients;
+  };
+  const int64_t block = 43136 * 4, shards = (4 * 43136 + 2) / 3 * 4;  // ceil(172,544 / 3) fp32 elements
+  EXPECT_EQ(gradients(with, est::StepPhase::LossBackward), gradients(plain, est::StepPhase::LossBackward));
+  EXPECT_EQ(gradients(with, est::StepPhase::AttentionBackward) - gradients(plain, est::StepPhase::AttentionBackward),
+            block);  // the unit's unsharded gradient, frozen parts included
+  for (auto phase : {est::StepPhase::BackwardEnd, est::StepPhase::OptimizerStep})
+    EXPECT_EQ(gradients(with, phase) - gradients(plain, phase), shards);  // kept until the next forward
+  orig.num_gpus = 1;  // NO_SHARD: the whole gradient is kept
+  s.num_gpus = 1;
+  EXPECT_EQ(gradients(est::phase_breakdowns(m, orig, cpu, est::MemoryBreakdown{}), est::StepPhase::OptimizerStep) -
+                gradients(est::phase_breakdowns(m, s, cpu, est::MemoryBreakdown{}), est::StepPhase::OptimizerStep),
+            4 * block);
+  // The blocks save what trainable ones save, plus the adapters: more than frozen LoRA, no less than full training.
+  auto full = s;
+  full.lora.rank = 0;
+  const int64_t lora_layers = est::forward_saved(m, s, cpu).layers, orig_layers = est::forward_saved(m, orig, cpu).layers;
+  EXPECT_GT(orig_layers, lora_layers);
+  EXPECT_GT(orig_layers, est::forward_saved(m, full, cpu).layers);
+  // Only with FSDP1 and a 16-bit or fp32 base.
+  auto flat = orig;
+  flat.sharding = est::ShardingLayout::Flat;
+  EXPECT_NE(error_of(m, flat).find("fsdp-orig-params"), std::string::npos);
+  auto nf4 = orig;
+  nf4.lora.base = est::BaseWeightDtype::Nf4;
+  nf4.precision = est::Precision::Bf16Mixed;
+  EXPECT_NE(error_of(m, nf4).find("fsdp-orig-params"), std::string::npos);
 }
 
 TEST(SetupsState, Nf4WithoutDoubleQuantisationAndAQuantisedLmHead) {

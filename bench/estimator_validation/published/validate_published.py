@@ -242,10 +242,12 @@ SOURCE_DEFAULTS = {
         "Fabric, fully_shard per block with reshard_after_forward=False (its 'zero2'), fused AdamW, cross_entropy on "
         "the bf16 logits (no upcast), which the loop keeps through the backward (held model)."),
     "atorch": (
-        dict(gpu="A100-80GB", cuda=12, sharding="fsdp1", zero_stage=3, held_logits="fp32"),
+        dict(gpu="A100-80GB", cuda=12, sharding="fsdp1", zero_stage=3, held_logits="fp32", fsdp_orig_params=True),
         "dlrover/ATorch Llama-2-7B FSDP example (8-64 A100-80GB): FSDP1 FULL_SHARD with fp32 shards under bf16 "
-        "autocast; atorch's checkpoint of every decoder layer; flash attention (its module replacement); the loop "
-        "keeps `outputs` through the backward and transformers >= 4.31 returns fp32 logits (held fp32)."),
+        "autocast and use_orig_params=True (fsdp_orig_params, an option since 2026-11-30: the LoRA rows' frozen "
+        "weights save and get gradients); atorch's checkpoint of every decoder layer; flash attention (its module "
+        "replacement); the loop keeps `outputs` through the backward and transformers >= 4.31 returns fp32 logits "
+        "(held fp32)."),
 }
 
 

@@ -12,11 +12,15 @@
 //    block not split is handed out whole and counted whole by max_memory_allocated; freed blocks merge with
 //    free neighbours of the same segment; segments are never given back (no empty_cache, no OOM retry);
 //  - expandable_segments: one segment per pool that grows in pages of the pool's segment size (2 MiB small,
-//    20 MiB large), a request at its end reusing the free tail.
+//    20 MiB large), a request at its end reusing the free tail;
+//  - every block belongs to the stream it was allocated on, and a request reuses only cached blocks of its own
+//    stream (c10's BlockPool orders by stream first; get_free_block requires the same stream): what one stream
+//    freed is reserved but unusable by another.
 
 #include <cstdint>
 #include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -30,8 +34,9 @@ class CachingAllocatorModel {
  public:
   explicit CachingAllocatorModel(AllocatorMode mode = AllocatorMode::Default) : mode_(mode) {}
 
-  /// Allocates `bytes` (> 0) and returns a handle for free().
-  int64_t malloc(int64_t bytes);
+  /// Allocates `bytes` (> 0) on `stream` (0: the default stream; any other id a side stream) and returns a
+  /// handle for free().
+  int64_t malloc(int64_t bytes, int stream = 0);
   /// Frees a handle returned by malloc (each once).
   void free(int64_t handle);
 
@@ -48,12 +53,14 @@ class CachingAllocatorModel {
   struct Block {
     int64_t segment = 0, offset = 0, size = 0, requested = 0;
     bool small = false, free = true;
+    int stream = 0;
   };
-  using FreeKey = std::pair<int64_t, int64_t>;  // (size, block id): best fit is lower_bound
+  using FreeKey = std::tuple<int, int64_t, int64_t>;  // (stream, size, block id): best fit is lower_bound
+  static FreeKey key_of(const Block& b, int64_t id) { return {b.stream, b.size, id}; }
 
   int64_t new_block(const Block& b);
   int64_t take(int64_t id, int64_t size);     // splits `id` to `size` when the rule says so; returns its id
-  int64_t grow_expandable(bool small, int64_t size);
+  int64_t grow_expandable(bool small, int64_t size, int stream);
   void mark_free(int64_t id);
 
   AllocatorMode mode_;
@@ -61,7 +68,7 @@ class CachingAllocatorModel {
   std::map<std::pair<int64_t, int64_t>, int64_t> by_position_;  // (segment, offset) -> id
   std::set<FreeKey> free_small_, free_large_;
   std::map<int64_t, int64_t> segment_size_;         // segment -> bytes
-  int64_t expandable_segment_[2] = {-1, -1};        // [small, large] segment id in expandable mode
+  std::map<std::pair<int, bool>, int64_t> expandable_segment_;  // (stream, small) -> segment in expandable mode
   int64_t next_id_ = 0, next_segment_ = 0;
   int64_t reserved_ = 0, peak_reserved_ = 0, allocated_ = 0, peak_allocated_ = 0, requested_ = 0, peak_requested_ = 0;
 };

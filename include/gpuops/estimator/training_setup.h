@@ -135,6 +135,10 @@ struct TrainingSetup {
   bool offload_optimizer = false;           ///< ZeRO-Offload: states, fp32 master and step on the host
   ShardingLayout sharding = ShardingLayout::Flat;  ///< Fsdp2, Gpuops and Fsdp1 require zero_stage 3
   bool reshard_after_forward = true;        ///< Fsdp2 and Gpuops: the blocks freed after their forward
+  /// Fsdp1 only: FullyShardedDataParallel(use_orig_params=True). With LoRA a block's flat parameter holds frozen
+  /// and trainable weights and requires grad, so the frozen weights (views of it) save their inputs and get
+  /// gradients as trainable ones do (features/fsdp1_orig_params.cpp).
+  bool fsdp_orig_params = false;
   int64_t zero_prefetch = 1;                ///< Gpuops only: units gathered ahead of the one running, [0, 64]
   /// Flat ZeRO-3 (DeepSpeed) only: its reduce_bucket_size in elements, the contiguous gradient bucket it makes at
   /// setup (DeepSpeed's default 5e8; kDsReduceBucketAuto: Hugging Face's "auto", hidden_size squared; 0: none,

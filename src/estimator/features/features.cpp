@@ -12,7 +12,7 @@ const std::vector<const SetupFeature*>& all_features() {
   // Adafactor's.
   static const std::vector<const SetupFeature*> features = {
       &model_code_feature(),  &compile_feature(), &lora_feature(), &checkpointing_feature(), &chunked_loss_feature(), &fused_linear_ce_feature(),
-      &zero3_flat_feature(),  &fsdp2_feature(),           &adafactor_feature(),       &gpuops_adam8_feature(),
+      &zero3_flat_feature(),  &fsdp1_orig_params_feature(), &fsdp2_feature(),           &adafactor_feature(),       &gpuops_adam8_feature(),
       &gpuops_zero12_feature(), &gpuops_stage3_feature(), &offload_feature(), &paged_optimizer_feature(),
       &held_logits_feature(),
   };

@@ -176,27 +176,33 @@ C outer_adapter_bytes(const TrainingSetup& t, const Shape& x) {
   return (static_cast<int64_t>(t.lora.targets.size()) - block_lora_target_count(t.lora)) * x.N * t.lora.rank * x.e;
 }
 
-// PEFT's eager LoRA: frozen norms, MLP and attention, the adapters, a quantised base's kept inputs.
+// PEFT's eager LoRA: frozen norms, MLP and attention, the adapters, a quantised base's kept inputs. Under FSDP1
+// with use_orig_params=True (`blocks_require_grad`) a block's weights, frozen ones too, are views of a flat
+// parameter that requires grad: the block saves what a trainable one does, plus the adapters, and autocast caches
+// nothing (views are not cached); the root unit (embeddings, final norm, head) stays frozen.
 class PeftOps final : public WrappedOps {
  public:
-  using WrappedOps::WrappedOps;
+  PeftOps(const ForwardOps& inner, bool blocks_require_grad) : WrappedOps(inner), trained_(blocks_require_grad) {}
   C attention(const ModelSpec& m, const TrainingSetup& t, const Shape& x) const override {
-    return frozen_attention_bytes(inner_, m, t, x);
+    return trained_ ? inner_.attention(m, t, x) : frozen_attention_bytes(inner_, m, t, x);
   }
-  C mlp(const ModelSpec& m, const Shape& x) const override { return frozen_mlp_bytes(m, x); }
+  C mlp(const ModelSpec& m, const Shape& x) const override {
+    return trained_ ? inner_.mlp(m, x) : frozen_mlp_bytes(m, x);
+  }
   // Frozen norms (Gemma-2's post-norms too), the adapters, a quantised base's kept inputs, residual dropout.
   C block_other(const ModelSpec& m, const TrainingSetup& t, const Shape& x) const override {
+    if (trained_) return inner_.block_other(m, t, x) + lora_adapter_bytes(m, t, x);
     C bytes = C(std::max<int64_t>(m.norms_per_layer, 2)) * frozen_norm_bytes(m, x) + lora_adapter_bytes(m, t, x) +
               quantised_base_bytes(m, t, x, false);
     if (m.dropout) bytes += 2 * x.N * x.h * x.mask;
     return bytes;
   }
   C first_block_unsaved(const ModelSpec& m, const TrainingSetup& t, const Shape& x) const override {
-    return lora_first_block_unsaved(inner_, m, t, x);
+    return trained_ ? inner_.first_block_unsaved(m, t, x) : lora_first_block_unsaved(inner_, m, t, x);
   }
   // Only the adapters are cached (a frozen weight's cast is not: it does not require grad).
   C autocast_copies(const ModelSpec& m, const TrainingSetup& t, const Shape& x, int64_t layers) const override {
-    return x.amp ? C(layers) * lora_autocast_weights(m, t) : C(0);
+    return x.amp && !trained_ ? C(layers) * lora_autocast_weights(m, t) : C(0);
   }
   // The outer adapters, and a quantised LM head's kept input (like the block linears').
   C outer_extras(const ModelSpec& m, const TrainingSetup& t, const Shape& x) const override {
@@ -209,6 +215,9 @@ class PeftOps final : public WrappedOps {
     return bytes;
   }
   C final_norm(const ModelSpec& m, const Shape& x) const override { return frozen_norm_bytes(m, x); }
+
+ private:
+  bool trained_;
 };
 
 // Compiled LoRA: inductor's block, each adapter's x·A for B's gradient (frozen linears counted as saving their
@@ -318,7 +327,7 @@ class LoraFeature final : public SetupFeature {
   }
   std::unique_ptr<ForwardOps> forward_ops(const TrainingSetup& s, const ForwardOps& inner) const override {
     if (s.compile) return std::make_unique<CompiledLoraOps>(inner);
-    return std::make_unique<PeftOps>(inner);
+    return std::make_unique<PeftOps>(inner, fsdp1_blocks_require_grad(s));
   }
 };
 

@@ -128,6 +128,9 @@ inline int64_t trainable_element_bytes(const TrainingSetup& s) { return runs_in_
 const SetupFeature& adafactor_feature();
 const SetupFeature& gpuops_zero12_feature();
 const SetupFeature& zero3_flat_feature();
+const SetupFeature& fsdp1_orig_params_feature();
+/// FSDP1 with use_orig_params under LoRA: the blocks' frozen weights require grad (fsdp1_orig_params.cpp).
+bool fsdp1_blocks_require_grad(const TrainingSetup& setup);
 const SetupFeature& fsdp2_feature();
 const SetupFeature& gpuops_stage3_feature();
 const SetupFeature& offload_feature();
