@@ -240,7 +240,7 @@ class Probes:
 def run_case(variant: dict, batch: int, seq: int, steps: int = 2) -> dict:
     import torch
 
-    from measure import GpuopsMeter
+    from measure import GpuopsMeter, backward_and_step
 
     m = GpuopsMeter()
     gc.collect()
@@ -259,15 +259,8 @@ def run_case(variant: dict, batch: int, seq: int, steps: int = 2) -> dict:
                 out = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=input_ids)
             loss = out.loss
             del out
-        with m.phase(f"backward/{step}"):
-            loss.backward()
-        losses.append(float(loss.detach()))
+        backward_and_step(m, step, loss, opt, losses, collect=True)
         del loss
-        with m.phase(f"optimizer/{step}"):
-            opt.step()
-        with m.phase(f"zero_grad/{step}"):
-            opt.zero_grad(set_to_none=True)
-            gc.collect()  # cyclic garbage (hook closures, outputs) would otherwise go at a random later moment
     res = m.finish()
     ph = res["phases"]
     last = [k for k in ph if k.endswith(f"/{steps}")]

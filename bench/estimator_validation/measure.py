@@ -255,6 +255,22 @@ def optimizer_factory_for(name: str, lr: float = 1e-3) -> Callable:
 
 
 # ------------------------------------------------------------------------------------------ measure
+def backward_and_step(meter, step: int, loss, optimizer, losses: list, collect: bool = False) -> None:
+    """The rest of a measured training step after its forward, each part a phase of `meter`: backward, the
+    optimizer step, zero_grad(set_to_none=True) (then gc.collect() when `collect`, so that cyclic garbage such as
+    hook closures goes now rather than at a random later moment). The loss value is appended to `losses`."""
+    with meter.phase(f"backward/{step}"):
+        loss.backward()
+    losses.append(float(loss.detach()))
+    del loss
+    with meter.phase(f"optimizer/{step}"):
+        optimizer.step()
+    with meter.phase(f"zero_grad/{step}"):
+        optimizer.zero_grad(set_to_none=True)
+        if collect:
+            gc.collect()
+
+
 def measure_peak(model_factory, optimizer_factory, batch, seq, precision="fp32", checkpointing=False,
                  steps=2, meter: Optional[str | object] = "gpuops", vocab: Optional[int] = None,
                  seed: int = 0, hold_outputs: bool = False, device: str = "cpu",
@@ -299,14 +315,8 @@ def measure_peak(model_factory, optimizer_factory, batch, seq, precision="fp32",
             loss = loss_fn(out.logits, input_ids) if loss_fn else out.loss
             held = out if hold_outputs else None  # replaces the previous step's output only now
             del out
-        with m.phase(f"backward/{step}"):
-            loss.backward()
-        losses.append(float(loss.detach()))
+        backward_and_step(m, step, loss, opt, losses)
         del loss
-        with m.phase(f"optimizer/{step}"):
-            opt.step()
-        with m.phase(f"zero_grad/{step}"):
-            opt.zero_grad(set_to_none=True)
     res = m.finish()
     phases = res["phases"]
     step_phases = [k for k in phases if k not in ("build", "(before)")]

@@ -66,6 +66,11 @@ LORA_TARGETS = {"q", "k", "v", "o", "gate", "up", "down", "lm_head", "embed"}
 
 # --- Per-source decisions ---------------------------------------------------------------------------------
 
+# torchtitan's FSDP2 (the titan-perf and ptq-titan* sources): bf16 parameters with an fp32 reduce and fp32 sharded
+# master, gradients and states (amp master-copy), blocks resharded after their forward.
+TORCHTITAN_FSDP2 = dict(sharding="fsdp2", zero_stage=0, amp="master-copy", reshard_after_forward=True,
+                        reduce_dtype="fp32")
+
 # Keywords shared by the rows of one source, with the reason. Per-row entries in MAPPING add to these.
 SOURCE_DEFAULTS = {
     "hf-perfone": (
@@ -148,8 +153,7 @@ SOURCE_DEFAULTS = {
         "The Trainer keeps only the loss (held_logits none). bitsandbytes 0.43.3, the guide's minimum. CUDA 12, "
         "lazy loading."),
     "titan-perf": (
-        dict(gpu="H100-80GB", cuda=12, sharding="fsdp2", zero_stage=0, amp="master-copy", optimizer_impl="foreach",
-             reshard_after_forward=True, reduce_dtype="fp32", model="llama-3-8b"),
+        dict(TORCHTITAN_FSDP2, gpu="H100-80GB", cuda=12, optimizer_impl="foreach", model="llama-3-8b"),
         "torchtitan docs/performance.md (Dec 2024 nightlies), H100 96GB HBM2e: the catalog's H100-80GB (sm_90) "
         "gives the profile. As the titan rows: FSDP2 with bf16 params and fp32 reduce (fp32 sharded master, "
         "gradients and states -> amp master-copy). AdamW foreach (optimizer.fused defaulted to False then). "
@@ -168,25 +172,21 @@ SOURCE_DEFAULTS = {
     # --- Second held-out set (heldout35/*.json, added 2026-11-30 for issue 35): mapped, and committed, before
     # their errors were computed and before any of the issue's changes to the estimator.
     "ptq-titan355": (
-        dict(gpu="A100-80GB", cuda=12, sharding="fsdp2", zero_stage=0, amp="master-copy", optimizer_impl="foreach",
-             reshard_after_forward=True, reduce_dtype="fp32"),
+        dict(TORCHTITAN_FSDP2, gpu="A100-80GB", cuda=12, optimizer_impl="foreach"),
         "torchtitan PR #355 (Llama-3-8B on 8 A100-80GB): as the titan rows, FSDP2 with bf16 params and fp32 reduce "
         "(fp32 sharded master, gradients and states -> amp master-copy), AdamW foreach (the row's), blocks "
         "resharded after forward. CUDA 12."),
     "ptq-titan808": (
-        dict(gpu="H100-80GB", cuda=12, sharding="fsdp2", zero_stage=0, amp="master-copy", optimizer_impl="foreach",
-             reshard_after_forward=True, reduce_dtype="fp32"),
+        dict(TORCHTITAN_FSDP2, gpu="H100-80GB", cuda=12, optimizer_impl="foreach"),
         "torchtitan PR #808 (Llama-3-8B, 8 H100 96GB): the catalog's H100-80GB (sm_90) profile; otherwise as "
         "ptq-titan355, compiled (the row's). Reserved memory does not depend on the card's size."),
     "ptq-aofloat8": (
-        dict(gpu="H200", cuda=12, sharding="fsdp2", zero_stage=0, amp="master-copy", optimizer_impl="fused",
-             reshard_after_forward=True, reduce_dtype="fp32"),
+        dict(TORCHTITAN_FSDP2, gpu="H200", cuda=12, optimizer_impl="fused"),
         "torchao float8 training docs, bf16 baseline (torchtitan Llama-3-8B on 8 GPUs, fused AdamW by torchtitan's "
         "2025 default). The B200 (sm_100) is not in the catalog: the H200's sm_90 profile (its workspaces) is the "
         "nearest; as the titan rows otherwise."),
     "ptq-titan1690": (
-        dict(gpu="H100-80GB", cuda=12, sharding="fsdp2", zero_stage=0, amp="master-copy", optimizer_impl="fused",
-             reshard_after_forward=True, reduce_dtype="fp32"),
+        dict(TORCHTITAN_FSDP2, gpu="H100-80GB", cuda=12, optimizer_impl="fused"),
         "torchtitan PR #1690 (Qwen3-32B, 8 H100 96GB, full AC, compiled): the row's config (qwen3 read Llama-style; "
         "its q/k norms are per-head RMSNorms, not modelled); fused AdamW (torchtitan's 2025 default); as the titan "
         "rows otherwise. torchtitan also compiles its loss: not modelled (the compile term is the model's)."),
