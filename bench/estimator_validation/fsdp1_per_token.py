@@ -53,6 +53,11 @@ Measured per (world, variant, seq), on every rank (rank 0's row is printed; `pea
 and per (world, variant) the least-squares slope of each quantity in bytes per token (token = one of
 batch x seq on a rank), plus world 2's act_peak slope over world 1's ("w/w1").
 
+--device cuda (the GPU run's fsdp1 step, scripts/gpu-run): every rank on the first GPU over Gloo with CUDA
+tensors; the peaks are torch.cuda's (max_memory_allocated per phase) and each row adds max_reserved and
+reserved_by_stream, the caching allocator's segments per stream at the end of the run: what FSDP1's side streams
+hold apart from the default stream's (docs/estimator.md, "The caching allocator, replayed").
+
 --timeline (slower: a TorchDispatchMode records every aten op of step 2's forward+backward) answers whether a
 peak-slope difference is a per-token tensor or a move of the peak: with the live bytes after every op at two
 seqs (same op sequence), it gives the per-token slope k(t) of the live bytes at every op t, its maximum (the
@@ -101,6 +106,13 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 # ------------------------------------------------------------------------------------------- model
+def training_device():
+    """Where the ranks train: the CPU, or (--device cuda) the first GPU, shared by every rank of the machine."""
+    import torch
+
+    return torch.device("cuda", 0) if os.environ.get("FSDP1_PER_TOKEN_DEVICE") == "cuda" else torch.device("cpu")
+
+
 def build_model(variant: dict):
     """The HF model (PEFT LoRA on a frozen base for lora variants), FSDP1-wrapped, AC applied; + AdamW."""
     import torch
@@ -128,7 +140,7 @@ def build_model(variant: dict):
                  auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
                                                     transformer_layer_cls={LlamaDecoderLayer}),
                  sharding_strategy=ShardingStrategy.NO_SHARD if variant.get("no_shard") else ShardingStrategy.FULL_SHARD,
-                 mixed_precision=mp, device_id=torch.device("cpu"), use_orig_params=variant["lora"],
+                 mixed_precision=mp, device_id=training_device(), use_orig_params=variant["lora"],
                  limit_all_gathers=True)
     if variant["ac"]:
         apply_activation_checkpointing(
@@ -240,20 +252,21 @@ class Probes:
 def run_case(variant: dict, batch: int, seq: int, steps: int = 2) -> dict:
     import torch
 
-    from measure import GpuopsMeter, backward_and_step
+    from measure import CudaMeter, GpuopsMeter, backward_and_step
 
-    m = GpuopsMeter()
+    device = training_device()
+    m = CudaMeter() if device.type == "cuda" else GpuopsMeter()
     gc.collect()
     m.start()
     with m.phase("build"):
         model, opt = build_model(variant)
         g = torch.Generator().manual_seed(1 + int(os.environ.get("RANK", "0")))
-        input_ids = torch.randint(0, MODEL["V"], (batch, seq), generator=g)
+        input_ids = torch.randint(0, MODEL["V"], (batch, seq), generator=g).to(device)
     probes = Probes(model)
     losses = []
     for step in range(1, steps + 1):
         with m.phase(f"forward/{step}"):
-            amp = torch.autocast("cpu", dtype=torch.bfloat16) if variant["autocast"] else contextlib.nullcontext()
+            amp = torch.autocast(device.type, dtype=torch.bfloat16) if variant["autocast"] else contextlib.nullcontext()
             probe = probes.forward() if step == steps else contextlib.nullcontext()
             with amp, probe:
                 out = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=input_ids)
@@ -272,6 +285,12 @@ def run_case(variant: dict, batch: int, seq: int, steps: int = 2) -> dict:
                fwd_peak=ph[f"forward/{steps}"]["peak"], bwd_peak=ph[f"backward/{steps}"]["peak"],
                act_peak=max(ph[f"forward/{steps}"]["peak"], ph[f"backward/{steps}"]["peak"]) - static,
                losses=losses, **probes.result())
+    if device.type == "cuda":  # the caching allocator's segments per stream (FSDP1's side streams keep their own)
+        by_stream = {}
+        for segment in torch.cuda.memory_snapshot():
+            by_stream[str(segment["stream"])] = by_stream.get(str(segment["stream"]), 0) + segment["total_size"]
+        row.update(reserved_by_stream=by_stream, max_reserved=max(p["abs_reserved_peak"] for p in ph.values()),
+                   max_allocated=max(p["abs_peak"] for p in ph.values()))
     probes.remove()
     del model, opt, probes
     gc.collect()
@@ -521,6 +540,9 @@ def main():
                    help="default 128 256 512; with --timeline 96 320 (seq and batch*seq must not equal a model "
                         "dimension there, or the per-token tensor listing misattributes)")
     p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: every rank on the first GPU over Gloo with CUDA tensors, peaks from torch.cuda's "
+                        "statistics and the reserve per stream (the table's exact-byte columns are the CPU's)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--json", metavar="PATH", help="write the rows and slopes as JSON ('-': print it instead)")
     p.add_argument("--top", type=int, default=12, help="--timeline: live per-token tensors listed per moment")
@@ -528,13 +550,16 @@ def main():
                    help="instead of the table: per-op live bytes of step 2's forward+backward (rank 0), the "
                         "per-token slope after every op and where each seq's peak lands")
     a = p.parse_args()
+    if a.timeline and a.device == "cuda":
+        p.error("--timeline counts the CPU allocator's bytes op by op: it takes --device cpu only")
     a.seqs = a.seqs or ([96, 320] if a.timeline else [128, 256, 512])
     cfg = dict(seqs=a.seqs, batch=a.batch, variants=a.variants, model=MODEL, timeline=a.timeline)
     if a.timeline:
         rep = {}
         for world in a.worlds:
             for r in rank_processes.launch(__file__, world, {"FSDP1_PER_TOKEN_WORKER": "1",
-                                                            "FSDP1_PER_TOKEN_CFG": json.dumps(cfg)}, 1800):
+                                                            "FSDP1_PER_TOKEN_CFG": json.dumps(cfg),
+                                                            "FSDP1_PER_TOKEN_DEVICE": a.device}, 1800):
                 rep.setdefault(r["variant"], {})[world] = r["report"]
         if a.json and a.json != "-":
             with open(a.json, "w") as f:
@@ -544,7 +569,8 @@ def main():
     rows = []
     for world in a.worlds:
         rows += rank_processes.launch(__file__, world, {"FSDP1_PER_TOKEN_WORKER": "1",
-                                                        "FSDP1_PER_TOKEN_CFG": json.dumps(cfg)}, 1800)
+                                                        "FSDP1_PER_TOKEN_CFG": json.dumps(cfg),
+                                                        "FSDP1_PER_TOKEN_DEVICE": a.device}, 1800)
     sl = slopes(rows)
     if a.json == "-":
         print(json.dumps(dict(config=cfg, rows=rows, slopes=sl), indent=1))
