@@ -66,7 +66,7 @@ k there, and lists the live per-token tensors (op, dtype, shape; made in the for
 layer's recomputation, or by an autograd node) at the k maximum and at the peak of the largest seq.
 
 Run (2 cores are enough; the default table takes ~4 minutes, a timeline ~10-25 s per variant and world):
-    PYTHONPATH=/work/before35 .venv/bin/python bench/estimator_validation/fsdp1_per_token.py
+    .venv/bin/python bench/estimator_validation/fsdp1_per_token.py
     ... fsdp1_per_token.py --worlds 1 2 --seqs 128 256 512 --batch 2 --variants fp32 fp32-ac --json out.json
     ... fsdp1_per_token.py --timeline --variants bf16mp-ac --seqs 96 320
 --json PATH writes {"config", "rows", "slopes"} (with --timeline: {"config", "timeline"}); PATH "-" prints the
@@ -252,7 +252,7 @@ class Probes:
 def run_case(variant: dict, batch: int, seq: int, steps: int = 2) -> dict:
     import torch
 
-    from measure import CudaMeter, GpuopsMeter, backward_and_step
+    from measure import CudaMeter, GpuopsMeter, backward_phase, optimizer_phases
 
     device = training_device()
     m = CudaMeter() if device.type == "cuda" else GpuopsMeter()
@@ -272,8 +272,9 @@ def run_case(variant: dict, batch: int, seq: int, steps: int = 2) -> dict:
                 out = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=input_ids)
             loss = out.loss
             del out
-        backward_and_step(m, step, loss, opt, losses, collect=True)
+        backward_phase(m, step, loss, losses)
         del loss
+        optimizer_phases(m, step, opt, collect=True)
     res = m.finish()
     ph = res["phases"]
     last = [k for k in ph if k.endswith(f"/{steps}")]
@@ -509,7 +510,7 @@ def print_table(rows, sl):
     for s in sl:
         ratio = s["act_peak_slope_vs_world1"]
         print(f"{s['variant']:<17} {s['world']:>5} " + " ".join(f"{s[q + '_per_token']:>10.1f}" for q in QUANTITIES)
-              + f" {ratio:>6.3f}")
+              + (f" {'-':>6}" if ratio is None else f" {ratio:>6.3f}"))
 
 
 def print_timeline(rep: dict, top: int) -> None:

@@ -255,14 +255,18 @@ def optimizer_factory_for(name: str, lr: float = 1e-3) -> Callable:
 
 
 # ------------------------------------------------------------------------------------------ measure
-def backward_and_step(meter, step: int, loss, optimizer, losses: list, collect: bool = False) -> None:
-    """The rest of a measured training step after its forward, each part a phase of `meter`: backward, the
-    optimizer step, zero_grad(set_to_none=True) (then gc.collect() when `collect`, so that cyclic garbage such as
-    hook closures goes now rather than at a random later moment). The loss value is appended to `losses`."""
+def backward_phase(meter, step: int, loss, losses: list) -> None:
+    """A measured step's backward, a phase of `meter`; the loss value is appended to `losses`. (The caller drops
+    its loss before optimizer_phases, as a training loop does.)"""
     with meter.phase(f"backward/{step}"):
         loss.backward()
     losses.append(float(loss.detach()))
-    del loss
+
+
+def optimizer_phases(meter, step: int, optimizer, collect: bool = False) -> None:
+    """A measured step's optimizer step and zero_grad(set_to_none=True), each a phase of `meter`; then
+    gc.collect() when `collect`, so that cyclic garbage such as hook closures goes now rather than at a random
+    later moment."""
     with meter.phase(f"optimizer/{step}"):
         optimizer.step()
     with meter.phase(f"zero_grad/{step}"):
@@ -315,8 +319,9 @@ def measure_peak(model_factory, optimizer_factory, batch, seq, precision="fp32",
             loss = loss_fn(out.logits, input_ids) if loss_fn else out.loss
             held = out if hold_outputs else None  # replaces the previous step's output only now
             del out
-        backward_and_step(m, step, loss, opt, losses)
+        backward_phase(m, step, loss, losses)
         del loss
+        optimizer_phases(m, step, opt)
     res = m.finish()
     phases = res["phases"]
     step_phases = [k for k in phases if k not in ("build", "(before)")]

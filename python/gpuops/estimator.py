@@ -125,7 +125,8 @@ def _model_spec(model, config, params) -> _C.ModelSpec:
 def _module_spec(module: "torch.nn.Module") -> _C.ModelSpec:
     """A module with no architecture the estimator reads: its trainable floating-point parameters become a bare
     count (weights, gradients and states at the setup's precision); frozen parameters, buffers and integer
-    (quantised) tensors are held as stored, at their own size (meta tensors included)."""
+    (quantised) tensors are held as stored, at their own size (meta tensors included; cast the module first for
+    a pure 16-bit run)."""
     trainable, fixed, seen = 0, 0, set()
     for tensor in list(module.parameters()) + list(module.buffers()):
         if id(tensor) in seen:  # a tied tensor is counted once
@@ -142,8 +143,18 @@ def _module_spec(module: "torch.nn.Module") -> _C.ModelSpec:
     spec = _C.model_from_module(trainable, fixed, name)
     # Every entry point (estimate, fit_table, estimate_svg, advise) comes here: the caller may not know that
     # the answer leaves the activations out.
-    warnings.warn(f"gpuops.estimate: {_no_architecture(spec)}", EstimateWarning, stacklevel=5)
+    warnings.warn(f"gpuops.estimate: {_no_architecture(spec)}", EstimateWarning, stacklevel=_caller_level())
     return spec
+
+
+def _caller_level() -> int:
+    """warnings.warn's stacklevel of the first frame outside this package: the user's call, however many of our
+    functions it went through (estimate, fit_table, estimate_svg, plot_estimate, advise)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = inspect.currentframe().f_back, 1
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == package:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _no_architecture(spec: _C.ModelSpec) -> str:
@@ -301,8 +312,11 @@ def estimate(
     spec, device, setup = _estimate_inputs("estimate", model, keywords, keep_gpu=True)
     # Types and ranges are checked in C++ (gpuops._C), each error naming its argument.
     items, phase, off_device = _C.estimate_memory(spec, device, **setup)
-    notes = (_no_architecture(spec),) if spec.family == "params-only" else ()
-    return Breakdown(**dict(items), peak_phase=phase, **off_device, notes=notes)
+    return Breakdown(**dict(items), peak_phase=phase, **off_device, notes=_notes_of(spec))
+
+
+def _notes_of(spec: _C.ModelSpec) -> tuple:
+    return (_no_architecture(spec),) if spec.family == "params-only" else ()
 
 
 def _path_or_none(name: str, path) -> Optional[bytes]:
@@ -466,7 +480,8 @@ def advise(gpu: str, model: Optional[str] = None, **keywords) -> AdviceList:
     given, items = _C.advise(spec, gpu, **setup)
     out = AdviceList()
     for a in items:
-        breakdown = Breakdown(**dict(a["items"]), peak_phase=a["peak_phase"], **a["off_device"])
+        breakdown = Breakdown(**dict(a["items"]), peak_phase=a["peak_phase"], **a["off_device"],
+                              notes=_notes_of(spec))
         out.append(Advice(description=a["description"], options=a["options"], changes=a["changes"],
                           keeps_numerics=a["keeps_numerics"], cost=a["cost"], saved_bytes=a["saved_bytes"],
                           fits=a["fits"], total_bytes=a["total_bytes"],

@@ -157,7 +157,9 @@ std::vector<Variant> chunked_loss(const ModelSpec& m, const TrainingSetup& s) {
   TrainingSetup t = s;
   t.loss = LossKind::Chunked;
   t.loss_chunks = 8;
-  return {{"cross-entropy in 8 token chunks (torchtune, litgpt)", "--loss " + loss_to_string(t), t}};
+  return {{t.loss_upcast ? "cross-entropy in 8 token chunks (torchtune, litgpt)"
+                          : "cross-entropy in 8 token chunks on the 16-bit logits",
+           "--loss " + loss_to_string(t), t}};
 }
 
 std::vector<Variant> fused_linear_ce(const ModelSpec& m, const TrainingSetup& s) {

@@ -181,15 +181,19 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
   const bool side_streams = s.sharding == ShardingLayout::Fsdp1 && s.num_gpus > 1;
   const int gather_stream = side_streams ? kUnshardStream : kDefaultStream;
   const int grad_stream = side_streams ? kPostBackwardStream : kDefaultStream;
-  const int64_t blocks_gathered = side_streams ? unsharded_bytes(m, s, StepPhase::AttentionBackward) - held_in_backward : 0;
+  const int64_t blocks_gathered =
+      side_streams ? std::max<int64_t>(0, unsharded_bytes(m, s, StepPhase::AttentionBackward) - held_in_backward) : 0;
+  // FSDP1 use_orig_params under LoRA: each block's unsharded gradient in its backward, then its kept shard.
+  const Fsdp1OrigGradients orig = fsdp1_orig_gradients(m, s);
   const std::vector<int64_t> gathered_units = blocks_gathered > 0 ? std::vector<int64_t>{blocks_gathered / 2,
                                                                                          blocks_gathered - blocks_gathered / 2}
                                                                   : std::vector<int64_t>{};
 
-  std::vector<int64_t> state_handles, grad_handles;
+  std::vector<int64_t> state_handles, grad_handles, kept_shards;
   for (int step_index = 0; step_index < 2; ++step_index) {
     if (step_index == 1) r.allocator().reset_peaks();  // the steady state: states exist, grads were freed
     if (accumulate && grad_handles.empty()) grad_handles = r.alloc(grads, grad_stream);
+    if (!accumulate) r.release(kept_shards);  // FSDP1 resets flat_param.grad at the forward
     // Forward: what stays gathered, inputs, extras (autocast weight copies, RoPE tables), each layer, the head and
     // the loss.
     int64_t gathered = r.alloc(held_in_backward, gather_stream);
@@ -206,10 +210,14 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
     const int64_t per_layer_grads = static_cast<int64_t>(grads.size()) / L;
     size_t next_grad = grads.size();
     for (int64_t l = L - 1; l >= 0; --l) {
-      std::vector<int64_t> units = r.alloc(gathered_units, kUnshardStream);
+      std::vector<int64_t> units = r.alloc(gathered_units, gather_stream);
+      int64_t unit_grad = r.alloc(orig.unit);
       int64_t transient = r.alloc(attn.temporaries - held_in_backward - blocks_gathered);
       r.release(transient);
       r.release(units);
+      if (orig.kept > 0 && static_cast<int64_t>(kept_shards.size()) < L)
+        kept_shards.push_back(r.alloc(orig.kept / L, grad_stream));
+      r.release(unit_grad);
       r.release(layers[static_cast<size_t>(l)]);
       if (!accumulate) {  // gradients appear as their layer's backward runs
         const size_t first = l == 0 ? 0 : next_grad - std::min<size_t>(next_grad, static_cast<size_t>(per_layer_grads));

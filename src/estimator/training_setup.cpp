@@ -95,7 +95,8 @@ void check_enum(const Names<E, N>& names, E value, const char* argument) {
 // The ranges of the activation-side options (their meaning is checked by their feature units, features/).
 void validate_activation_setups(const TrainingSetup& s) {
   GPUOPS_CHECK_ARG(s.loss == LossKind::Standard || s.loss == LossKind::Chunked || s.loss == LossKind::FusedLinearCe,
-                   "loss {} is out of range; accepted: standard, chunked:C, fused-linear-ce", static_cast<int>(s.loss));
+                   "loss {} is out of range; accepted: standard, no-upcast, chunked:C, chunked-no-upcast:C, "
+                   "fused-linear-ce", static_cast<int>(s.loss));
   GPUOPS_CHECK_ARG(s.loss_upcast || s.loss != LossKind::FusedLinearCe,
                    "loss fused-linear-ce with loss_upcast false is not accepted: Liger's loss keeps no logits; "
                    "accepted: loss_upcast true");
@@ -270,7 +271,10 @@ bool parse_zero_reduce(std::string_view text) {
 
 int64_t compute_dtype_bytes(Precision p) { return p == Precision::Fp32 ? 4 : 2; }
 
-int64_t loss_logit_bytes(const TrainingSetup& s) { return s.loss_upcast ? 4 : compute_dtype_bytes(s.precision); }
+// Logits the loop holds in fp32 (torchtune < 0.3's model upcasts them) reach the loss in fp32 whatever it does.
+int64_t loss_logit_bytes(const TrainingSetup& s) {
+  return s.loss_upcast || s.held_logits == HeldLogits::Fp32 ? 4 : compute_dtype_bytes(s.precision);
+}
 
 bool is_mixed(Precision p) { return p == Precision::Fp16Mixed || p == Precision::Bf16Mixed; }
 

@@ -119,6 +119,14 @@ TEST(AllocatorModel, ABlockServesOnlyTheStreamThatAllocatedIt) {
     EXPECT_EQ(a.allocated(), 60 * MiB);
     EXPECT_EQ(a.peak_reserved(), 2 * reserved);
   }
+  // A split's tail stays with its stream: 4 MiB on stream 1 leaves 16 MiB of its 20 MiB segment free for stream 1
+  // only, so stream 0's 4 MiB gets a segment of its own and stream 1's next 4 MiB the tail.
+  est::CachingAllocatorModel a;
+  a.malloc(4 * MiB, 1);
+  a.malloc(4 * MiB, 0);
+  EXPECT_EQ(a.reserved(), 40 * MiB);
+  a.malloc(4 * MiB, 1);
+  EXPECT_EQ(a.reserved(), 40 * MiB);
 }
 
 // ---- the estimate's CUDA terms ---------------------------------------------------------------------

@@ -291,7 +291,23 @@ TEST(SetupsState, Fsdp1OrigParamsGivesLoraBlocksTheirGradientsAndSaves) {
   const int64_t lora_layers = est::forward_saved(m, s, cpu).layers, orig_layers = est::forward_saved(m, orig, cpu).layers;
   EXPECT_GT(orig_layers, lora_layers);
   EXPECT_GT(orig_layers, est::forward_saved(m, full, cpu).layers);
-  // Only with FSDP1 and a 16-bit or fp32 base.
+  // Gradients kept through the forward (accumulation, or zero_grad to zeros) keep the shards too: FSDP1 resets
+  // flat_param.grad at the forward only when every original weight's .grad is None.
+  auto accumulating = s, accumulating_orig = orig;
+  accumulating.grad_accum = accumulating_orig.grad_accum = 2;
+  accumulating.num_gpus = accumulating_orig.num_gpus = 3;
+  EXPECT_EQ(gradients(est::phase_breakdowns(m, accumulating_orig, cpu, est::MemoryBreakdown{}),
+                      est::StepPhase::LossBackward) -
+                gradients(est::phase_breakdowns(m, accumulating, cpu, est::MemoryBreakdown{}),
+                          est::StepPhase::LossBackward),
+            shards);
+  // Only with FSDP1, a 16-bit or fp32 base, LoRA on the blocks' projections and no compile.
+  auto head = orig;
+  head.lora.targets = {"q", "lm_head"};
+  EXPECT_NE(error_of(m, head).find("lm_head"), std::string::npos);
+  auto compiled = orig;
+  compiled.compile = true;
+  EXPECT_NE(error_of(m, compiled).find("compile"), std::string::npos);
   auto flat = orig;
   flat.sharding = est::ShardingLayout::Flat;
   EXPECT_NE(error_of(m, flat).find("fsdp-orig-params"), std::string::npos);

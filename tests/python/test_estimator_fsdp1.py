@@ -75,13 +75,17 @@ def test_use_orig_params_under_lora_against_the_measured_cpu_peak(tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
     bench = os.path.join(here, "..", "..", "bench", "estimator_validation")
     out = tmp_path / "rows.json"
-    subprocess.run([sys.executable, os.path.join(bench, "fsdp1_per_token.py"), "--worlds", "1", "2", "--seqs", "128",
-                    "--variants", "lora-qv", "lora-qv-nofsdp", "--json", str(out)], check=True, timeout=600,
-                   capture_output=True)
+    run = subprocess.run([sys.executable, os.path.join(bench, "fsdp1_per_token.py"), "--worlds", "1", "2", "--seqs",
+                          "128", "--variants", "lora-qv", "lora-qv-nofsdp", "--json", str(out)], timeout=600,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-4000:]
     rows = json.loads(out.read_text())["rows"]
     sys.path.insert(0, bench)
-    import fsdp1_per_token
-    from measure import make_config
+    try:
+        import fsdp1_per_token
+        from measure import make_config
+    finally:
+        sys.path.remove(bench)
 
     config = make_config("llama", fsdp1_per_token.MODEL, "sdpa").to_dict()
     setup = dict(config=config, precision="fp32", micro_batch=2, seq_len=128, device="cpu", lora_rank=8,
@@ -97,3 +101,12 @@ def test_use_orig_params_under_lora_against_the_measured_cpu_peak(tmp_path):
         orig = error(row, sharding="fsdp1", num_gpus=world, fsdp_orig_params=True)
         assert plain - control < -0.10, (world, plain)  # the gap the option is for
         assert abs(orig - control) < abs(plain - control) / 2, (world, orig, plain, control)
+
+
+def test_use_orig_params_on_the_command_line():
+    base = ["estimate", "--model", "llama-2-7b", "--lora-rank", "8", "--gpus", "2", "--json"]
+    code, out, err = gpuops._C.run_cli(base + ["--sharding", "fsdp1", "--fsdp-orig-params"])
+    assert code == 0, err
+    assert json.loads(out)["runs"][0]["setup"]["fsdp_orig_params"] is True
+    code, out, err = gpuops._C.run_cli(base + ["--fsdp-orig-params"])
+    assert code != 0 and b"fsdp-orig-params" in err

@@ -61,8 +61,13 @@ def test_no_upcast_matches_the_measured_peak(name):
 
 
 def test_loss_names_round_trip_and_bad_ones_are_refused():
+    import json
+
     for name in ("no-upcast", "chunked-no-upcast:8"):
-        assert gpuops.estimate("llama-3.2-1b", precision="bf16", loss=name, device="cpu").total_bytes > 0
+        code, out, err = gpuops._C.run_cli(["estimate", "--model", "llama-3.2-1b", "--precision", "bf16", "--loss",
+                                            name, "--json"])
+        assert code == 0, err
+        assert json.loads(out)["runs"][0]["setup"]["loss"] == name
     for bad in ("no-upcast:2", "chunked-no-upcast:0", "chunked-no-upcast", "upcast"):
         with pytest.raises(ValueError, match="loss"):
             gpuops.estimate("llama-3.2-1b", loss=bad)

@@ -11,7 +11,7 @@
 //    the rest is at least 512 bytes (small pool, or expandable segments) or more than 1 MiB (large pool); a
 //    block not split is handed out whole and counted whole by max_memory_allocated; freed blocks merge with
 //    free neighbours of the same segment; segments are never given back (no empty_cache, no OOM retry);
-//  - expandable_segments: one segment per pool that grows in pages of the pool's segment size (2 MiB small,
+//  - expandable_segments: one segment per pool (and stream) that grows in pages of the pool's segment size (2 MiB small,
 //    20 MiB large), a request at its end reusing the free tail;
 //  - every block belongs to the stream it was allocated on, and a request reuses only cached blocks of its own
 //    stream (c10's BlockPool orders by stream first; get_free_block requires the same stream): what one stream

@@ -69,8 +69,9 @@ C lora_dropout_mask_bytes(const Shape& x) { return x.cpu ? (x.amp ? C(4) : x.e) 
 // up), the MLP product (down); o reads SDPA's output, which the kernel saves already (eager: its own copy).
 // Under autocast every A casts its input to 16 bits itself (PEFT casts x to the fp32 adapter dtype first):
 // one copy per target, plus autocast's cached 16-bit A and B (extras). With lora_dropout each target keeps
-// the dropout mask (the adapter dtype on the CPU, a bool on CUDA) and A's own input.
-C lora_adapter_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x) {
+// the dropout mask (the adapter dtype on the CPU, a bool on CUDA) and A's own input. `base_saves_inputs`: the
+// base linears save their inputs anyway (FSDP1's use_orig_params), so A's shared input adds nothing.
+C lora_adapter_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x, bool base_saves_inputs = false) {
   const C mask = lora_dropout_mask_bytes(x);
   C bytes = 0;
   bool attention_input = false, mlp_input = false;
@@ -82,6 +83,8 @@ C lora_adapter_bytes(const ModelSpec& m, const TrainingSetup& t, const Shape& x)
       bytes += x.N * in * (x.e + mask);
     } else if (x.amp) {
       bytes += x.N * in * 2;
+    } else if (base_saves_inputs) {
+      continue;
     } else if (p == "o") {
       if (t.attention == AttentionKind::Eager) bytes += x.N * in * x.e;
     } else if (p == "down") {
@@ -191,7 +194,7 @@ class PeftOps final : public WrappedOps {
   }
   // Frozen norms (Gemma-2's post-norms too), the adapters, a quantised base's kept inputs, residual dropout.
   C block_other(const ModelSpec& m, const TrainingSetup& t, const Shape& x) const override {
-    if (trained_) return inner_.block_other(m, t, x) + lora_adapter_bytes(m, t, x);
+    if (trained_) return inner_.block_other(m, t, x) + lora_adapter_bytes(m, t, x, true);
     C bytes = C(std::max<int64_t>(m.norms_per_layer, 2)) * frozen_norm_bytes(m, x) + lora_adapter_bytes(m, t, x) +
               quantised_base_bytes(m, t, x, false);
     if (m.dropout) bytes += 2 * x.N * x.h * x.mask;

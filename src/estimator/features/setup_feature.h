@@ -129,8 +129,16 @@ const SetupFeature& adafactor_feature();
 const SetupFeature& gpuops_zero12_feature();
 const SetupFeature& zero3_flat_feature();
 const SetupFeature& fsdp1_orig_params_feature();
-/// FSDP1 with use_orig_params under LoRA: the blocks' frozen weights require grad (fsdp1_orig_params.cpp).
+/// FSDP1 with use_orig_params under LoRA on the blocks: their frozen weights require grad (fsdp1_orig_params.cpp).
 bool fsdp1_blocks_require_grad(const TrainingSetup& setup);
+/// The gradients that gives: one unit's unsharded gradient in its backward, and every block's kept shard.
+struct Fsdp1OrigGradients {
+  int64_t unit = 0, kept = 0;
+};
+Fsdp1OrigGradients fsdp1_orig_gradients(const ModelSpec& model, const TrainingSetup& setup);
+/// Bytes of one element of a flat ZeRO-3 / FSDP1 parameter: the trainable dtype, or a LoRA base's (16 bits for a
+/// quantised one, which is gathered dequantised).
+int64_t flat_parameter_element_bytes(const TrainingSetup& setup);
 const SetupFeature& fsdp2_feature();
 const SetupFeature& gpuops_stage3_feature();
 const SetupFeature& offload_feature();

@@ -21,8 +21,6 @@ using C = CheckedInt;
 
 bool is_deepspeed_zero3(const TrainingSetup& s) { return s.zero_stage == 3 && s.sharding == ShardingLayout::Flat; }
 bool is_fsdp1(const TrainingSetup& s) { return s.sharding == ShardingLayout::Fsdp1; }
-// Bytes of a gathered element: the trainable dtype, 16 bits for a LoRA base.
-int64_t gathered_element_bytes(const TrainingSetup& s) { return s.lora.rank > 0 ? 2 : trainable_element_bytes(s); }
 
 class Zero3FlatFeature final : public SetupFeature {
  public:
@@ -62,7 +60,7 @@ class Zero3FlatFeature final : public SetupFeature {
   // block's backward; on one GPU FSDP1 runs NO_SHARD and gathers nothing.
   int64_t gathered_bytes(const ModelSpec& m, const TrainingSetup& s, StepPhase phase) const override {
     if (is_fsdp1(s) && s.num_gpus == 1) return 0;
-    const int64_t wb = gathered_element_bytes(s);
+    const int64_t wb = flat_parameter_element_bytes(s);
     const ParameterGroups g = parameter_groups(m);
     const C block = C(g.per_layer()) * wb;
     const C head = has_lm_head(m) ? C(m.vocab_size) * m.hidden_size * wb : C(0);
@@ -78,7 +76,7 @@ class Zero3FlatFeature final : public SetupFeature {
   int64_t gathered_through_backward(const ModelSpec& m, const TrainingSetup& s) const override {
     if (!is_fsdp1(s) || s.num_gpus == 1) return 0;
     const ParameterGroups g = parameter_groups(m);
-    return ((C(g.embeddings) + g.final_norm + g.head) * gathered_element_bytes(s)).get();
+    return ((C(g.embeddings) + g.final_norm + g.head) * flat_parameter_element_bytes(s)).get();
   }
 
  private:
@@ -92,6 +90,11 @@ class Zero3FlatFeature final : public SetupFeature {
 };
 
 }  // namespace
+
+int64_t flat_parameter_element_bytes(const TrainingSetup& s) {
+  if (s.lora.rank == 0) return trainable_element_bytes(s);
+  return s.lora.base == BaseWeightDtype::Fp32 ? 4 : 2;  // a LoRA base's dtype (a quantised one gathers 16 bits)
+}
 
 const SetupFeature& zero3_flat_feature() {
   static const Zero3FlatFeature feature;
