@@ -178,7 +178,9 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
     throw std::logic_error("replay_training_steps: a backward moment's temporaries leave out what stays gathered");
   // FSDP1 on several GPUs: its gathers and gradient shards on their own streams; in a block's backward the block
   // and the prefetched one are gathered, the rest of the transient is the default stream's.
-  const bool side_streams = s.sharding == ShardingLayout::Fsdp1 && s.num_gpus > 1;
+  const std::vector<const SetupFeature*> on = features_of(s);
+  const bool side_streams =
+      std::any_of(on.begin(), on.end(), [&](const SetupFeature* f) { return f->gathers_on_side_streams(s); });
   const int gather_stream = side_streams ? kUnshardStream : kDefaultStream;
   const int grad_stream = side_streams ? kPostBackwardStream : kDefaultStream;
   const int64_t blocks_gathered =

@@ -11,7 +11,8 @@ CORE = ROOT / "src" / "estimator"
 # TrainingSetup fields that belong to a feature unit.
 FEATURE_OPTIONS = ["lora", "lora_dropout", "compile", "checkpoint", "checkpoint_every_k", "loss", "loss_chunks",
                    "held_logits", "model_code", "offload_optimizer", "sharding", "reshard_after_forward",
-                   "zero_prefetch", "reduce_dtype", "zero_reduce_at_step", "zero_bucket_bytes", "ds_reduce_bucket"]
+                   "zero_prefetch", "reduce_dtype", "zero_reduce_at_step", "zero_bucket_bytes", "ds_reduce_bucket",
+                   "loss_upcast", "fsdp_orig_params"]
 NAMING_BY_DESIGN = {"training_setup.cpp", "advise.cpp"}
 READ = re.compile(r"\b(?:s|t|setup)\.(" + "|".join(FEATURE_OPTIONS) + r")\b")
 

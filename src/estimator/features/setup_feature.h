@@ -103,6 +103,9 @@ class SetupFeature {
   /// Of gathered_bytes, what stays gathered from the forward's start to the backward's end (FSDP1's root unit): the
   ///    allocator's trace holds it once rather than as each block's transient.
   virtual int64_t gathered_through_backward(const ModelSpec&, const TrainingSetup&) const { return 0; }
+  /// True when the gathers and the gradient shards are made on side streams of their own (FSDP1's unshard and
+  /// post-backward streams), whose cached blocks the default stream cannot reuse (the allocator's trace).
+  virtual bool gathers_on_side_streams(const TrainingSetup&) const { return false; }
   /// Anything else at the moments, once the core has built all four.
   virtual void moments(const StepContext&, const MomentTerms&, Moments&) const {}
   // ---- 5. The allocator's trace.

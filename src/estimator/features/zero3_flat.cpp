@@ -73,6 +73,8 @@ class Zero3FlatFeature final : public SetupFeature {
     }
     return 0;
   }
+  // FSDP1 on several GPUs (torch 2.11 distributed/fsdp/_runtime_utils.py: _init_streams, _unshard, _reduce_grad).
+  bool gathers_on_side_streams(const TrainingSetup& s) const override { return is_fsdp1(s) && s.num_gpus > 1; }
   int64_t gathered_through_backward(const ModelSpec& m, const TrainingSetup& s) const override {
     if (!is_fsdp1(s) || s.num_gpus == 1) return 0;
     const ParameterGroups g = parameter_groups(m);
