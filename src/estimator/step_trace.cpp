@@ -192,10 +192,14 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
                                                                   : std::vector<int64_t>{};
 
   std::vector<int64_t> state_handles, grad_handles, kept_shards;
+  bool shards_alive = false;  // FSDP1 use_orig_params: the blocks' kept gradient shards exist
   for (int step_index = 0; step_index < 2; ++step_index) {
     if (step_index == 1) r.allocator().reset_peaks();  // the steady state: states exist, grads were freed
     if (accumulate && grad_handles.empty()) grad_handles = r.alloc(grads, grad_stream);
-    if (!accumulate) r.release(kept_shards);  // FSDP1 resets flat_param.grad at the forward
+    if (!accumulate) {  // FSDP1 resets flat_param.grad at the forward
+      r.release(kept_shards);
+      shards_alive = false;
+    }
     // Forward: what stays gathered, inputs, extras (autocast weight copies, RoPE tables), each layer, the head and
     // the loss.
     int64_t gathered = r.alloc(held_in_backward, gather_stream);
@@ -217,8 +221,8 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
       int64_t transient = r.alloc(attn.temporaries - held_in_backward - blocks_gathered);
       r.release(transient);
       r.release(units);
-      if (orig.kept > 0 && static_cast<int64_t>(kept_shards.size()) < L)
-        kept_shards.push_back(r.alloc(orig.kept / L, grad_stream));
+      if (!shards_alive)  // one layer's share (none when the shard is smaller than a byte per layer)
+        for (int64_t h : r.alloc(std::vector<int64_t>{orig.kept / L}, grad_stream)) kept_shards.push_back(h);
       r.release(unit_grad);
       r.release(layers[static_cast<size_t>(l)]);
       if (!accumulate) {  // gradients appear as their layer's backward runs
@@ -228,6 +232,7 @@ AllocatorPeaks replay_training_steps(const ModelSpec& m, const TrainingSetup& s,
         next_grad = first;
       }
     }
+    shards_alive = orig.kept > 0;
     int64_t tied = r.alloc(end.temporaries - held_in_backward);
     r.release(tied);
     r.release(gathered);
