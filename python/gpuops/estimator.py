@@ -277,9 +277,10 @@ def estimate(
     ``checkpointing="selective"`` is op-level selective checkpointing of every block (non-reentrant
     ``torch.utils.checkpoint`` with torchtitan's "op" policy: every other ``aten.mm`` output and, on CUDA, the
     SDPA outputs are kept). ``loss`` is ``"standard"`` (Hugging Face's cross-entropy on logits upcast to
-    fp32), ``"no-upcast"`` (``cross_entropy`` on the 16-bit logits, outside autocast: LitGPT, Thunder),
-    ``"chunked:C"`` (torchtune's ``CEWithChunkedOutputLoss``, ``C`` token chunks, each upcast),
-    ``"chunked-no-upcast:C"`` (LitGPT's ``chunked_cross_entropy``) or ``"fused-linear-ce"`` (Liger's fused
+    fp32), ``"no-upcast"`` (``cross_entropy`` on the 16-bit logits, outside autocast: lightning-thunder's
+    benchmark), ``"chunked:C"`` (torchtune's ``CEWithChunkedOutputLoss``, ``C`` token chunks, each upcast; LitGPT's
+    ``chunked_cross_entropy`` under Fabric, which hands it fp32 logits), ``"chunked-no-upcast:C"`` (the same on
+    16-bit logits) or ``"fused-linear-ce"`` (Liger's fused
     linear cross-entropy); docs/estimator.md lists which frameworks upcast. ``lora_dropout`` is PEFT's ``lora_dropout``, a
     float ``0 <= p < 1`` (LoRA only). ``compile=True`` models ``torch.compile`` of the model (inductor's saved
     tensors; not with ``attention="eager"``). ``held_logits`` is what the training loop keeps of the model's

@@ -334,8 +334,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                            "(zero_grad(set_to_none=True), torch >= 2.0) or zeros (kept, torch < 2.0)")
           ->capture_default_str(),
       estimate->add_option("--loss", o.loss, "standard (HF cross-entropy, logits upcast to fp32), no-upcast "
-                           "(cross-entropy on 16-bit logits: LitGPT, Thunder), chunked:C (torchtune's chunked "
-                           "cross-entropy, C token chunks, upcast), chunked-no-upcast:C (LitGPT's) or fused-linear-ce "
+                           "(cross-entropy on 16-bit logits outside autocast: thunder's benchmark), chunked:C (torchtune's, "
+                           "LitGPT's chunked cross-entropy, C token chunks, upcast), chunked-no-upcast:C or fused-linear-ce "
                            "(Liger)")->capture_default_str(),
       estimate->add_option("--lora-dropout", o.lora_dropout, "PEFT lora_dropout, 0 <= P < 1 (LoRA only)")
           ->type_name("P")

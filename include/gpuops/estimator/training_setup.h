@@ -125,7 +125,8 @@ struct TrainingSetup {
   int64_t loss_chunks = 8;     ///< Chunked only: token chunks (torchtune's num_output_chunks)
   /// Standard and Chunked: the logits are cast to fp32 before the log-softmax (Hugging Face, torchtune,
   /// torchtitan; also any loss run inside torch.autocast, which runs cross_entropy in fp32). false: cross_entropy
-  /// on the compute-dtype logits (LitGPT, Thunder); docs/estimator.md lists which frameworks do which.
+  /// on the compute-dtype logits outside autocast (lightning-thunder's benchmark; LitGPT's loss function too, but
+  /// Fabric hands it fp32 logits); docs/estimator.md lists which frameworks do which.
   bool loss_upcast = true;
   double lora_dropout = 0.0;   ///< PEFT lora_dropout, 0 <= p < 1 (LoRA only)
   bool compile = false;        ///< torch.compile (inductor's min-cut partition of the joint graph)
